@@ -1,0 +1,1 @@
+"""WGSL kernel families: the registry and the host side of each kernel."""

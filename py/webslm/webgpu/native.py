@@ -1,0 +1,279 @@
+"""The GPU interface on wgpu-native (PyPI `wgpu`): Vulkan/Metal/D3D12 without a browser.
+
+Where wgpu-py 0.32 differs from WebGPU, this file makes it behave like WebGPU:
+- wgpu-py raises GPUValidationError (etc.) from the failing call; WebGPU instead returns an
+  invalid object and reports to error scopes. wgpu-native exposes no error scopes, so they
+  are kept here: a raised GPU error goes to the innermost matching scope, else to the
+  uncaptured-error callbacks, and the call returns an `Invalid` placeholder whose later use
+  is itself a validation error (as with WebGPU's invalid objects).
+- wgpu-native 0.32 does not implement `device.lost`; loss is reported here when the device
+  is destroyed through this interface. A driver reset is not observed natively.
+- wgpu-native calls the subgroup feature "subgroup" and spells limits in kebab-case; both
+  are translated to the browser's names.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import wgpu
+
+from .interface import (Adapter, AdapterSummary, BufferBinding, BufferUsage, Copy, Device,
+                        DeviceLost, DeviceRequestError, Dispatch, Gpu, GpuError, PipelineError,
+                        align_up, as_upload, check_binding_kinds, check_error_filter,
+                        check_feature_level)
+
+log = logging.getLogger(__name__)
+
+# The features WebGPU standardizes; wgpu-native's own extras are left out of summaries and
+# can never be requested, so a native run cannot depend on something no browser offers.
+STANDARD_FEATURES = frozenset({
+    "core-features-and-limits", "depth-clip-control", "depth32float-stencil8",
+    "texture-compression-bc", "texture-compression-bc-sliced-3d", "texture-compression-etc2",
+    "texture-compression-astc", "texture-compression-astc-sliced-3d", "timestamp-query",
+    "indirect-first-instance", "shader-f16", "rg11b10ufloat-renderable", "bgra8unorm-storage",
+    "float32-filterable", "float32-blendable", "clip-distances", "dual-source-blending",
+    "subgroups", "primitive-index", "texture-formats-tier1", "texture-formats-tier2",
+})
+_NATIVE_FEATURE_NAMES = {"subgroup": "subgroups"}
+_WEB_FEATURE_NAMES = {web: native for native, web in _NATIVE_FEATURE_NAMES.items()}
+
+_ERROR_KINDS = (
+    (wgpu.GPUOutOfMemoryError, "out-of-memory"),
+    (wgpu.GPUValidationError, "validation"),
+    (wgpu.GPUInternalError, "internal"),
+)
+
+
+def camel_limit(name: str) -> str:
+    head, *rest = name.split("-")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def kebab_limit(name: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"-\1", name).lower()
+
+
+class Invalid:
+    """What a failed create call returns, like WebGPU's invalid objects."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<invalid {self.what}>"
+
+
+class NativeGpu(Gpu):
+    async def request_adapter(self, feature_level: str = "core") -> Adapter | None:
+        check_feature_level(feature_level)
+        try:
+            adapter = await wgpu.gpu.request_adapter_async(feature_level=feature_level)
+        except RuntimeError as exc:  # wgpu-py raises when no adapter exists
+            log.info("no native adapter: %s", exc)
+            return None
+        return NativeAdapter(adapter, feature_level) if adapter is not None else None
+
+
+class NativeAdapter(Adapter):
+    def __init__(self, adapter: Any, feature_level: str):
+        self._adapter = adapter
+        self.feature_level = feature_level
+        self.features = frozenset(_NATIVE_FEATURE_NAMES.get(f, f) for f in adapter.features) & STANDARD_FEATURES
+        self.limits = {camel_limit(k): int(v) for k, v in adapter.limits.items()}
+
+    def summary(self) -> AdapterSummary:
+        info = self._adapter.info
+        return AdapterSummary(
+            feature_level=self.feature_level, features=tuple(sorted(self.features)),
+            limits=dict(sorted(self.limits.items())), vendor=str(info.get("vendor", "")),
+            architecture=str(info.get("architecture", "")),
+            description=f"{info.get('device', '')} ({info.get('backend_type', '')}, {info.get('adapter_type', '')})",
+            is_fallback=info.get("adapter_type") == "CPU")
+
+    async def request_device(self, features: Iterable[str] = (),
+                             limits: dict[str, int] | None = None) -> Device:
+        features = sorted(set(features))
+        missing = [f for f in features if f not in self.features]
+        if missing:
+            raise DeviceRequestError(f"adapter lacks features {missing}")
+        try:
+            device = await self._adapter.request_device_async(
+                required_features=[_WEB_FEATURE_NAMES.get(f, f) for f in features],
+                required_limits={kebab_limit(k): v for k, v in (limits or {}).items()})
+        except Exception as exc:
+            raise DeviceRequestError(f"requestDevice failed: {exc}") from exc
+        return NativeDevice(device, frozenset(features))
+
+
+class NativeDevice(Device):
+    def __init__(self, device: Any, features: frozenset[str]):
+        self._device = device
+        self.features = features
+        self.limits = {camel_limit(k): int(v) for k, v in device.limits.items()}
+        self._scopes: list[tuple[str, list[GpuError]]] = []
+        self._uncaptured: list[Callable[[GpuError], None]] = []
+        self._lost_info: DeviceLost | None = None
+        self._lost_waiters: list[asyncio.Future] = []
+
+    # -- lifetime and errors ------------------------------------------------------------
+    async def _wait_lost(self) -> DeviceLost:
+        if self._lost_info is None:
+            waiter = asyncio.get_running_loop().create_future()
+            self._lost_waiters.append(waiter)
+            await waiter
+        return self._lost_info
+
+    def lost(self):
+        return self._wait_lost()
+
+    def on_uncaptured_error(self, callback: Callable[[GpuError], None]) -> None:
+        self._uncaptured.append(callback)
+
+    def push_error_scope(self, filter: str) -> None:
+        check_error_filter(filter)
+        self._scopes.append((filter, []))
+
+    async def pop_error_scope(self) -> GpuError | None:
+        if not self._scopes:
+            raise RuntimeError("pop_error_scope with no scope pushed")  # WebGPU: OperationError
+        _, errors = self._scopes.pop()
+        return errors[0] if errors else None
+
+    def destroy(self) -> None:
+        if self._lost_info is not None:
+            return
+        self._device.destroy()
+        self._lost_info = DeviceLost("destroyed", "device.destroy() was called")
+        for waiter in self._lost_waiters:
+            if not waiter.done():
+                waiter.set_result(self._lost_info)
+
+    def _report(self, error: GpuError) -> None:
+        for filter, errors in reversed(self._scopes):
+            if filter == error.kind:
+                errors.append(error)
+                return
+        if not self._uncaptured:
+            log.warning("uncaptured GPU %s error: %s", error.kind, error.message)
+        for callback in self._uncaptured:
+            callback(error)
+
+    def _call(self, what: str, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run one wgpu call the WebGPU way: GPU errors are reported, not raised."""
+        invalid = [a for a in _flatten(args, kwargs) if isinstance(a, Invalid)]
+        if invalid:
+            self._report(GpuError("validation", f"{what}: uses {invalid[0]!r}"))
+            return Invalid(what)
+        if self._lost_info is not None:
+            return Invalid(what)  # WebGPU: no new errors are generated by a lost device
+        try:
+            return function(*args, **kwargs)
+        except wgpu.GPUError as exc:
+            kind = next((k for cls, k in _ERROR_KINDS if isinstance(exc, cls)), "validation")
+            self._report(GpuError(kind, f"{what}: {exc}"))
+            return Invalid(what)
+
+    # -- resources ---------------------------------------------------------------------
+    def create_buffer(self, size: int, usage: int, label: str = "") -> Any:
+        return self._call("createBuffer", self._device.create_buffer,
+                          label=label, size=int(size), usage=int(usage))
+
+    def write_buffer(self, buffer: Any, offset: int, data: np.ndarray) -> None:
+        self._call("writeBuffer", self._device.queue.write_buffer, buffer, int(offset), as_upload(data))
+
+    async def read_buffer(self, buffer: Any, offset: int, size: int) -> bytes:
+        staging_size = align_up(size, 4)
+        staging = self.create_buffer(staging_size, BufferUsage.MAP_READ | BufferUsage.COPY_DST,
+                                     "readback staging")
+        self.submit([], [Copy(buffer, offset, staging, 0, staging_size)])
+        if isinstance(staging, Invalid) or self._lost_info is not None:
+            raise RuntimeError("read_buffer: the copy could not be recorded (see error scopes)")
+        try:
+            await staging.map_async(wgpu.MapMode.READ)
+            return bytes(staging.read_mapped())[:size]
+        finally:
+            staging.unmap()
+            staging.destroy()
+
+    def destroy_buffer(self, buffer: Any) -> None:
+        if not isinstance(buffer, Invalid):
+            buffer.destroy()
+
+    # -- programs ----------------------------------------------------------------------
+    def create_shader_module(self, code: str, label: str = "") -> Any:
+        return self._call("createShaderModule", self._device.create_shader_module, label=label, code=code)
+
+    def create_bind_group_layout(self, kinds: Sequence[str], label: str = "") -> Any:
+        check_binding_kinds(kinds)
+        entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": kind}}
+                   for i, kind in enumerate(kinds)]
+        return self._call("createBindGroupLayout", self._device.create_bind_group_layout,
+                          label=label, entries=entries)
+
+    def create_pipeline_layout(self, bind_group_layouts: Sequence[Any], label: str = "") -> Any:
+        return self._call("createPipelineLayout", self._device.create_pipeline_layout,
+                          label=label, bind_group_layouts=list(bind_group_layouts))
+
+    async def create_compute_pipeline(self, layout: Any, module: Any, entry_point: str,
+                                      constants: dict[str, float] | None = None,
+                                      label: str = "") -> Any:
+        if isinstance(layout, Invalid) or isinstance(module, Invalid):
+            raise PipelineError(f"{label or entry_point}: invalid layout or shader module")
+        stage = {"module": module, "entry_point": entry_point, "constants": dict(constants or {})}
+        try:
+            return await self._device.create_compute_pipeline_async(label=label, layout=layout, compute=stage)
+        except wgpu.GPUError as exc:
+            raise PipelineError(f"{label or entry_point}: {exc}") from exc
+
+    def create_bind_group(self, layout: Any, entries: Sequence[BufferBinding], label: str = "") -> Any:
+        native = [{"binding": i, "resource": _resource(e)} for i, e in enumerate(entries)]
+        return self._call("createBindGroup", self._device.create_bind_group,
+                          label=label, layout=layout, entries=native)
+
+    # -- work --------------------------------------------------------------------------
+    def submit(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
+        self._call("submit", self._encode_and_submit, list(dispatches), list(copies))
+
+    def _encode_and_submit(self, dispatches: list[Dispatch], copies: list[Copy]) -> None:
+        invalid = [o for d in dispatches for o in (d.pipeline, *d.bind_groups) if isinstance(o, Invalid)]
+        invalid += [o for c in copies for o in (c.source, c.destination) if isinstance(o, Invalid)]
+        if invalid:
+            raise wgpu.GPUValidationError(f"command uses {invalid[0]!r}")
+        encoder = self._device.create_command_encoder()
+        if dispatches:
+            compute = encoder.begin_compute_pass()
+            for d in dispatches:
+                compute.set_pipeline(d.pipeline)
+                for index, group in enumerate(d.bind_groups):
+                    compute.set_bind_group(index, group)
+                compute.dispatch_workgroups(*d.grid)
+            compute.end()
+        for c in copies:
+            encoder.copy_buffer_to_buffer(c.source, c.source_offset, c.destination,
+                                          c.destination_offset, c.size)
+        self._device.queue.submit([encoder.finish()])
+
+
+def _resource(entry: BufferBinding) -> dict:
+    resource = {"buffer": entry.buffer, "offset": entry.offset}
+    if entry.size is not None:
+        resource["size"] = entry.size
+    return resource
+
+
+def _flatten(args: tuple, kwargs: dict) -> list:
+    """Every leaf value in the call's arguments (descriptors nest lists and dicts)."""
+    flat, pending = [], [*args, *kwargs.values()]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, (list, tuple)):
+            pending.extend(value)
+        elif isinstance(value, dict):
+            pending.extend(value.values())
+        else:
+            flat.append(value)
+    return flat

@@ -1,0 +1,30 @@
+"""Shared fixtures: a native WebGPU device on wgpu-native (lavapipe on CI machines)."""
+import asyncio
+
+import pytest
+
+
+def _native_adapter_or_reason():
+    try:
+        from webslm.webgpu.native import NativeGpu
+    except ImportError as exc:
+        return None, f"PyPI wgpu is not installed ({exc}); install the [gpu] extra"
+    adapter = asyncio.run(NativeGpu().request_adapter("core"))
+    if adapter is None:
+        return None, "wgpu-native found no adapter (apt-get install mesa-vulkan-drivers gives lavapipe)"
+    return adapter, None
+
+
+@pytest.fixture(scope="session")
+def native_gpu():
+    adapter, reason = _native_adapter_or_reason()
+    if adapter is None:
+        pytest.skip(reason)
+    from webslm.webgpu.native import NativeGpu
+    return NativeGpu()
+
+
+@pytest.fixture
+def run():
+    """Run a coroutine to completion (tests are plain functions; the GPU API is async)."""
+    return asyncio.run
