@@ -1,0 +1,72 @@
+// The page: starts the worker, shows what it booted and what the GPU check found.
+// (The chat UI arrives with the engine; until then this is the status page.)
+import { WorkerClient } from "./worker-client.mjs";
+
+const $ = (id) => document.getElementById(id);
+
+function showStatus(rows) {
+  const list = $("status");
+  list.replaceChildren();
+  for (const [term, value] of rows) {
+    const dt = document.createElement("dt");
+    const dd = document.createElement("dd");
+    dt.textContent = term;
+    dd.textContent = value;
+    list.append(dt, dd);
+  }
+}
+
+// Core first; a browser that only offers a compatibility-mode adapter gets a second try.
+async function probeGpu(client) {
+  const core = await client.request("gpu-probe", { featureLevel: "core", seed: 0 });
+  if (core.adapter) return core;
+  return client.request("gpu-probe", { featureLevel: "compatibility", seed: 0 });
+}
+
+function describeGpu(report) {
+  if (!report.adapter) return { text: "No WebGPU adapter in this browser: answers will come from the CPU path.", ok: true };
+  const features = report.adapter.features;
+  const label = ["f32", features.includes("shader-f16") && "f16", features.includes("subgroups") && "subgroups"].filter(Boolean).join(" · ");
+  const cases = report.cases.filter((c) => c.passed).length;
+  const text = `${report.adapter.description || report.adapter.vendor || "WebGPU adapter"} (${report.feature_level}) · tier ${report.tier} (${label}) · kernel check ${cases}/${report.cases.length} ${report.outcome}`;
+  return { text, ok: report.outcome === "passed" };
+}
+
+async function main() {
+  const client = new WorkerClient(new URL("./worker/worker.mjs", import.meta.url));
+  window.webslm = { client, status: null, gpu: null };
+  client.addEventListener("booting", (e) => { $("engine-state").textContent = `Loading ${e.detail.stage}…`; });
+  try {
+    await client.ready;
+  } catch (error) {
+    $("engine-state").textContent = `The worker could not start: ${error.message}`;
+    $("engine-state").className = "bad";
+    return;
+  }
+  const status = await client.request("status");
+  window.webslm.status = status;
+  $("engine-state").textContent = `Worker ready in ${(status.boot.total_ms / 1000).toFixed(1)} s.`;
+  const rows = [
+    ["Pyodide", status.pyodide], ["Python", status.python], ["numpy", status.numpy], ["webslm", status.webslm],
+    ["Shader bundle", status.shader_bundle_hash],
+    ["Boot", `Pyodide ${status.boot.pyodide_ms} ms · numpy ${status.boot.numpy_ms} ms · webslm ${status.boot.webslm_ms} ms`],
+    ["WebGPU", status.has_navigator_gpu ? "checking…" : "no WebGPU (navigator.gpu is absent)"],
+  ];
+  showStatus(rows);
+  try {
+    const report = await probeGpu(client);
+    window.webslm.gpu = report;
+    const { text, ok } = describeGpu(report);
+    rows[rows.length - 1][1] = report.adapter ? `${report.adapter.description || "adapter"} · tier ${report.tier}` : "no WebGPU adapter";
+    showStatus(rows);
+    $("gpu-summary").textContent = text;
+    $("gpu-summary").className = ok ? "ok" : "bad";
+    $("gpu-details").textContent = JSON.stringify(report, null, 1);
+  } catch (error) {
+    window.webslm.gpu = { error: error.message };
+    $("gpu-summary").textContent = `GPU check failed: ${error.message}`;
+    $("gpu-summary").className = "bad";
+  }
+}
+
+main();

@@ -1,0 +1,86 @@
+// The page <-> worker message protocol, version "webslm/1". Shared by both sides.
+//
+// Request (page -> worker):   { protocol: "webslm/1", id: <uint>, type: <request type>, ...fields }
+// Reply   (worker -> page):   { protocol: "webslm/1", id: <same id>, type: <request type>, result: {...} }
+// Error   (worker -> page):   { protocol: "webslm/1", id: <id or null>, type: "error", error: { code, message } }
+// Event   (worker -> page):   { protocol: "webslm/1", id: null, type: "event", event: <name>, ...data }
+//
+// Messages from the page are untrusted: validate() checks every field and rejects unknown
+// ones, so the worker acts only on messages it fully understands. A rejected message gets
+// an "error" reply and the worker keeps serving.
+
+export const PROTOCOL = "webslm/1";
+
+export const ERROR_CODES = Object.freeze({
+  badMessage: "bad-message",     // not an object, wrong protocol, bad id
+  unknownType: "unknown-type",   // a type this protocol version does not have
+  badField: "bad-field",         // a missing, extra or ill-typed field
+  bootFailed: "boot-failed",     // Pyodide, numpy or webslm could not be loaded
+  failed: "failed",              // the request was valid but running it failed
+});
+
+const FEATURE_LEVELS = ["core", "compatibility"];
+const isUint32 = (v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
+
+// For each request type: its fields and a check for each ([] = no fields).
+export const REQUESTS = Object.freeze({
+  ping: {},
+  status: {},
+  "gpu-probe": {
+    featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
+    seed: (v) => isUint32(v) || "must be an integer in [0, 2^32)",
+  },
+  "resource-log": {},
+});
+
+const ENVELOPE = ["protocol", "id", "type"];
+
+export class ProtocolError extends Error {
+  constructor(code, message, id = null) {
+    super(message);
+    this.code = code;
+    this.id = id;
+  }
+}
+
+// Returns { id, type, fields } or throws ProtocolError.
+export function validate(message) {
+  if (message === null || typeof message !== "object" || Array.isArray(message)) {
+    throw new ProtocolError(ERROR_CODES.badMessage, "a message must be a plain object");
+  }
+  if (Object.getPrototypeOf(message) !== Object.prototype) {
+    throw new ProtocolError(ERROR_CODES.badMessage, "a message must be a plain object");
+  }
+  if (message.protocol !== PROTOCOL) {
+    throw new ProtocolError(ERROR_CODES.badMessage, `protocol must be "${PROTOCOL}"`);
+  }
+  const id = message.id;
+  if (!Number.isSafeInteger(id) || id < 0) {
+    throw new ProtocolError(ERROR_CODES.badMessage, "id must be a non-negative safe integer");
+  }
+  const type = message.type;
+  if (typeof type !== "string" || !Object.hasOwn(REQUESTS, type)) {
+    throw new ProtocolError(ERROR_CODES.unknownType, `unknown message type ${JSON.stringify(String(type)).slice(0, 64)}`, id);
+  }
+  const schema = REQUESTS[type];
+  const fields = {};
+  for (const name of Object.keys(message)) {
+    if (ENVELOPE.includes(name)) continue;
+    if (!Object.hasOwn(schema, name)) {
+      throw new ProtocolError(ERROR_CODES.badField, `${type}: unexpected field ${JSON.stringify(name).slice(0, 64)}`, id);
+    }
+  }
+  for (const [name, check] of Object.entries(schema)) {
+    if (!Object.hasOwn(message, name)) {
+      throw new ProtocolError(ERROR_CODES.badField, `${type}: missing field "${name}"`, id);
+    }
+    const verdict = check(message[name]);
+    if (verdict !== true) throw new ProtocolError(ERROR_CODES.badField, `${type}: field "${name}" ${verdict}`, id);
+    fields[name] = message[name];
+  }
+  return { id, type, fields };
+}
+
+export const reply = (id, type, result) => ({ protocol: PROTOCOL, id, type, result });
+export const errorReply = (id, code, message) => ({ protocol: PROTOCOL, id, type: "error", error: { code, message } });
+export const event = (name, data = {}) => ({ protocol: PROTOCOL, id: null, type: "event", event: name, ...data });

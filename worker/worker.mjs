@@ -1,0 +1,100 @@
+// The webslm Web Worker (a module worker): boots Pyodide + numpy + webslm, then serves
+// the page's requests (worker/protocol.mjs) by calling into the Python package.
+//
+// Everything is loaded from this site's own origin, relative to this file:
+//   ../assets/pyodide/     Pyodide core, its official lock, numpy wheel (sha256-checked by Pyodide)
+//   ../assets/manifest.json  names the webslm wheel and its sha256, written at set-up
+//   ../assets/wheels/      the webslm wheel (sha256-checked here before it is unpacked)
+import * as bridge from "./bridge.mjs";
+import { ERROR_CODES, ProtocolError, errorReply, event, reply, validate } from "./protocol.mjs";
+
+const ASSETS = new URL("../assets/", import.meta.url);
+
+async function sha256Hex(buffer) {
+  const digest = await crypto.subtle.digest("SHA-256", buffer);
+  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function fetchOk(url) {
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`${url.pathname}: HTTP ${response.status}`);
+  return response;
+}
+
+async function boot() {
+  const t0 = performance.now();
+  const mark = () => Math.round(performance.now() - t0);
+  const manifest = await (await fetchOk(new URL("manifest.json", ASSETS))).json();
+
+  postMessage(event("booting", { stage: "pyodide" }));
+  const { loadPyodide } = await import(new URL("pyodide/pyodide.mjs", ASSETS).href);
+  const pyodide = await loadPyodide({ indexURL: new URL("pyodide/", ASSETS).href });
+  const pyodideMs = mark();
+
+  postMessage(event("booting", { stage: "numpy" }));
+  const failures = [];
+  await pyodide.loadPackage(["numpy"], { checkIntegrity: true, errorCallback: (m) => failures.push(m), messageCallback: () => {} });
+  if (failures.length) throw new Error(`numpy failed to load: ${failures.join("; ")}`);
+  const numpyMs = mark();
+
+  postMessage(event("booting", { stage: "webslm" }));
+  const wheelUrl = new URL(manifest.webslm.wheel, ASSETS);
+  const wheel = await (await fetchOk(wheelUrl)).arrayBuffer();
+  const actual = await sha256Hex(wheel);
+  if (actual !== manifest.webslm.sha256) {
+    throw new Error(`${wheelUrl.pathname}: sha256 ${actual} does not match the manifest's ${manifest.webslm.sha256}`);
+  }
+  pyodide.unpackArchive(wheel, "wheel");
+  pyodide.registerJsModule("webslm_bridge", bridge);
+  const api = pyodide.pyimport("webslm.worker_api");
+  const webslmMs = mark();
+
+  const boot = { pyodide_ms: pyodideMs, numpy_ms: numpyMs - pyodideMs, webslm_ms: webslmMs - numpyMs, total_ms: webslmMs };
+  return { pyodide, api, boot, manifest };
+}
+
+const booted = boot();
+booted.then(
+  ({ boot: timings }) => postMessage(event("ready", { boot: timings })),
+  (error) => postMessage(event("boot-failed", { message: String(error?.message ?? error) })),
+);
+
+// Each handler gets the validated fields and returns a JSON-able result.
+const HANDLERS = {
+  ping: async () => ({ pong: true }),
+  status: async (_, { pyodide, api, boot: timings, manifest }) => ({
+    ...JSON.parse(api.status()),
+    pyodide: pyodide.version,
+    boot: timings,
+    manifest_shader_bundle_hash: manifest.webslm.shader_bundle_hash,
+    user_agent: navigator.userAgent,
+    has_navigator_gpu: Boolean(navigator.gpu),
+  }),
+  "gpu-probe": async ({ featureLevel, seed }, { api }) => JSON.parse(await api.gpu_probe(featureLevel, seed)),
+  "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
+};
+
+async function handle(message) {
+  let request;
+  try {
+    request = validate(message);
+  } catch (error) {
+    if (error instanceof ProtocolError) return errorReply(error.id, error.code, error.message);
+    throw error;
+  }
+  let context;
+  try {
+    context = await booted;
+  } catch (error) {
+    if (request.type === "ping") return reply(request.id, "ping", { pong: true, booted: false });
+    return errorReply(request.id, ERROR_CODES.bootFailed, String(error?.message ?? error));
+  }
+  try {
+    return reply(request.id, request.type, await HANDLERS[request.type](request.fields, context));
+  } catch (error) {
+    return errorReply(request.id, ERROR_CODES.failed, String(error?.message ?? error));
+  }
+}
+
+self.onmessage = async ({ data }) => postMessage(await handle(data));
+self.onmessageerror = () => postMessage(errorReply(null, ERROR_CODES.badMessage, "message could not be deserialized"));
