@@ -1,0 +1,242 @@
+"""Serve webslm locally, or build it into a self-contained static site (stdlib only).
+
+    python serve.py [--host 127.0.0.1] [--port 8000] [--root REPO]   serve the working tree
+    python serve.py --site DIR                                        serve a built site
+    python serve.py --build DIR                                       write a static site to DIR
+
+One URL map serves both purposes (ROUTES): `/` -> web/ (`/` is web/index.html),
+`/worker/` -> worker/, `/assets/` -> .assets/site/ (made by tools/assets.py). The built site
+puts the same files at the same paths, so `python -m http.server -d DIR` serves it identically.
+
+Safety: only GET and HEAD; request paths are decoded once and then taken apart into segments;
+empty, `.` and `..` segments, backslashes, NUL and anything that resolves (through symlinks)
+outside its mapped directory get 400/404. Directories are never listed; a directory serves its
+index.html. `.whl` is served as application/octet-stream, which is what `python -m http.server`
+sends too (Pyodide fetches wheels as bytes; the type does not matter to it).
+"""
+from __future__ import annotations
+
+import argparse
+import mimetypes
+import os
+import shutil
+import sys
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote
+
+ROUTES = (("/worker/", "worker"), ("/assets/", ".assets/site"), ("/", "web"))
+MANIFEST = Path(".assets/site/manifest.json")
+BUILD_MARKER = ".webslm-site"
+MIME_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".json": "application/json",
+    ".map": "application/json",
+    ".wasm": "application/wasm",
+    ".wgsl": "text/plain; charset=utf-8",
+    ".txt": "text/plain; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".ico": "image/x-icon",
+    ".zip": "application/zip",
+    ".whl": "application/octet-stream",
+    ".slm": "application/octet-stream",
+    ".tgz": "application/gzip",
+    ".gz": "application/gzip",
+}
+
+
+class BadPath(ValueError):
+    """The request path is malformed (400), as opposed to merely not found (404)."""
+
+
+def url_map(root: Path, site: Path | None = None) -> list[tuple[str, Path]]:
+    """The (URL prefix, directory) pairs, longest prefix first."""
+    if site is not None:
+        return [("/", Path(site).resolve())]
+    return [(prefix, (Path(root) / rel).resolve()) for prefix, rel in ROUTES]
+
+
+def content_type(path: Path) -> str:
+    ext = path.suffix.lower()
+    return MIME_TYPES.get(ext) or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def inside(path: Path, base: Path) -> bool:
+    """True if `path`, with every symlink resolved, lies inside `base` (already resolved)."""
+    try:
+        return Path(os.path.realpath(path)).is_relative_to(base)
+    except (OSError, ValueError):
+        return False
+
+
+def resolve(raw_path: str, routes) -> Path | None:
+    """The file that a request path names, or None (404). Raises BadPath (400)."""
+    if "\0" in raw_path or not raw_path.startswith("/"):
+        raise BadPath(raw_path)
+    path = unquote(raw_path.split("?", 1)[0].split("#", 1)[0], errors="strict")
+    if "\0" in path or "\\" in path:
+        raise BadPath(raw_path)
+    for prefix, base in routes:
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            break
+    else:
+        return None
+    parts = rest.split("/")
+    if parts[-1] == "":  # a trailing slash, or the prefix itself: the directory's index
+        parts[-1] = "index.html"
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    target = base.joinpath(*parts)
+    if target.is_dir():
+        target = target / "index.html"
+    if not target.is_file() or not inside(target, base):
+        return None
+    return target
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "webslm-serve"
+
+    def do_GET(self):
+        self.send_file(body=True)
+
+    def do_HEAD(self):
+        self.send_file(body=False)
+
+    def refuse_method(self):
+        self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = refuse_method
+
+    def send_file(self, body: bool):
+        try:
+            target = resolve(self.path, self.server.routes)
+        except (BadPath, UnicodeDecodeError):
+            return self.send_error(HTTPStatus.BAD_REQUEST)
+        path = self.path.split("?", 1)[0]
+        is_prefix = any(path + "/" == prefix for prefix, _ in self.server.routes)
+        if is_prefix or (target is not None and target.name == "index.html"
+                         and not path.endswith(("/", ".html"))):
+            # /worker -> /worker/, so that relative URLs inside the page resolve correctly
+            self.send_response(HTTPStatus.MOVED_PERMANENTLY)
+            self.send_header("Location", path + "/")
+            self.send_header("Content-Length", "0")
+            return self.end_headers()
+        if target is None:
+            return self.send_error(HTTPStatus.NOT_FOUND)
+        try:
+            f = open(target, "rb")
+        except OSError:
+            return self.send_error(HTTPStatus.NOT_FOUND)
+        with f:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", content_type(target))
+            self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.end_headers()
+            if body:
+                shutil.copyfileobj(f, self.wfile)
+
+    def log_message(self, fmt, *args):
+        if not getattr(self.server, "quiet", False):
+            super().log_message(fmt, *args)
+
+
+def make_server(routes, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False):
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.routes, server.quiet = routes, quiet
+    server.daemon_threads = True
+    return server
+
+
+# ---------------------------------------------------------------- static build
+
+def site_files(routes) -> dict[str, Path]:
+    """Every file the map serves, keyed by its path relative to the site root."""
+    files: dict[str, Path] = {}
+    for prefix, base in reversed(routes):  # "/" first; the more specific prefixes win
+        if not base.is_dir():
+            raise SystemExit(f"serve: {base} is missing")
+        seen = {os.path.realpath(base)}  # symlinked directories are followed, once each
+        for dirpath, dirnames, filenames in os.walk(base, followlinks=True):
+            real = {d: os.path.realpath(Path(dirpath, d)) for d in dirnames}
+            dirnames[:] = [d for d in dirnames
+                           if inside(Path(dirpath, d), base) and real[d] not in seen]
+            seen.update(real[d] for d in dirnames)
+            for name in filenames:
+                src = Path(dirpath, name)
+                if not inside(src, base) or not src.is_file():
+                    print(f"serve: skipping {src} (outside {base})", file=sys.stderr)
+                    continue
+                rel = prefix.lstrip("/") + src.relative_to(base).as_posix()
+                if rel in files and files[rel] != src:
+                    raise SystemExit(f"serve: {rel} comes from both {files[rel]} and {src}")
+                files[rel] = src
+    return files
+
+
+def build_site(root: Path, dest: Path) -> dict[str, Path]:
+    """Copy everything the map serves into `dest`. Returns the files copied."""
+    root, dest = Path(root).resolve(), Path(dest).resolve()
+    if not (root / MANIFEST).is_file():
+        raise SystemExit(f"serve: {root / MANIFEST} is missing: run the set-up first "
+                         "(python tools/assets.py)")
+    if dest.exists() and any(dest.iterdir()) and not (dest / BUILD_MARKER).is_file():
+        raise SystemExit(f"serve: {dest} exists and is not a webslm site; choose another directory")
+    routes = url_map(root)
+    if any(inside(dest, base) for _, base in routes):
+        raise SystemExit(f"serve: {dest} lies inside a directory that the site serves")
+    files = site_files(routes)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for rel, src in sorted(files.items()):
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, out)
+    (dest / BUILD_MARKER).write_text("built by serve.py --build; safe to replace\n")
+    return files
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Serve webslm, or build a static site.")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent,
+                    help="repository root (default: this file's directory)")
+    ap.add_argument("--site", type=Path, help="serve this built site instead of the working tree")
+    ap.add_argument("--build", type=Path, metavar="DIR", help="write a static site to DIR and exit")
+    args = ap.parse_args(argv)
+    if args.build:
+        files = build_site(args.root, args.build)
+        print(f"serve: wrote {len(files)} files to {args.build}; "
+              f"try: python -m http.server -d {args.build}")
+        return 0
+    try:
+        server = make_server(url_map(args.root, args.site), args.host, args.port)
+    except OSError as e:
+        print(f"serve: cannot listen on {args.host}:{args.port} ({e.strerror or e})", file=sys.stderr)
+        return 1
+    host, port = server.server_address[:2]
+    print(f"serve: http://{host}:{port}/", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

