@@ -16,12 +16,8 @@ function showStatus(rows) {
   }
 }
 
-// Core first; a browser that only offers a compatibility-mode adapter gets a second try.
-async function probeGpu(client) {
-  const core = await client.request("gpu-probe", { featureLevel: "core", seed: 0 });
-  if (core.adapter) return core;
-  return client.request("gpu-probe", { featureLevel: "compatibility", seed: 0 });
-}
+// "auto": Python picks the adapter (a real GPU over a software fallback, core over compatibility).
+const probeGpu = (client) => client.request("gpu-probe", { featureLevel: "auto", seed: 0 });
 
 function describeGpu(report) {
   if (!report.adapter) return { text: "No WebGPU adapter in this browser: answers will come from the CPU path.", ok: true };

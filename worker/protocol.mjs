@@ -19,7 +19,7 @@ export const ERROR_CODES = Object.freeze({
   failed: "failed",              // the request was valid but running it failed
 });
 
-const FEATURE_LEVELS = ["core", "compatibility"];
+const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see gpu_smoke.choose_adapter
 const isUint32 = (v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 
 // For each request type: its fields and a check for each ([] = no fields).
@@ -51,11 +51,12 @@ export function validate(message) {
   if (Object.getPrototypeOf(message) !== Object.prototype) {
     throw new ProtocolError(ERROR_CODES.badMessage, "a message must be a plain object");
   }
+  // Echo a well-formed id in every error, so the sender can match the reply to its request.
+  const id = Number.isSafeInteger(message.id) && message.id >= 0 ? message.id : null;
   if (message.protocol !== PROTOCOL) {
-    throw new ProtocolError(ERROR_CODES.badMessage, `protocol must be "${PROTOCOL}"`);
+    throw new ProtocolError(ERROR_CODES.badMessage, `protocol must be "${PROTOCOL}"`, id);
   }
-  const id = message.id;
-  if (!Number.isSafeInteger(id) || id < 0) {
+  if (id === null) {
     throw new ProtocolError(ERROR_CODES.badMessage, "id must be a non-negative safe integer");
   }
   const type = message.type;

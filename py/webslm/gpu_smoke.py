@@ -17,8 +17,8 @@ import numpy as np
 
 from . import shader_bundle
 from .kernels.matvec import check_matvec, matvec_f32
-from .kernels.registry import compile_kernel
-from .webgpu.interface import Device, Gpu
+from .kernels.registry import KERNELS, compile_kernel
+from .webgpu.interface import Adapter, Device, Gpu
 
 # (rows, cols, workgroup size, data): odd tails, a row shorter than the workgroup, a
 # single element, a grid taller than one dimension allows, and extreme magnitudes.
@@ -60,11 +60,22 @@ def tier_for(features: frozenset[str] | set[str]) -> str:
     return "A"
 
 
+def fit_workgroup(wanted: int, limits: dict[str, int]) -> int:
+    """The largest allowlisted workgroup size <= wanted that the device's limits admit.
+    (Compatibility-mode devices default to 128 invocations, so 256 must step down.)"""
+    ceiling = min(wanted, limits["maxComputeInvocationsPerWorkgroup"], limits["maxComputeWorkgroupSizeX"])
+    fitting = [size for size in KERNELS["matvec_f32"].overrides["WG"] if size <= ceiling]
+    if not fitting:
+        raise ValueError(f"no matvec_f32 workgroup size fits {ceiling} invocations")
+    return max(fitting)
+
+
 async def run_matvec_cases(device: Device, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     kernels = {}
     results = []
-    for rows, cols, workgroup, data in CASES:
+    for rows, cols, wanted, data in CASES:
+        workgroup = fit_workgroup(wanted, device.limits)
         if workgroup not in kernels:
             kernels[workgroup] = await compile_kernel(device, "matvec_f32", WG=workgroup)
         w, x = make_case(rng, rows, cols, data)
@@ -74,13 +85,32 @@ async def run_matvec_cases(device: Device, seed: int = 0) -> list[dict]:
     return results
 
 
-async def probe(gpu: Gpu, feature_level: str = "core", seed: int = 0) -> dict:
+async def choose_adapter(gpu: Gpu, feature_level: str) -> Adapter | None:
+    """The adapter for a feature level; "auto" prefers a real (non-fallback) adapter.
+
+    A browser may answer a core request with a software fallback (Chromium's SwiftShader)
+    while a compatibility-mode request reaches the actual GPU through OpenGL ES; then the
+    compatibility adapter is the better choice. A fallback is used only when it is all
+    there is."""
+    if feature_level != "auto":
+        return await gpu.request_adapter(feature_level)
+    core = await gpu.request_adapter("core")
+    if core is not None and not core.summary().is_fallback:
+        return core
+    compatibility = await gpu.request_adapter("compatibility")
+    if compatibility is not None and not compatibility.summary().is_fallback:
+        return compatibility
+    return core or compatibility
+
+
+async def probe(gpu: Gpu, feature_level: str = "auto", seed: int = 0) -> dict:
     """Adapter summary, tier, and the kernel cases on a fresh device; JSON-able."""
     report = {"shader_bundle_hash": shader_bundle.bundle_hash(), "feature_level": feature_level}
     started = time.perf_counter()
-    adapter = await gpu.request_adapter(feature_level)
+    adapter = await choose_adapter(gpu, feature_level)
     if adapter is None:
         return {**report, "adapter": None, "outcome": "no-webgpu-adapter"}
+    report["feature_level"] = adapter.feature_level
     report["adapter"] = dataclasses.asdict(adapter.summary())
     report["tier"] = tier_for(adapter.features)
     device = await adapter.request_device()

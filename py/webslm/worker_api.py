@@ -17,6 +17,7 @@ def status() -> str:
         "python": platform.python_version(),
         "platform": sys.platform,
         "numpy": np.__version__,
+        "numpy_check": float(np.square(np.arange(10.0)).sum()),   # proves numpy runs, not just imports
         "webslm": __version__,
         "shader_bundle_hash": bundle.bundle_hash,
         "shader_bundle_origin": bundle.origin,
