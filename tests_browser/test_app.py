@@ -1,0 +1,115 @@
+"""The browser matrix over the served app: in every engine row, the worker boots Pyodide +
+numpy + webslm, answers the versioned protocol, survives malformed messages, and runs the
+reference WGSL kernel on navigator.gpu against numpy (or reports cleanly that there is no
+WebGPU adapter). Every request the page and its worker make goes to the serving origin.
+
+Run with -s to see each row's adapter table and boot times (also in tests_browser/results/).
+"""
+from __future__ import annotations
+
+import json
+from urllib.parse import urlsplit
+
+import pytest
+
+from webslm import shader_bundle
+
+
+def test_worker_boots_python_numpy_and_webslm(booted):
+    status = booted.status
+    assert status["pyodide"] == "0.27.7"
+    assert status["python"].startswith("3.12.")
+    assert status["numpy"] == "2.0.2"
+    assert status["numpy_check"] == 285.0          # sum of squares 0..9, computed in the worker
+    assert status["platform"] == "emscripten"
+    # the wheel's shaders are the checkout's, verified in the worker against BUNDLE.json
+    assert status["shader_bundle_origin"] == "wheel"
+    assert status["shader_bundle_hash"] == shader_bundle.bundle_hash()
+    assert status["manifest_shader_bundle_hash"] == status["shader_bundle_hash"]
+    print(f"\n{booted.row.name}: cold boot {json.dumps(booted.results['boot_cold'])}")
+
+
+def test_gpu_probe_runs_wgsl_or_reports_no_adapter(booted):
+    # The page itself sends the gpu-probe request (core, then compatibility when there is no
+    # core adapter); its report is what the user sees, so that is the one checked here.
+    report = booted.wait_for("window.webslm.gpu")
+    assert "error" not in report, report
+    feature_level = booted.row.adapter_options.get("featureLevel", "core")
+    booted.record(gpu=report)
+    print(f"\n{booted.row.name}: {json.dumps({k: report.get(k) for k in ('outcome', 'tier', 'feature_level', 'seconds')})}")
+    if not booted.row.expects_webgpu:
+        assert report["adapter"] is None
+        assert report["outcome"] == "no-webgpu-adapter"
+        return
+    adapter = report["adapter"]
+    print(f"features: {adapter['features']}\nlimits: {json.dumps(adapter['limits'])}")
+    assert report["outcome"] == "passed", json.dumps(report["cases"], indent=1)
+    assert report["gpu_errors"] == []
+    assert all(case["unwritten"] == 0 for case in report["cases"])
+    assert report["feature_level"] == feature_level
+    if feature_level == "compatibility":
+        assert adapter["limits"]["maxStorageBufferBindingSize"] == 128 * 1024 * 1024
+
+
+@pytest.mark.parametrize("raw, code", [
+    ("42", "bad-message"),
+    ("null", "bad-message"),
+    ("[1, 2]", "bad-message"),
+    ('{"protocol": "webslm/0", "id": 1, "type": "ping"}', "bad-message"),
+    ('{"protocol": "webslm/1", "id": -1, "type": "ping"}', "bad-message"),
+    ('{"protocol": "webslm/1", "id": 1.5, "type": "ping"}', "bad-message"),
+    ('{"protocol": "webslm/1", "id": 900001, "type": "format-disk"}', "unknown-type"),
+    ('{"protocol": "webslm/1", "id": 900002, "type": "toString"}', "unknown-type"),
+    ('{"protocol": "webslm/1", "id": 900003, "type": "ping", "extra": 1}', "bad-field"),
+    ('{"protocol": "webslm/1", "id": 900004, "type": "gpu-probe", "seed": 1}', "bad-field"),
+    ('{"protocol": "webslm/1", "id": 900005, "type": "gpu-probe", "featureLevel": "fast", "seed": 1}', "bad-field"),
+    ('{"protocol": "webslm/1", "id": 900006, "type": "gpu-probe", "featureLevel": "core", "seed": -3}', "bad-field"),
+    ('{"protocol": "webslm/1", "id": 900007, "type": "gpu-probe", "featureLevel": "core", "seed": "7"}', "bad-field"),
+])
+def test_malformed_message_gets_typed_error_and_worker_keeps_answering(booted, raw, code):
+    answer = booted.send_raw(raw)
+    assert answer["type"] == "error"
+    assert answer["error"]["code"] == code, answer
+    assert isinstance(answer["error"]["message"], str) and answer["error"]["message"]
+    assert booted.request("ping") == {"pong": True}
+
+
+def test_page_shows_worker_status(booted):
+    booted.wait_for("window.webslm.gpu")
+    text = booted.row.eval("document.querySelector('main').innerText")
+    assert "0.27.7" in text and "2.0.2" in text
+    assert shader_bundle.bundle_hash() in text
+    summary = booted.row.eval("document.getElementById('gpu-summary').textContent")
+    if booted.row.expects_webgpu:
+        assert "passed" in summary and "tier" in summary, summary
+    else:
+        assert "No WebGPU" in summary, summary
+
+
+def test_every_request_goes_to_the_serving_origin(booted):
+    origin = "{0.scheme}://{0.netloc}".format(urlsplit(booted.url))
+    page = booted.row.eval("performance.getEntriesByType('resource').map(e => e.name)")
+    worker = booted.request("resource-log")["urls"]
+    seen = booted.row.requests() or []
+    urls = [u for u in [*page, *worker, *seen] if not u.startswith(("data:", "blob:"))]
+    assert any("pyodide.asm.wasm" in u for u in urls), "the worker's own requests were not observed"
+    foreign = sorted({u for u in urls if not u.startswith(origin + "/")})
+    assert foreign == [], foreign
+
+
+def test_gpu_probe_request_validates_and_runs_with_a_given_seed(booted):
+    """The protocol path the page uses, driven directly, with the row's feature level."""
+    if not booted.row.expects_webgpu:
+        report = booted.request("gpu-probe", {"featureLevel": "core", "seed": 5})
+        assert report["outcome"] == "no-webgpu-adapter"
+        return
+    feature_level = booted.row.adapter_options.get("featureLevel", "core")
+    report = booted.request("gpu-probe", {"featureLevel": feature_level, "seed": 5})
+    assert report["outcome"] == "passed"
+
+
+def test_warm_boot_is_recorded(booted):
+    status = booted.boot("warm")   # same browser profile: HTTP cache populated by the cold boot
+    assert status["numpy"] == "2.0.2"
+    booted.record()
+    print(f"\n{booted.row.name}: warm boot {json.dumps(booted.results['boot_warm'])}")
