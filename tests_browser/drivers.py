@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROW_NAMES = ["chromium", "chromium-compat", "firefox", "webkit"]
+ROW_NAMES = ["chromium", "chromium-compat", "firefox", "webkit", "playwright-firefox", "playwright-webkit"]
 
 CHROMIUM_BIN = "/usr/bin/chromium"
 FIREFOX_BIN = "/usr/bin/firefox-esr"
@@ -91,8 +91,11 @@ class BrowserRowUnavailable(RuntimeError):
 
 def missing_binaries(name: str) -> list[str]:
     """The binaries the row needs that are not present (empty list: the row can run)."""
-    if name not in ROW_BINARIES:
+    if name not in ROW_BINARIES and not name.startswith("playwright-"):
         raise ValueError(f"unknown browser row {name!r}; known: {ROW_NAMES}")
+    if name.startswith("playwright-"):
+        path = playwright_browser_path(name.removeprefix("playwright-"))
+        return [] if os.access(path, os.X_OK) else [f"{path} (Playwright's own build; `playwright install` needs internet)"]
     needed = list(ROW_BINARIES[name])
     if name == "webkit" and not os.environ.get("DISPLAY"):
         needed.append(XVFB_BIN)
@@ -585,11 +588,49 @@ def _start_xvfb() -> tuple[subprocess.Popen, str]:
 
 # --------------------------------------------------------------------------- factory
 
+# ------------------------------------------------------- Playwright's own browser builds
+# On a machine with internet, `playwright install firefox webkit` downloads Playwright's own
+# builds; where they are present the same tests run on them too. Whether they expose WebGPU
+# depends on the build and the OS, so these rows record the outcome instead of expecting one
+# (expects_webgpu None): an adapter, if any, must still pass the kernel check.
+
+_playwright_paths: dict[str, str] = {}
+
+
+def playwright_browser_path(browser: str) -> str:
+    """Where Playwright's own build of `browser` would be (it may not be installed)."""
+    if browser not in _playwright_paths:
+        from playwright.sync_api import sync_playwright
+        with sync_playwright() as pw:
+            _playwright_paths.update(firefox=pw.firefox.executable_path, webkit=pw.webkit.executable_path)
+    return _playwright_paths[browser]
+
+
+class PlaywrightFirefoxRow(_PlaywrightRow):
+    name = "playwright-firefox"
+    expects_webgpu = None
+    adapter_options: dict = {}
+
+    def _launch_browser(self, pw):
+        return pw.firefox.launch(headless=True, firefox_user_prefs=dict(FIREFOX_PREFS), timeout=120_000)
+
+
+class PlaywrightWebKitRow(_PlaywrightRow):
+    name = "playwright-webkit"
+    expects_webgpu = None
+    adapter_options: dict = {}
+
+    def _launch_browser(self, pw):
+        return pw.webkit.launch(headless=True, timeout=120_000)
+
+
 _ROW_CLASSES = {
     "chromium": ChromiumRow,
     "chromium-compat": ChromiumCompatRow,
     "firefox": FirefoxRow,
     "webkit": WebKitRow,
+    "playwright-firefox": PlaywrightFirefoxRow,
+    "playwright-webkit": PlaywrightWebKitRow,
 }
 
 

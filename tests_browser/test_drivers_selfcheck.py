@@ -130,7 +130,8 @@ def test_eval_error(row):
 def test_worker_webgpu(row, site):
     info = row.eval(WORKER_PROBE_JS % json.dumps(row.adapter_options), timeout_s=120)
     print(f"\n[{row.name}] worker WebGPU ({json.dumps(row.adapter_options)}): {json.dumps(info)}")
-    assert info["has_gpu"] == row.expects_webgpu, info
+    if row.expects_webgpu is not None:   # None: Playwright's own builds, outcome recorded only
+        assert info["has_gpu"] == row.expects_webgpu, info
     if info["has_gpu"]:
         assert isinstance(info["maxStorageBufferBindingSize"], int)
         assert info["maxStorageBufferBindingSize"] >= 128 * 1024 * 1024

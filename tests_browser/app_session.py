@@ -1,0 +1,62 @@
+"""The served app in one browser row: open the page, wait for the worker, talk to it.
+
+Used by the browser tests (conftest.py) and by bench/boot.py.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import threading
+import time
+
+import drivers
+import serve
+
+BOOT_TIMEOUT_S = 180       # Pyodide + numpy on a 2-core machine under a software GPU
+
+
+def serve_in_thread(routes):
+    """serve.py's server on a free loopback port, in a daemon thread: (server, url)."""
+    server = serve.make_server(routes, "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+class BootedRow:
+    """A browser row with the app open and its worker booted."""
+
+    def __init__(self, row: drivers.BrowserRow, url: str, results_dir: pathlib.Path | None = None):
+        self.row, self.url, self.results_dir = row, url, results_dir
+        self.results: dict = {"row": row.name, "launch_s": round(row.launch_s, 2)}
+        self.status = self.boot("cold")
+
+    def boot(self, label: str) -> dict:
+        started = time.monotonic()
+        self.row.open(self.url)
+        self.wait_for("window.webslm", timeout_s=30)
+        self.row.eval("window.webslm.client.ready", timeout_s=BOOT_TIMEOUT_S)
+        status = self.request("status")
+        status["page_to_ready_s"] = round(time.monotonic() - started, 2)
+        self.results[f"boot_{label}"] = {**status["boot"], "page_to_ready_s": status["page_to_ready_s"]}
+        return status
+
+    def wait_for(self, js_expression: str, timeout_s: float = 240):
+        """Poll until the page-side expression is truthy; return its value."""
+        self.row.eval(
+            "new Promise((ok, fail) => { const t = setInterval(() => { if (%s) { clearInterval(t); ok(true); } }, 50);"
+            " setTimeout(() => { clearInterval(t); fail(new Error('timed out waiting for: ' + %s)); }, %d); })"
+            % (js_expression, json.dumps(js_expression), timeout_s * 1000), timeout_s=timeout_s + 10)
+        return self.row.eval(js_expression)
+
+    def request(self, type: str, fields: dict | None = None, timeout_s: float = 300):
+        return self.row.eval(f"window.webslm.client.request({json.dumps(type)}, {json.dumps(fields or {})})",
+                             timeout_s=timeout_s)
+
+    def send_raw(self, js_value: str):
+        return self.row.eval(f"window.webslm.client.sendRaw({js_value})")
+
+    def record(self, **items):
+        self.results.update(items)
+        if self.results_dir is not None:
+            self.results_dir.mkdir(exist_ok=True)
+            (self.results_dir / f"{self.row.name}.json").write_text(json.dumps(self.results, indent=1, sort_keys=True))
