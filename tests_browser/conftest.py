@@ -72,11 +72,7 @@ def _wait_until_serving(url, timeout_s=20):
 
 @pytest.fixture(scope="session", params=drivers.ROW_NAMES)
 def booted(request, app_url):
-    name = request.param
-    missing = drivers.missing_binaries(name)
-    if missing:
-        pytest.skip(f"{name}: not installed: {', '.join(missing)} (./dev test installs them as root)")
-    row = drivers.launch(name)
+    row = drivers.launch_or_skip(request.param)
     try:
         yield BootedRow(row, app_url, results_dir=HERE / "results")
     finally:

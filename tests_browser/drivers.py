@@ -634,6 +634,16 @@ _ROW_CLASSES = {
 }
 
 
+def launch_or_skip(name: str) -> BrowserRow:
+    """launch(), or skip the calling pytest test with the missing binaries named."""
+    import pytest
+
+    missing = missing_binaries(name)
+    if missing:
+        pytest.skip(f"{name}: not installed: {', '.join(missing)} (./dev test installs them as root)")
+    return launch(name)
+
+
 def launch(name: str) -> BrowserRow:
     """Start the browser for row ``name`` (one of ROW_NAMES) with a blank page ready."""
     if name not in _ROW_CLASSES:
@@ -645,6 +655,6 @@ def launch(name: str) -> BrowserRow:
 
 
 __all__ = [
-    "ROW_NAMES", "BrowserRow", "BrowserEvalError", "BrowserRowUnavailable", "launch",
+    "ROW_NAMES", "BrowserRow", "BrowserEvalError", "BrowserRowUnavailable", "launch", "launch_or_skip",
     "missing_binaries", "playwright_firefox_patched",
 ]

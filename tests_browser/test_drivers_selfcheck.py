@@ -90,12 +90,8 @@ def site(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module", params=drivers.ROW_NAMES)
 def row(request, site):
-    name = request.param
-    missing = drivers.missing_binaries(name)
-    if missing:
-        pytest.skip(f"{name}: browser binary not found: {', '.join(missing)}")
-    r = drivers.launch(name)
-    print(f"\n[{name}] launched in {r.launch_s:.1f} s")
+    r = drivers.launch_or_skip(request.param)
+    print(f"\n[{r.name}] launched in {r.launch_s:.1f} s")
     try:
         r.open(f"{site}/index.html")
         yield r

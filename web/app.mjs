@@ -19,12 +19,18 @@ function showStatus(rows) {
 // "auto": Python picks the adapter (a real GPU over a software fallback, core over compatibility).
 const probeGpu = (client) => client.request("gpu-probe", { featureLevel: "auto", seed: 0 });
 
+// Browsers may withhold adapter details (privacy); show what there is.
+function adapterName(adapter) {
+  const name = [adapter.vendor, adapter.architecture].filter(Boolean).join(" ") || adapter.description || "unnamed adapter";
+  return adapter.is_fallback ? `${name} (software fallback)` : name;
+}
+
 function describeGpu(report) {
   if (!report.adapter) return { text: "No WebGPU adapter in this browser: answers will come from the CPU path.", ok: true };
   const features = report.adapter.features;
   const label = ["f32", features.includes("shader-f16") && "f16", features.includes("subgroups") && "subgroups"].filter(Boolean).join(" · ");
   const cases = report.cases.filter((c) => c.passed).length;
-  const text = `${report.adapter.description || report.adapter.vendor || "WebGPU adapter"} (${report.feature_level}) · tier ${report.tier} (${label}) · kernel check ${cases}/${report.cases.length} ${report.outcome}`;
+  const text = `${adapterName(report.adapter)} · ${report.feature_level} · tier ${report.tier} (${label}) · kernel check ${cases}/${report.cases.length} ${report.outcome}`;
   return { text, ok: report.outcome === "passed" };
 }
 
@@ -53,7 +59,7 @@ async function main() {
     const report = await probeGpu(client);
     window.webslm.gpu = report;
     const { text, ok } = describeGpu(report);
-    rows[rows.length - 1][1] = report.adapter ? `${report.adapter.description || "adapter"} · tier ${report.tier}` : "no WebGPU adapter";
+    rows[rows.length - 1][1] = report.adapter ? `${adapterName(report.adapter)} · ${report.feature_level} · tier ${report.tier}` : "no WebGPU adapter";
     showStatus(rows);
     $("gpu-summary").textContent = text;
     $("gpu-summary").className = ok ? "ok" : "bad";
