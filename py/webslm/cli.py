@@ -33,6 +33,80 @@ def cmd_convert(args) -> int:
     return 0
 
 
+def _open(path: str):
+    """(model, None) or (None, exit status) with the reason printed: never a traceback."""
+    from .artifact import ArtifactError, validate_file
+    try:
+        return validate_file(path), None
+    except ArtifactError as exc:
+        print(f"invalid: {exc.code} at {exc.where}: {exc.sentence}", file=sys.stderr)
+        return None, 1
+    except OSError as exc:
+        print(f"cannot read {path}: {exc.strerror or exc}", file=sys.stderr)
+        return None, 2
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+
+
+def cmd_validate(args) -> int:
+    import time
+    started = time.perf_counter()
+    model, status = _open(args.file)
+    if model is None:
+        return status
+    a = model.architecture
+    print(f"valid: {args.file}")
+    print(f"  artifact sha256 {model.identity.artifact_sha256}")
+    print(f"  layout hash     {model.identity.layout_hash}")
+    print(f"  {a.family}: {a.n_layers} layers, hidden {a.hidden}, heads {a.n_heads}/{a.n_kv_heads} kv, "
+          f"ffn {a.ffn}, vocab {a.vocab}, context {a.context_length}; {len(model.manifest.tensors)} tensors, "
+          f"{_size(model.nbytes)}; validated in {time.perf_counter() - started:.2f} s")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    model, status = _open(args.file)
+    if model is None:
+        return status
+    m = model.manifest
+    a = m.architecture
+    print(f"{args.file}: {model.identity.artifact_sha256}")
+    print(f"architecture  {a.family}, {a.n_layers} layers, hidden {a.hidden}, ffn {a.ffn}, vocab {a.vocab}, "
+          f"context {a.context_length}")
+    print(f"attention     {a.n_heads} query heads, {a.n_kv_heads} KV heads, head_dim {a.head_dim}, "
+          f"qkv_bias {a.qkv_bias}, tied_output {a.tied_output}")
+    r = a.rope
+    print(f"rope          base {r.base:g}, rotary_dim {r.rotary_dim}, {r.convention}, offset {r.position_offset}; "
+          f"norm_eps {a.norm_eps:g}")
+    t = m.tokenizer
+    kind = "byte-level BPE" if t["byte_level"] else "SentencePiece-style BPE (byte fallback)"
+    print(f"tokenizer     {kind}, pre-tokenizer {t['pre_tokenizer']}, {len(t['tokens'])} tokens, "
+          f"{len(t['merges'])} merges, {len(t['special_tokens'])} special; bos {t['bos_id']}, eos {list(t['eos_ids'])}, "
+          f"add_bos {t['add_bos']}")
+    template = m.chat_template["template"]
+    print(f"chat template {len(template)} characters: {template[:72]!r}{'…' if len(template) > 72 else ''}")
+    print(f"generation    {dict(m.generation)}")
+    print(f"source        {dict(m.source)}")
+    print()
+    print(f"{'tensor':28} {'shape':>14} {'encoding':10} {'block':>5} {'bytes':>12}")
+    by_encoding: dict[str, int] = {}
+    for info in m.tensors.values():
+        label = info.encoding + (f"/{info.quant.zero}" if info.quant and info.quant.zero != "none" else "")
+        block = info.quant.block_elements if info.quant else "-"
+        by_encoding[label] = by_encoding.get(label, 0) + info.nbytes
+        print(f"{info.name:28} {'x'.join(map(str, info.shape)):>14} {label:10} {block:>5} {info.nbytes:>12,}")
+    print()
+    for label, total in sorted(by_encoding.items()):
+        print(f"  {label:10} {_size(total):>10}")
+    print(f"  {'file':10} {_size(model.nbytes):>10}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="webslm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -45,6 +119,14 @@ def main(argv=None) -> int:
                               "safetensors: the weight encoding (default q4)")
     convert.add_argument("--group", type=int, default=None, help="quantization block size (32, 64, 128, 256)")
     convert.set_defaults(run=cmd_convert)
+
+    validate = sub.add_parser("validate", help="validate a .slm file and print its identity")
+    validate.add_argument("file")
+    validate.set_defaults(run=cmd_validate)
+
+    inspect = sub.add_parser("inspect", help="describe a .slm file: architecture, tokenizer, tensors, bytes")
+    inspect.add_argument("file")
+    inspect.set_defaults(run=cmd_inspect)
 
     args = parser.parse_args(argv)
     return args.run(args)

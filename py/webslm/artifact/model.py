@@ -1,0 +1,135 @@
+"""What validation produces: an immutable manifest, the model identity, and read-only views
+of the payload. The planner, the kernels and the CPU path all read the model from here."""
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    base: float
+    rotary_dim: int
+    convention: str            # "rotate-half" | "adjacent-pair"
+    position_offset: int
+    scaling: None              # v1: always None
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    family: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+    ffn: int
+    vocab: int
+    context_length: int
+    norm_eps: float
+    tied_output: bool
+    qkv_bias: bool
+    rope: Rope
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head: query head h reads KV head h // group_size."""
+        return self.n_heads // self.n_kv_heads
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantDescriptor:
+    block_elements: int
+    blocks_per_row: int
+    tail_elements: int
+    scale_type: str
+    scale_layout: str
+    zero: str                  # "none" | "offset" | "min"
+    zero_offset: int | None
+    min_type: str | None
+    code_signedness: str
+    nibble_order: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    encoding: str
+    quant: QuantDescriptor | None
+    row_stride: int
+    parts: tuple[tuple[str, int, int], ...]   # (part, absolute file offset, length), file order
+    sha256: str
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if len(self.shape) == 2 else 1
+
+    @property
+    def cols(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(length for _, _, length in self.parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelIdentity:
+    artifact_sha256: str       # the trailer: names the exact file
+    layout_hash: str           # names the numerical model, independent of file placement
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidatedModelManifest:
+    architecture: Architecture
+    tokenizer: Mapping[str, Any]       # deeply read-only (tuples and mapping proxies)
+    chat_template: Mapping[str, Any]
+    generation: Mapping[str, Any]
+    source: Mapping[str, Any]
+    tensors: Mapping[str, TensorInfo]  # in file order
+    identity: ModelIdentity
+
+
+def freeze(value: Any) -> Any:
+    """JSON data -> the same data, read-only all the way down."""
+    if isinstance(value, dict):
+        return types.MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+class ValidatedModel:
+    """A validated .slm: the manifest, the identity, and read-only views of tensor bytes."""
+
+    def __init__(self, manifest: ValidatedModelManifest, data: bytearray):
+        self.manifest = manifest
+        self.identity = manifest.identity
+        self._view = memoryview(data).toreadonly()
+
+    @property
+    def architecture(self) -> Architecture:
+        return self.manifest.architecture
+
+    @property
+    def nbytes(self) -> int:
+        return len(self._view)
+
+    def tensor_parts(self, name: str) -> dict[str, memoryview]:
+        """{part: read-only view of its bytes} for one tensor (no copy)."""
+        info = self.manifest.tensors[name]
+        return {part: self._view[offset:offset + length] for part, offset, length in info.parts}
+
+    def dequantize(self, name: str):
+        """The tensor as f32 numpy (decoded exactly as docs/slm-format.md defines)."""
+        from . import quant
+        info = self.manifest.tensors[name]
+        descriptor = dataclasses.asdict(info.quant) if info.quant else None
+        return quant.dequantize(info.encoding, info.shape, descriptor, self.tensor_parts(name))
+
+    def __repr__(self) -> str:
+        a = self.architecture
+        return (f"<ValidatedModel {a.family} {a.n_layers}L h{a.hidden} v{a.vocab} "
+                f"sha256 {self.identity.artifact_sha256[:12]}…>")

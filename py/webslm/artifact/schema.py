@@ -1,0 +1,208 @@
+"""Checks for the manifest's JSON sections (docs/slm-format.md, "Manifest").
+
+Each check takes parsed JSON and either returns typed values or raises ArtifactError with
+the dotted path of the offending field. Nothing is clamped or defaulted.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from . import format as fmt
+from .errors import ArtifactError
+from .model import Architecture, Rope
+
+PRE_TOKENIZERS = ("gpt2", "smollm", "qwen2", "llama3", "sentencepiece")
+
+
+def strict_json(data: bytes, where: str) -> Any:
+    """UTF-8 JSON with no duplicate keys and no NaN/Infinity."""
+    def no_duplicates(pairs):
+        obj = {}
+        for key, value in pairs:
+            if key in obj:
+                raise ArtifactError("bad-json", where, f"duplicate key {key!r}")
+            obj[key] = value
+        return obj
+
+    def no_constants(name):
+        raise ArtifactError("bad-json", where, f"{name} is not allowed in JSON")
+
+    try:
+        text = bytes(data).decode("utf-8")
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except UnicodeDecodeError as exc:
+        raise ArtifactError("bad-json", where, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ArtifactError("bad-json", where, f"not valid JSON ({exc})") from None
+
+
+# -- field readers -------------------------------------------------------------------------
+
+def obj(value: Any, where: str, keys: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise ArtifactError("bad-field", where, "must be a JSON object")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise ArtifactError("bad-field", f"{where}.{missing[0]}", "is missing")
+    extra = [k for k in value if k not in keys]
+    if extra:
+        raise ArtifactError("bad-field", f"{where}.{extra[0]}", "is not a field of this format version")
+    return value
+
+
+def integer(value: Any, where: str, lo: int, hi: int) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ArtifactError("bad-field", where, f"must be an integer in [{lo}, {hi}], got {value!r}"[:200])
+    return value
+
+
+def number(value: Any, where: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value) or not lo <= value <= hi \
+            or (lo_open and value == lo):
+        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+        raise ArtifactError("bad-field", where, f"must be a number in {bound}, got {value!r}"[:200])
+    return float(value)
+
+
+def boolean(value: Any, where: str) -> bool:
+    if type(value) is not bool:
+        raise ArtifactError("bad-field", where, f"must be true or false, got {value!r}"[:200])
+    return value
+
+
+def string(value: Any, where: str, choices: tuple[str, ...] | None = None, max_len: int = 1 << 20) -> str:
+    if not isinstance(value, str) or len(value) > max_len:
+        raise ArtifactError("bad-field", where, "must be a string" + (f" of at most {max_len} characters" if isinstance(value, str) else ""))
+    if choices is not None and value not in choices:
+        raise ArtifactError("bad-field", where, f"must be one of {', '.join(choices)}, got {value!r}"[:200])
+    return value
+
+
+def optional_id(value: Any, where: str, count: int) -> int | None:
+    return None if value is None else integer(value, where, 0, count - 1)
+
+
+# -- sections ------------------------------------------------------------------------------
+
+def architecture(value: Any) -> Architecture:
+    w = "manifest.architecture"
+    a = obj(value, w, ("family", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden", "ffn",
+                       "vocab", "context_length", "norm_eps", "tied_output", "qkv_bias", "rope"))
+    string(a["family"], f"{w}.family", ("llama",))
+    dims = {k: integer(a[k], f"{w}.{k}", 1, fmt.MAX_DIMENSION)
+            for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden", "ffn", "vocab", "context_length")}
+    r = obj(a["rope"], f"{w}.rope", ("base", "rotary_dim", "convention", "position_offset", "scaling"))
+    rope = Rope(
+        base=number(r["base"], f"{w}.rope.base", 0, 1e12, lo_open=True),
+        rotary_dim=integer(r["rotary_dim"], f"{w}.rope.rotary_dim", 2, fmt.MAX_DIMENSION),
+        convention=string(r["convention"], f"{w}.rope.convention", fmt.ROPE_CONVENTIONS),
+        position_offset=integer(r["position_offset"], f"{w}.rope.position_offset", 0, fmt.MAX_DIMENSION),
+        scaling=None)
+    if r["scaling"] is not None:
+        raise ArtifactError("bad-field", f"{w}.rope.scaling", "RoPE scaling is not defined in format v1; must be null")
+    arch = Architecture(family="llama", **dims, norm_eps=number(a["norm_eps"], f"{w}.norm_eps", 0, 1, lo_open=True),
+                        tied_output=boolean(a["tied_output"], f"{w}.tied_output"),
+                        qkv_bias=boolean(a["qkv_bias"], f"{w}.qkv_bias"), rope=rope)
+    if arch.hidden != arch.n_heads * arch.head_dim:
+        raise ArtifactError("bad-architecture", f"{w}.hidden",
+                            f"hidden {arch.hidden} != n_heads {arch.n_heads} x head_dim {arch.head_dim}")
+    if arch.n_heads % arch.n_kv_heads:
+        raise ArtifactError("bad-architecture", f"{w}.n_kv_heads",
+                            f"n_heads {arch.n_heads} is not a multiple of n_kv_heads {arch.n_kv_heads}")
+    if rope.rotary_dim % 2 or rope.rotary_dim > arch.head_dim:
+        raise ArtifactError("bad-architecture", f"{w}.rope.rotary_dim",
+                            f"rotary_dim {rope.rotary_dim} must be even and at most head_dim {arch.head_dim}")
+    if rope.position_offset >= arch.context_length:
+        raise ArtifactError("bad-architecture", f"{w}.rope.position_offset",
+                            f"position_offset {rope.position_offset} leaves no room in context_length {arch.context_length}")
+    return arch
+
+
+def tokenizer(value: Any, vocab: int) -> dict:
+    w = "manifest.tokenizer"
+    t = obj(value, w, ("model", "byte_level", "byte_fallback", "pre_tokenizer", "tokens", "merges",
+                       "special_tokens", "bos_id", "eos_ids", "pad_id", "unk_id", "add_bos", "add_eos"))
+    string(t["model"], f"{w}.model", ("bpe",))
+    byte_level = boolean(t["byte_level"], f"{w}.byte_level")
+    byte_fallback = boolean(t["byte_fallback"], f"{w}.byte_fallback")
+    pre = string(t["pre_tokenizer"], f"{w}.pre_tokenizer", PRE_TOKENIZERS)
+    if byte_level == (pre == "sentencepiece") or byte_level == byte_fallback:
+        raise ArtifactError("bad-tokenizer", f"{w}.pre_tokenizer",
+                            "byte-level BPE needs a GPT-2-style pre-tokenizer and no byte fallback; "
+                            "SentencePiece-style BPE needs pre_tokenizer sentencepiece and byte_fallback")
+    tokens = t["tokens"]
+    if not isinstance(tokens, list) or not 1 <= len(tokens) <= vocab:
+        raise ArtifactError("bad-tokenizer", f"{w}.tokens", f"must be a list of 1 to vocab ({vocab}) strings")
+    if not all(isinstance(s, str) and 0 < len(s) <= 4096 for s in tokens):
+        raise ArtifactError("bad-tokenizer", f"{w}.tokens", "every token must be a non-empty string")
+    index = {s: i for i, s in enumerate(tokens)}
+    if len(index) != len(tokens):
+        raise ArtifactError("bad-tokenizer", f"{w}.tokens", "token strings must be unique")
+    merges = t["merges"]
+    if not isinstance(merges, list):
+        raise ArtifactError("bad-tokenizer", f"{w}.merges", "must be a list of \"left right\" strings")
+    for n, merge in enumerate(merges):
+        parts = merge.split(" ") if isinstance(merge, str) else ()
+        if len(parts) != 2 or parts[0] not in index or parts[1] not in index or parts[0] + parts[1] not in index:
+            raise ArtifactError("bad-tokenizer", f"{w}.merges[{n}]",
+                                "must be \"left right\" where left, right and left+right are tokens")
+    count = len(tokens)
+    specials = t["special_tokens"]
+    if not isinstance(specials, list):
+        raise ArtifactError("bad-tokenizer", f"{w}.special_tokens", "must be a list")
+    for n, special in enumerate(specials):
+        s = obj(special, f"{w}.special_tokens[{n}]", ("id", "content"))
+        sid = integer(s["id"], f"{w}.special_tokens[{n}].id", 0, count - 1)
+        if s["content"] != tokens[sid]:
+            raise ArtifactError("bad-tokenizer", f"{w}.special_tokens[{n}]", f"content differs from tokens[{sid}]")
+    optional_id(t["bos_id"], f"{w}.bos_id", count)
+    optional_id(t["pad_id"], f"{w}.pad_id", count)
+    optional_id(t["unk_id"], f"{w}.unk_id", count)
+    if not isinstance(t["eos_ids"], list) or not t["eos_ids"]:
+        raise ArtifactError("bad-tokenizer", f"{w}.eos_ids", "must be a non-empty list of token ids")
+    for n, eos in enumerate(t["eos_ids"]):
+        integer(eos, f"{w}.eos_ids[{n}]", 0, count - 1)
+    boolean(t["add_bos"], f"{w}.add_bos")
+    boolean(t["add_eos"], f"{w}.add_eos")
+    if t["add_bos"] and t["bos_id"] is None:
+        raise ArtifactError("bad-tokenizer", f"{w}.add_bos", "add_bos is true but bos_id is null")
+    return t
+
+
+def chat_template(value: Any) -> dict:
+    c = obj(value, "manifest.chat_template", ("format", "template"))
+    string(c["format"], "manifest.chat_template.format", ("jinja",))
+    string(c["template"], "manifest.chat_template.template", max_len=1 << 20)
+    return c
+
+
+def generation(value: Any, context_length: int) -> dict:
+    w = "manifest.generation"
+    g = obj(value, w, ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_new_tokens"))
+    number(g["temperature"], f"{w}.temperature", 0, 100)
+    number(g["top_p"], f"{w}.top_p", 0, 1, lo_open=True)
+    integer(g["top_k"], f"{w}.top_k", 0, fmt.MAX_DIMENSION)
+    number(g["min_p"], f"{w}.min_p", 0, 0.999999)
+    number(g["repetition_penalty"], f"{w}.repetition_penalty", 0, 100, lo_open=True)
+    integer(g["max_new_tokens"], f"{w}.max_new_tokens", 1, context_length)
+    return g
+
+
+def source(value: Any) -> dict:
+    w = "manifest.source"
+    s = obj(value, w, ("format", "file", "sha256", "converter", "notes"))
+    for key in ("format", "file", "converter"):
+        string(s[key], f"{w}.{key}", max_len=4096)
+    if s["sha256"] is not None:
+        sha256_hex(s["sha256"], f"{w}.sha256")
+    if not isinstance(s["notes"], list) or not all(isinstance(n, str) for n in s["notes"]):
+        raise ArtifactError("bad-field", f"{w}.notes", "must be a list of strings")
+    return s
+
+
+def sha256_hex(value: Any, where: str) -> str:
+    if not isinstance(value, str) or len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ArtifactError("bad-field", where, "must be 64 lowercase hex digits")
+    return value
