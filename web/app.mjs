@@ -4,8 +4,7 @@ import { WorkerClient } from "./worker-client.mjs";
 
 const $ = (id) => document.getElementById(id);
 
-function showStatus(rows) {
-  const list = $("status");
+function showStatus(rows, list = $("status")) {
   list.replaceChildren();
   for (const [term, value] of rows) {
     const dt = document.createElement("dt");
@@ -34,9 +33,51 @@ function describeGpu(report) {
   return { text, ok: report.outcome === "passed" };
 }
 
+const megabytes = (n) => `${(n / 1048576).toFixed(1)} MB`;
+
+// The default model named by the site's manifest: streamed into the worker and validated there.
+async function loadDefaultModel(client) {
+  const manifest = await (await fetch(new URL("./assets/manifest.json", import.meta.url))).json();
+  const entry = (manifest.models ?? []).find((m) => m.default);
+  if (!entry) {
+    $("model-state").textContent = "No default model in this site's assets.";
+    return { absent: true };
+  }
+  const bar = $("model-progress");
+  bar.hidden = false;
+  $("model-state").textContent = `Downloading and validating ${entry.name}…`;
+  const onProgress = (e) => {
+    if (e.detail.url !== `assets/${entry.file}`) return;
+    bar.value = e.detail.received / (e.detail.total ?? entry.bytes);
+  };
+  client.addEventListener("load-progress", onProgress);
+  try {
+    const model = await client.request("load-model", { url: `assets/${entry.file}` });
+    if (model.artifact_sha256 !== entry.artifact_sha256) throw new Error(`the model's sha256 ${model.artifact_sha256} is not the one this site lists`);
+    bar.value = 1;
+    $("model-state").textContent = `${entry.name}: valid.`;
+    $("model-state").className = "ok";
+    const a = model.architecture;
+    showStatus([
+      ["Size", `${megabytes(model.bytes)}, ${model.tensors} tensors (${model.encodings.join(", ")})`],
+      ["Shape", `${a.n_layers} layers · hidden ${a.hidden} · ${a.n_heads} heads / ${a.n_kv_heads} KV · vocab ${a.vocab} · context ${a.context_length}`],
+      ["sha256", model.artifact_sha256],
+      ["Validated", `in ${model.validation_seconds.toFixed(2)} s (${model.total_seconds.toFixed(2)} s with the download)`],
+    ], $("model"));
+    return model;
+  } catch (error) {
+    $("model-state").textContent = `The model could not be loaded: ${error.message}`;
+    $("model-state").className = "bad";
+    return { error: error.message, code: error.code };
+  } finally {
+    client.removeEventListener("load-progress", onProgress);
+    bar.hidden = true;
+  }
+}
+
 async function main() {
   const client = new WorkerClient(new URL("./worker/worker.mjs", import.meta.url));
-  window.webslm = { client, status: null, gpu: null };
+  window.webslm = { client, status: null, gpu: null, model: null };
   client.addEventListener("booting", (e) => { $("engine-state").textContent = `Loading ${e.detail.stage}…`; });
   try {
     await client.ready;
@@ -55,6 +96,7 @@ async function main() {
     ["WebGPU", status.has_navigator_gpu ? "checking…" : "no WebGPU (navigator.gpu is absent)"],
   ];
   showStatus(rows);
+  window.webslm.model = await loadDefaultModel(client);
   try {
     const report = await probeGpu(client);
     window.webslm.gpu = report;

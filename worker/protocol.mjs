@@ -17,6 +17,7 @@ export const ERROR_CODES = Object.freeze({
   badField: "bad-field",         // a missing, extra or ill-typed field
   bootFailed: "boot-failed",     // Pyodide, numpy or webslm could not be loaded
   failed: "failed",              // the request was valid but running it failed
+  badArtifact: "bad-artifact",   // the model file failed validation (details carry the artifact error code)
 });
 
 const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see gpu_smoke.choose_adapter
@@ -31,6 +32,10 @@ export const REQUESTS = Object.freeze({
     seed: (v) => isUint32(v) || "must be an integer in [0, 2^32)",
   },
   "resource-log": {},
+  // url: the artifact's address relative to the site root; only this site's origin is fetched
+  "load-model": {
+    url: (v) => (typeof v === "string" && v.length > 0 && v.length <= 2048) || "must be a non-empty string of at most 2048 characters",
+  },
 });
 
 const ENVELOPE = ["protocol", "id", "type"];
@@ -83,5 +88,5 @@ export function validate(message) {
 }
 
 export const reply = (id, type, result) => ({ protocol: PROTOCOL, id, type, result });
-export const errorReply = (id, code, message) => ({ protocol: PROTOCOL, id, type: "error", error: { code, message } });
+export const errorReply = (id, code, message, details) => ({ protocol: PROTOCOL, id, type: "error", error: { code, message, ...(details ? { details } : {}) } });
 export const event = (name, data = {}) => ({ protocol: PROTOCOL, id: null, type: "event", event: name, ...data });

@@ -9,6 +9,7 @@ import * as bridge from "./bridge.mjs";
 import { ERROR_CODES, ProtocolError, errorReply, event, reply, validate } from "./protocol.mjs";
 
 const ASSETS = new URL("../assets/", import.meta.url);
+const SITE = new URL("../", import.meta.url);
 
 async function sha256Hex(buffer) {
   const digest = await crypto.subtle.digest("SHA-256", buffer);
@@ -72,7 +73,58 @@ const HANDLERS = {
   }),
   "gpu-probe": async ({ featureLevel, seed }, { api }) => JSON.parse(await api.gpu_probe(featureLevel, seed)),
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
+  "load-model": loadModel,
 };
+
+class RequestFailure extends Error {
+  constructor(code, message, details) {
+    super(message);
+    this.code = code;
+    this.details = details;
+  }
+}
+
+// Stream the artifact into the Python validator chunk by chunk, reporting progress; keep the
+// validated model in the worker (the engine will take it from here).
+async function loadModel({ url }, context) {
+  const target = new URL(url, SITE);
+  if (target.origin !== self.location.origin) {
+    throw new RequestFailure(ERROR_CODES.badField, `load-model: ${target.origin} is not this site's origin`);
+  }
+  const started = performance.now();
+  const response = await fetchOk(target);
+  const total = Number(response.headers.get("content-length")) || null;
+  const loader = context.api.ModelLoader();
+  const reject = (artifact) => new RequestFailure(ERROR_CODES.badArtifact, `${artifact.code} at ${artifact.where}: ${artifact.sentence}`, artifact);
+  let received = 0;
+  let lastReport = 0;
+  try {
+    const reader = response.body.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      const rejected = loader.feed(value);
+      if (rejected) {
+        reader.cancel();   // no point downloading the rest of a bad file
+        throw reject(JSON.parse(rejected));
+      }
+      received += value.byteLength;
+      if (performance.now() - lastReport > 100) {
+        lastReport = performance.now();
+        postMessage(event("load-progress", { url, received, total }));
+      }
+    }
+    const outcome = JSON.parse(loader.finish());
+    if (outcome.error) throw reject(outcome.error);
+    context.model?.destroy();
+    context.model = loader;   // the previous model, if any, is released
+    return { ...outcome.model, url, total_seconds: Math.round(performance.now() - started) / 1000 };
+  } catch (error) {
+    if (context.model !== loader) loader.destroy();
+    throw error;
+  }
+}
+}
 
 async function handle(message) {
   let request;
@@ -92,6 +144,7 @@ async function handle(message) {
   try {
     return reply(request.id, request.type, await HANDLERS[request.type](request.fields, context));
   } catch (error) {
+    if (error instanceof RequestFailure) return errorReply(request.id, error.code, error.message, error.details);
     return errorReply(request.id, ERROR_CODES.failed, String(error?.message ?? error));
   }
 }

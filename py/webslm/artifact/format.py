@@ -23,6 +23,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 MAX_TABLE_BYTES = 16 << 20
 MAX_FILE_BYTES = 16 << 30
 MAX_DIMENSION = 1 << 24
+MAX_LAYERS = 4096                 # keeps the required tensor set (12 per layer) within MAX_TENSORS
 MAX_TENSORS = 1 << 16
 
 FORMAT_NAME = "webslm.slm"

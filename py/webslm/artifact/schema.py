@@ -80,10 +80,6 @@ def string(value: Any, where: str, choices: tuple[str, ...] | None = None, max_l
     return value
 
 
-def optional_id(value: Any, where: str, count: int) -> int | None:
-    return None if value is None else integer(value, where, 0, count - 1)
-
-
 # -- sections ------------------------------------------------------------------------------
 
 def architecture(value: Any) -> Architecture:
@@ -91,8 +87,9 @@ def architecture(value: Any) -> Architecture:
     a = obj(value, w, ("family", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden", "ffn",
                        "vocab", "context_length", "norm_eps", "tied_output", "qkv_bias", "rope"))
     string(a["family"], f"{w}.family", ("llama",))
-    dims = {k: integer(a[k], f"{w}.{k}", 1, fmt.MAX_DIMENSION)
-            for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden", "ffn", "vocab", "context_length")}
+    dims = {"n_layers": integer(a["n_layers"], f"{w}.n_layers", 1, fmt.MAX_LAYERS)}
+    dims |= {k: integer(a[k], f"{w}.{k}", 1, fmt.MAX_DIMENSION)
+             for k in ("n_heads", "n_kv_heads", "head_dim", "hidden", "ffn", "vocab", "context_length")}
     r = obj(a["rope"], f"{w}.rope", ("base", "rotary_dim", "convention", "position_offset", "scaling"))
     rope = Rope(
         base=number(r["base"], f"{w}.rope.base", 0, 1e12, lo_open=True),
@@ -149,21 +146,27 @@ def tokenizer(value: Any, vocab: int) -> dict:
             raise ArtifactError("bad-tokenizer", f"{w}.merges[{n}]",
                                 "must be \"left right\" where left, right and left+right are tokens")
     count = len(tokens)
+
+    def token_id(value: Any, where: str) -> int:
+        if type(value) is not int or not 0 <= value < count:
+            raise ArtifactError("bad-tokenizer", where, f"must be a token id in [0, {count}), got {value!r}"[:200])
+        return value
+
     specials = t["special_tokens"]
     if not isinstance(specials, list):
         raise ArtifactError("bad-tokenizer", f"{w}.special_tokens", "must be a list")
     for n, special in enumerate(specials):
         s = obj(special, f"{w}.special_tokens[{n}]", ("id", "content"))
-        sid = integer(s["id"], f"{w}.special_tokens[{n}].id", 0, count - 1)
+        sid = token_id(s["id"], f"{w}.special_tokens[{n}].id")
         if s["content"] != tokens[sid]:
             raise ArtifactError("bad-tokenizer", f"{w}.special_tokens[{n}]", f"content differs from tokens[{sid}]")
-    optional_id(t["bos_id"], f"{w}.bos_id", count)
-    optional_id(t["pad_id"], f"{w}.pad_id", count)
-    optional_id(t["unk_id"], f"{w}.unk_id", count)
+    for key in ("bos_id", "pad_id", "unk_id"):
+        if t[key] is not None:
+            token_id(t[key], f"{w}.{key}")
     if not isinstance(t["eos_ids"], list) or not t["eos_ids"]:
         raise ArtifactError("bad-tokenizer", f"{w}.eos_ids", "must be a non-empty list of token ids")
     for n, eos in enumerate(t["eos_ids"]):
-        integer(eos, f"{w}.eos_ids[{n}]", 0, count - 1)
+        token_id(eos, f"{w}.eos_ids[{n}]")
     boolean(t["add_bos"], f"{w}.add_bos")
     boolean(t["add_eos"], f"{w}.add_eos")
     if t["add_bos"] and t["bos_id"] is None:

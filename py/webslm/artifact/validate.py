@@ -209,8 +209,9 @@ def _tensor_info(entry: Any, n: int, required: dict, seen: set, cursor: int, h: 
     scale_bytes = 4 if quant and quant.scale_type == "f32" else 2
     lengths = fmt.part_lengths(encoding, quant.zero if quant else "none", rows, shape[-1], block, scale_bytes)
     parts = e["parts"]
-    if not isinstance(parts, dict) or list(parts) != list(lengths):
-        raise ArtifactError("bad-layout", f"{name}.parts", f"must list exactly {', '.join(lengths)} in that order")
+    # JSON key order means nothing (canonical JSON sorts keys); file order is the format's order
+    if not isinstance(parts, dict) or sorted(parts) != sorted(lengths):
+        raise ArtifactError("bad-layout", f"{name}.parts", f"must have exactly the parts {', '.join(lengths)}")
     placed = []
     for part, want_length in lengths.items():
         span = parts[part]
@@ -241,7 +242,7 @@ def _quant(value: Any, name: str, encoding: str, cols: int) -> QuantDescriptor |
     block = q["block_elements"]
     if block not in fmt.BLOCK_ELEMENTS or type(block) is not int:
         raise ArtifactError("bad-encoding", f"{name}.quant.block_elements", f"must be one of {fmt.BLOCK_ELEMENTS}")
-    zero = q["zero"]
+    zero = schema.string(q["zero"], f"{name}.quant.zero", ("none", "offset", "min"))
     expected = {
         "blocks_per_row": fmt.blocks_per_row(cols, block),
         "tail_elements": fmt.tail_elements(cols, block),
