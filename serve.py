@@ -152,10 +152,20 @@ class Handler(BaseHTTPRequestHandler):
             super().log_message(fmt, *args)
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        # A browser that stops a download (a cancelled model load, a page reload) resets the
+        # connection mid-response; that is normal, not a server error worth a traceback.
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(routes, host: str = "127.0.0.1", port: int = 8000, quiet: bool = False):
-    server = ThreadingHTTPServer((host, port), Handler)
+    server = Server((host, port), Handler)
     server.routes, server.quiet = routes, quiet
-    server.daemon_threads = True
     return server
 
 

@@ -8,6 +8,7 @@ Run with -s to see each row's adapter table and boot times (also in tests_browse
 from __future__ import annotations
 
 import json
+import pathlib
 from urllib.parse import urlsplit
 
 import pytest
@@ -105,6 +106,39 @@ def test_gpu_probe_request_validates_and_runs_with_a_given_seed(booted):
     report = booted.request("gpu-probe", {"featureLevel": feature_level, "seed": 5})
     has_adapter = booted.row.eval("window.webslm.gpu.adapter") is not None
     assert report["outcome"] == ("passed" if has_adapter else "no-webgpu-adapter")
+
+
+def _default_model_entry() -> dict:
+    manifest = json.loads((pathlib.Path(__file__).resolve().parents[1] / ".assets/site/manifest.json").read_text())
+    return next(m for m in manifest["models"] if m["default"])
+
+
+def test_default_model_streams_into_the_worker_and_validates(booted):
+    model = booted.wait_for("window.webslm.model", timeout_s=600)
+    assert "error" not in model, model
+    entry = _default_model_entry()
+    assert model["artifact_sha256"] == entry["artifact_sha256"]
+    assert model["bytes"] == entry["bytes"]
+    assert model["architecture"]["n_layers"] == 30 and model["architecture"]["vocab"] == 49152
+    booted.record(model={k: model[k] for k in ("validation_seconds", "total_seconds", "bytes")})
+    print(f"\n{booted.row.name}: default model validated in {model['validation_seconds']} s "
+          f"({model['total_seconds']} s with the download)")
+    text = booted.row.eval("document.getElementById('model').innerText")
+    assert entry["artifact_sha256"] in text
+
+
+def test_a_file_that_is_not_an_artifact_is_rejected_with_its_code(booted):
+    booted.wait_for("window.webslm.model", timeout_s=600)
+    answer = booted.send_raw('{"protocol": "webslm/1", "id": 910001, "type": "load-model", "url": "assets/manifest.json"}')
+    assert answer["type"] == "error" and answer["error"]["code"] == "bad-artifact", answer
+    assert answer["error"]["details"]["code"] == "bad-magic"
+    assert booted.request("ping") == {"pong": True}
+
+
+def test_load_model_refuses_other_origins(booted):
+    answer = booted.send_raw('{"protocol": "webslm/1", "id": 910002, "type": "load-model", "url": "https://example.com/model.slm"}')
+    assert answer["error"]["code"] == "bad-field", answer
+    assert "origin" in answer["error"]["message"]
 
 
 def test_warm_boot_is_recorded(booted):

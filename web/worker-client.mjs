@@ -2,9 +2,10 @@
 import { PROTOCOL } from "../worker/protocol.mjs";
 
 export class WorkerError extends Error {
-  constructor({ code, message }) {
+  constructor({ code, message, details }) {
     super(message);
     this.code = code;
+    this.details = details;   // e.g. the artifact error {code, where, sentence} of a bad model
   }
 }
 
@@ -35,7 +36,8 @@ export class WorkerClient extends EventTarget {
     const waiter = this.pending.get(message?.id);
     if (!waiter) return;
     this.pending.delete(message.id);
-    if (message.type === "error") waiter.reject(new WorkerError(message.error));
+    if (waiter.raw) waiter.resolve(message);
+    else if (message.type === "error") waiter.reject(new WorkerError(message.error));
     else waiter.resolve(message.result);
   }
 
@@ -52,7 +54,7 @@ export class WorkerClient extends EventTarget {
     return new Promise((resolve) => {
       const id = value?.id;
       if (Number.isSafeInteger(id) && id >= 0) {
-        this.pending.set(id, { resolve, reject: (e) => resolve({ type: "error", error: { code: e.code, message: e.message } }) });
+        this.pending.set(id, { resolve, raw: true });
       } else {
         this.unmatched.push(resolve);
       }

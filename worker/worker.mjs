@@ -124,7 +124,6 @@ async function loadModel({ url }, context) {
     throw error;
   }
 }
-}
 
 async function handle(message) {
   let request;
