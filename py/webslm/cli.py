@@ -129,7 +129,11 @@ def main(argv=None) -> int:
     inspect.set_defaults(run=cmd_inspect)
 
     args = parser.parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except BrokenPipeError:          # `webslm inspect FILE | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
