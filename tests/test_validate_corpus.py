@@ -3,7 +3,6 @@ stable error code. Every case starts from the valid fixture model and makes one 
 tests/slm_surgery.py, re-hashing the rest so the validator reaches that defect as itself."""
 from __future__ import annotations
 
-import copy
 import struct
 
 import numpy as np
@@ -304,3 +303,20 @@ def test_streaming_in_any_chunking_gives_the_same_identity(fixture_slm):
         for start in range(0, len(fixture_slm), size):
             validator.feed(fixture_slm[start:start + size])
         assert validator.finish().identity == whole
+
+
+def test_open_model_gives_read_only_numpy_views_that_decode_like_dequantize(fixture_slm_path):
+    import webslm
+    model = webslm.open_model(fixture_slm_path)
+    assert webslm.open_model(fixture_slm_path.read_bytes()).identity == model.identity
+    for name, info in model.manifest.tensors.items():
+        arrays = model.tensor_arrays(name)
+        assert list(arrays) == [part for part, _, _ in info.parts]
+        for array in arrays.values():
+            assert not array.flags.writeable and array.shape[0] == info.rows
+        if info.encoding == "q8":
+            codes = arrays["codes"].astype(np.float32).reshape(info.rows, -1, info.quant.block_elements)
+            values = (codes * arrays["scales"].astype(np.float32)[:, :, None]).reshape(info.rows, -1)[:, :info.cols]
+            np.testing.assert_array_equal(values, model.dequantize(name))
+    with pytest.raises(TypeError):
+        model.manifest.tokenizer["tokens"] = ()          # the manifest is read-only

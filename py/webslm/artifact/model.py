@@ -122,6 +122,23 @@ class ValidatedModel:
         info = self.manifest.tensors[name]
         return {part: self._view[offset:offset + length] for part, offset, length in info.parts}
 
+    def tensor_arrays(self, name: str) -> dict:
+        """{part: read-only numpy view} shaped as the format lays it out (no copy):
+        data [rows, row_stride / itemsize] f32|f16; codes [rows, row_stride] int8 (q8) or
+        uint8 (q4, two codes per byte); scales, mins [rows, blocks_per_row] f16|f32."""
+        import numpy as np
+        info = self.manifest.tensors[name]
+        rows, arrays = info.rows, {}
+        for part, view in self.tensor_parts(name).items():
+            if part == "data":
+                dtype = np.dtype("<f4" if info.encoding == "f32" else "<f2")
+            elif part == "codes":
+                dtype = np.dtype(np.int8 if info.encoding == "q8" else np.uint8)
+            else:
+                dtype = np.dtype("<f2" if info.quant.scale_type == "f16" else "<f4")
+            arrays[part] = np.frombuffer(view, dtype).reshape(rows, -1)
+        return arrays
+
     def dequantize(self, name: str):
         """The tensor as f32 numpy (decoded exactly as docs/slm-format.md defines)."""
         from . import quant

@@ -403,11 +403,8 @@ def _requantize(name: str, shape, qtype, raw: np.ndarray, target: str, group: in
 # ---------------------------------------------------------------- output
 
 def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _write_atomically(out: Path, manifest: dict, records: list[TensorRecord]) -> str:
