@@ -640,7 +640,8 @@ def launch_or_skip(name: str) -> BrowserRow:
 
     missing = missing_binaries(name)
     if missing:
-        pytest.skip(f"{name}: not installed: {', '.join(missing)} (./dev test installs them as root)")
+        how = "" if name.startswith("playwright-") else " (./dev test installs them as root)"
+        pytest.skip(f"{name}: not installed: {', '.join(missing)}{how}")
     return launch(name)
 
 
