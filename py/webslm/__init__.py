@@ -7,10 +7,12 @@ __version__ = "0.1.0"
 
 
 def open_model(source):
-    """Validate a .slm file (a path, or its bytes) and return the ValidatedModel.
+    """Validate a .slm file (a path, or its bytes) and return the Model: the validated
+    artifact (manifest, identity, tensors) with its tokenizer and chat template.
 
-    Raises webslm.artifact.errors.ArtifactError (with .code, .where, .sentence) on any defect."""
+    Raises webslm.artifact.ArtifactError (with .code, .where, .sentence) on any defect."""
     from .artifact.validate import validate_bytes, validate_file
+    from .model import Model
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return validate_bytes(source)
-    return validate_file(source)
+        return Model(validate_bytes(source))
+    return Model(validate_file(source))
