@@ -141,6 +141,16 @@ def test_load_model_refuses_other_origins(booted):
     assert "origin" in answer["error"]["message"]
 
 
+def test_sampler_choices_are_bit_identical_to_cpython(booted):
+    """Same logits and seeds -> the same tokens and state hashes in this browser's Pyodide as
+    in CPython here (deterministic exp, Philox RNG; docs/sampler.md)."""
+    from webslm.semantic.sampler_vectors import reference_run
+    native = reference_run()
+    in_browser = booted.request("sampler-check")
+    assert in_browser["digest"] == native["digest"]
+    assert in_browser == native
+
+
 def test_warm_boot_is_recorded(booted):
     status = booted.boot("warm")   # same browser profile: HTTP cache populated by the cold boot
     assert status["numpy"] == "2.0.2"

@@ -32,6 +32,7 @@ export const REQUESTS = Object.freeze({
     seed: (v) => isUint32(v) || "must be an integer in [0, 2^32)",
   },
   "resource-log": {},
+  "sampler-check": {},
   // url: the artifact's address relative to the site root; only this site's origin is fetched
   "load-model": {
     url: (v) => (typeof v === "string" && v.length > 0 && v.length <= 2048) || "must be a non-empty string of at most 2048 characters",

@@ -74,6 +74,7 @@ const HANDLERS = {
   "gpu-probe": async ({ featureLevel, seed }, { api }) => JSON.parse(await api.gpu_probe(featureLevel, seed)),
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
+  "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
 };
 
 class RequestFailure extends Error {

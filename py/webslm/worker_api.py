@@ -80,3 +80,9 @@ def model_summary(model, validation_seconds: float) -> dict:
 
 def artifact_error(exc: ArtifactError) -> str:
     return json.dumps({"code": exc.code, "where": exc.where, "sentence": exc.sentence})
+
+
+def sampler_check() -> str:
+    """The sampler's cross-platform reference vectors (compared with CPython's by the tests)."""
+    from .semantic.sampler_vectors import reference_run
+    return json.dumps(reference_run())
