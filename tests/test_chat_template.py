@@ -388,6 +388,7 @@ def test_corpus_matches_transformers_render(name, transformers_render):
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
+    pytest.importorskip("torch", reason="transformers' GGUF reader needs torch")
     pytest.importorskip("transformers")
     if not SMOLLM2_GGUF.exists():
         pytest.skip(f"{SMOLLM2_GGUF} not present")

@@ -6,7 +6,6 @@ and limits, kernel results) are printed and written to tests_browser/results/<ro
 """
 from __future__ import annotations
 
-import json
 import pathlib
 import socket
 import subprocess

@@ -151,6 +151,19 @@ def test_sampler_choices_are_bit_identical_to_cpython(booted):
     assert in_browser == native
 
 
+def test_tokenizer_gives_cpythons_token_ids(booted):
+    """The default model's tokenizer in this browser's Pyodide encodes a mixed corpus (scripts,
+    emoji, code, chat markup) to exactly the ids CPython gets."""
+    import webslm
+    from webslm.semantic.corpus import corpus, ids_digest
+    booted.wait_for("window.webslm.model", timeout_s=600)
+    chars = 100_000
+    in_browser = booted.request("tokenizer-check", {"chars": chars}, timeout_s=600)
+    model = webslm.open_model(pathlib.Path(__file__).resolve().parents[1] / ".assets/site" / _default_model_entry()["file"])
+    assert in_browser["digest"] == ids_digest(model.tokenizer, corpus(chars))
+    booted.record(tokenizer=in_browser["measure"])
+
+
 def test_warm_boot_is_recorded(booted):
     status = booted.boot("warm")   # same browser profile: HTTP cache populated by the cold boot
     assert status["numpy"] == "2.0.2"

@@ -33,6 +33,8 @@ export const REQUESTS = Object.freeze({
   },
   "resource-log": {},
   "sampler-check": {},
+  // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
+  "tokenizer-check": { chars: (v) => (Number.isInteger(v) && v >= 1 && v <= 4_000_000) || "must be an integer in [1, 4000000]" },
   // url: the artifact's address relative to the site root; only this site's origin is fetched
   "load-model": {
     url: (v) => (typeof v === "string" && v.length > 0 && v.length <= 2048) || "must be a non-empty string of at most 2048 characters",

@@ -75,6 +75,10 @@ const HANDLERS = {
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
+  "tokenizer-check": async ({ chars }, context) => {
+    if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "tokenizer-check: no model is loaded");
+    return JSON.parse(context.model.tokenizer_check(chars));
+  },
 };
 
 class RequestFailure extends Error {

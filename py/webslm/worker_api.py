@@ -63,6 +63,15 @@ class ModelLoader:
         self._seconds += time.perf_counter() - started
         return json.dumps({"model": model_summary(self.model, self._seconds)})
 
+    def tokenizer_check(self, chars: int) -> str:
+        """Encode the fixed corpus with this model's tokenizer: the ids' digest (compared with
+        CPython's by the tests) and the throughput (bench/tokenizer.py)."""
+        from .semantic.corpus import corpus, ids_digest, measure
+        from .semantic.tokenizer import Tokenizer
+        tokenizer = Tokenizer.from_manifest(self.model.manifest.tokenizer)
+        texts = corpus(chars)
+        return json.dumps({"digest": ids_digest(tokenizer, texts), "measure": measure(tokenizer, texts)})
+
 
 def model_summary(model, validation_seconds: float) -> dict:
     a = model.architecture
