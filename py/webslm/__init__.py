@@ -16,3 +16,15 @@ def open_model(source):
     if isinstance(source, (bytes, bytearray, memoryview)):
         return Model(validate_bytes(source))
     return Model(validate_file(source))
+
+
+def __getattr__(name):
+    """webslm.Sampler, webslm.SamplerSettings, webslm.Ledger: the semantic host's entry points,
+    imported on first use so that `import webslm` stays light."""
+    if name in ("Sampler", "SamplerSettings"):
+        from .semantic import sampler
+        return getattr(sampler, name)
+    if name == "Ledger":
+        from .semantic.ledger import Ledger
+        return Ledger
+    raise AttributeError(f"module 'webslm' has no attribute {name!r}")
