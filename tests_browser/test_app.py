@@ -164,6 +164,28 @@ def test_tokenizer_gives_cpythons_token_ids(booted):
     booted.record(tokenizer=in_browser["measure"])
 
 
+def test_cpu_path_answers_in_every_engine(booted):
+    """The worker answers on its numpy CPU path (WebKitGTK has no WebGPU: there this is the
+    product): greedy, the ChatML prompt, streamed deltas that add up to the answer."""
+    booted.wait_for("window.webslm.model", timeout_s=600)
+    booted.row.eval("(() => { window.__deltas = []; window.webslm.client.addEventListener('delta', (e) => window.__deltas.push(e.detail.text)); return true; })()")
+    answer = booted.request("generate", {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+                                         "settings": {"temperature": 0, "max_tokens": 24}}, timeout_s=900)
+    print(f"\n{booted.row.name}: {answer['text']!r} {answer['timings']}")
+    assert "Paris" in answer["text"] and answer["finish_reason"] == "stop" and answer["backend"] == "cpu"
+    assert "".join(booted.row.eval("window.__deltas")) == answer["text"]
+    booted.record(cpu_generate=answer["timings"])
+
+
+def test_generate_requests_are_validated(booted):
+    booted.wait_for("window.webslm.model", timeout_s=600)
+    bad = booted.send_raw('{"protocol": "webslm/1", "id": 920001, "type": "generate", "messages": [{"role": "root", "content": "x"}], "settings": {}}')
+    assert bad["error"]["code"] == "bad-field", bad
+    bad = booted.send_raw('{"protocol": "webslm/1", "id": 920002, "type": "generate", "messages": [{"role": "user", "content": "x"}], "settings": {"temperature": -1}}')
+    assert bad["error"]["code"] == "bad-field", bad
+    assert booted.request("ping") == {"pong": True}
+
+
 def test_warm_boot_is_recorded(booted):
     status = booted.boot("warm")   # same browser profile: HTTP cache populated by the cold boot
     assert status["numpy"] == "2.0.2"

@@ -34,6 +34,12 @@ export const REQUESTS = Object.freeze({
   "resource-log": {},
   "sampler-check": {},
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
+  // messages and settings are checked in Python (webslm.worker_api.Generation); here only their shape
+  generate: {
+    messages: (v) => (Array.isArray(v) && v.length >= 1 && v.length <= 256) || "must be a list of 1 to 256 messages",
+    settings: (v) => (v !== null && typeof v === "object" && !Array.isArray(v)) || "must be an object",
+  },
+  abort: {},
   "tokenizer-check": { chars: (v) => (Number.isInteger(v) && v >= 1 && v <= 4_000_000) || "must be an integer in [1, 4000000]" },
   // url: the artifact's address relative to the site root; only this site's origin is fetched
   "load-model": {

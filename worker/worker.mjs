@@ -75,6 +75,12 @@ const HANDLERS = {
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
+  generate: generateOnCpu,
+  abort: async (_, context) => {
+    const running = Boolean(context.generation);
+    if (running) context.generation.aborted = true;
+    return { aborted: running };
+  },
   "tokenizer-check": async ({ chars }, context) => {
     if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "tokenizer-check: no model is loaded");
     return JSON.parse(context.model.tokenizer_check(chars));
@@ -130,6 +136,40 @@ async function loadModel({ url }, context) {
   }
 }
 
+// The CPU path: one token per step, a delta event after each, the event loop visited between
+// steps so that an abort (or any other request) is seen. One generation at a time.
+async function generateOnCpu({ messages, settings }, context, requestId) {
+  if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "generate: no model is loaded");
+  if (context.generation) throw new RequestFailure(ERROR_CODES.failed, "generate: an answer is already being generated");
+  let generation;
+  try {
+    generation = context.model.start_generation(JSON.stringify({ messages, settings }));
+  } catch (error) {
+    if (error.type === "RequestError") throw new RequestFailure(ERROR_CODES.badField, `generate: ${lastLine(error.message)}`);
+    throw error;
+  }
+  const state = { aborted: false };
+  context.generation = state;
+  try {
+    let text = "";
+    for (;;) {
+      if (state.aborted) return { text, finish_reason: "abort" };
+      const step = JSON.parse(generation.step());
+      if (step.text) {
+        text += step.text;
+        postMessage(event("delta", { request: requestId, text: step.text }));
+      }
+      if (step.finish_reason) return { text, finish_reason: step.finish_reason, usage: step.usage, timings: step.timings, backend: "cpu" };
+      await new Promise((resolve) => setTimeout(resolve, 0));
+    }
+  } finally {
+    generation.destroy();
+    context.generation = null;
+  }
+}
+
+const lastLine = (message) => String(message).trim().split("\n").pop();
+
 async function handle(message) {
   let request;
   try {
@@ -146,7 +186,7 @@ async function handle(message) {
     return errorReply(request.id, ERROR_CODES.bootFailed, String(error?.message ?? error));
   }
   try {
-    return reply(request.id, request.type, await HANDLERS[request.type](request.fields, context));
+    return reply(request.id, request.type, await HANDLERS[request.type](request.fields, context, request.id));
   } catch (error) {
     if (error instanceof RequestFailure) return errorReply(request.id, error.code, error.message, error.details);
     return errorReply(request.id, ERROR_CODES.failed, String(error?.message ?? error));

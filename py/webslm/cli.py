@@ -3,6 +3,7 @@
     webslm convert SRC -o OUT.slm [--quant q4|q8|f16|f32] [--group N]
     webslm validate FILE
     webslm inspect FILE
+    webslm generate --model FILE --prompt TEXT [--chat] --backend cpu [--max-tokens N] [--seed S | --greedy] [--json]
 """
 from __future__ import annotations
 
@@ -107,6 +108,47 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_generate(args) -> int:
+    import json
+    from .cpu import CpuBackend
+    from .generate import Timings, generate, prompt_ids
+    from .model import Model
+    from .semantic.ledger import Ledger
+    from .semantic.sampler import SamplerSettings
+
+    artifact, status = _open(args.model)
+    if artifact is None:
+        return status
+    model = Model(artifact)
+    defaults = model.manifest.generation
+    settings = SamplerSettings(
+        temperature=0.0 if args.greedy else (args.temperature if args.temperature is not None else defaults["temperature"]),
+        top_k=defaults["top_k"], top_p=defaults["top_p"], min_p=defaults["min_p"],
+        repetition_penalty=defaults["repetition_penalty"], max_tokens=args.max_tokens,
+        seed=args.seed, stop=tuple(args.stop))
+    backend = CpuBackend(model)
+    ids = prompt_ids(model, args.prompt, args.chat, args.system)
+    timings, pieces = Timings(), []
+    ledger = Ledger()
+    for delta in generate(model, backend, ids, settings, ledger=ledger, timings=timings):
+        if args.json:
+            pieces.append(delta.text)
+        else:
+            print(delta.text, end="", flush=True)
+        finish = delta.finish_reason
+    if args.json:
+        print(json.dumps({
+            "text": "".join(pieces), "finish_reason": finish, "prompt_ids": ids,
+            "token_ids": list(ledger.committed_ids),
+            "timings": {**vars(timings),
+                        "prefill_tokens_per_s": timings.prompt_tokens / max(timings.prefill_seconds, 1e-9),
+                        "decode_tokens_per_s": timings.generated_tokens / max(timings.decode_seconds, 1e-9)},
+        }))
+    else:
+        print()
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="webslm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +169,21 @@ def main(argv=None) -> int:
     inspect = sub.add_parser("inspect", help="describe a .slm file: architecture, tokenizer, tensors, bytes")
     inspect.add_argument("file")
     inspect.set_defaults(run=cmd_inspect)
+
+    generate = sub.add_parser("generate", help="generate an answer and stream it to stdout")
+    generate.add_argument("--model", required=True)
+    generate.add_argument("--prompt", required=True)
+    generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    generate.add_argument("--system", default=None, help="system message (with --chat; default: the template's)")
+    generate.add_argument("--backend", choices=["cpu"], default="cpu")
+    generate.add_argument("--max-tokens", type=int, default=256)
+    pick = generate.add_mutually_exclusive_group()
+    pick.add_argument("--greedy", action="store_true", help="always the most likely token")
+    pick.add_argument("--seed", type=int, default=0, help="sampling seed (the model's defaults otherwise)")
+    generate.add_argument("--temperature", type=float, default=None)
+    generate.add_argument("--stop", action="append", default=[], help="a stop sequence (repeatable)")
+    generate.add_argument("--json", action="store_true", help="print token ids and timings as JSON")
+    generate.set_defaults(run=cmd_generate)
 
     args = parser.parse_args(argv)
     try:

@@ -63,6 +63,13 @@ class ModelLoader:
         self._seconds += time.perf_counter() - started
         return json.dumps({"model": model_summary(self.model, self._seconds)})
 
+    def start_generation(self, request_json: str):
+        """A CPU generation for a page request ({messages, settings}); see Generation."""
+        from .model import Model
+        if getattr(self, "_model", None) is None:
+            self._model = Model(self.model)
+        return Generation(self, self._model, json.loads(request_json))
+
     def tokenizer_check(self, chars: int) -> str:
         """Encode the fixed corpus with this model's tokenizer: the ids' digest (compared with
         CPython's by the tests) and the throughput (bench/tokenizer.py)."""
@@ -95,3 +102,67 @@ def sampler_check() -> str:
     """The sampler's cross-platform reference vectors (compared with CPython's by the tests)."""
     from .semantic.sampler_vectors import reference_run
     return json.dumps(reference_run())
+
+
+ROLES = ("system", "user", "assistant")
+SETTING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed", "stop")
+
+
+class RequestError(ValueError):
+    """A page request that is well-formed JSON but not a valid generation request."""
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list) or not 1 <= len(value) <= 256:
+        raise RequestError("messages must be a list of 1 to 256 messages")
+    for n, message in enumerate(value):
+        if not isinstance(message, dict) or set(message) != {"role", "content"}:
+            raise RequestError(f"messages[{n}] must be {{role, content}}")
+        if message["role"] not in ROLES or not isinstance(message["content"], str) or len(message["content"]) > 100_000:
+            raise RequestError(f"messages[{n}]: role must be one of {ROLES}, content a string of at most 100000 characters")
+    return value
+
+
+class Generation:
+    """One answer on the CPU path, advanced one token per step() so the worker can post each
+    delta and notice an abort between tokens. The backend (weights dequantized once) is kept
+    on the loader for the next answer."""
+
+    def __init__(self, loader: "ModelLoader", model, request: dict):
+        from .cpu import CpuBackend
+        from .generate import Timings, generate
+        from .semantic.ledger import Ledger
+        from .semantic.sampler import SamplerError, SamplerSettings
+        if not isinstance(request, dict) or set(request) - {"messages", "settings"}:
+            raise RequestError("a generation request is {messages, settings}")
+        messages = _messages(request.get("messages"))
+        settings = request.get("settings") or {}
+        if not isinstance(settings, dict) or set(settings) - set(SETTING_KEYS):
+            raise RequestError(f"settings may only have {', '.join(SETTING_KEYS)}")
+        defaults = model.manifest.generation
+        merged = {"temperature": defaults["temperature"], "top_p": defaults["top_p"], "top_k": defaults["top_k"],
+                  "min_p": defaults["min_p"], "repetition_penalty": defaults["repetition_penalty"],
+                  "max_tokens": defaults["max_new_tokens"], **settings}
+        merged["stop"] = tuple(merged.get("stop", ()))
+        try:
+            sampler_settings = SamplerSettings(**merged)
+        except (SamplerError, TypeError) as exc:
+            raise RequestError(f"settings: {exc}") from None
+        if getattr(loader, "backend", None) is None:
+            loader.backend = CpuBackend(model.artifact)
+        text = model.chat_template.render(messages, add_generation_prompt=True)
+        self.prompt_ids = model.tokenizer.encode(text, add_special=False)
+        self.timings, self.ledger = Timings(), Ledger()
+        self._steps = generate(model, loader.backend, self.prompt_ids, sampler_settings,
+                               ledger=self.ledger, timings=self.timings)
+
+    def step(self) -> str:
+        """The next delta as JSON: {"text", "finish_reason"} (finish_reason null until the end)."""
+        delta = next(self._steps)
+        result = {"text": delta.text, "finish_reason": delta.finish_reason}
+        if delta.finish_reason:
+            t = self.timings
+            result["usage"] = {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens}
+            result["timings"] = {"prefill_seconds": round(t.prefill_seconds, 4), "decode_seconds": round(t.decode_seconds, 4),
+                                 "decode_tokens_per_s": round(t.generated_tokens / max(t.decode_seconds, 1e-9), 3)}
+        return json.dumps(result)

@@ -1,0 +1,71 @@
+"""The decoder's steps as plain numpy functions, one per operation, in f32.
+
+Shapes: T = tokens in this call, D = hidden, H = query heads, K = KV heads, E = head_dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x [T, D] -> x / sqrt(mean(x^2) + eps) * weight, accumulated in f32."""
+    variance = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    return (x / np.sqrt(variance + np.float32(eps))) * weight
+
+
+def rope_tables(positions: np.ndarray, rotary_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [T, rotary_dim/2] for absolute positions (offset already added).
+
+    Pair i turns at base^(-2i/rotary_dim) radians per position. Computed in f32 like the
+    reference implementations, so that long positions round the same way."""
+    inv_freq = (1.0 / (np.float32(base) ** (np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)))).astype(np.float32)
+    angles = np.outer(positions.astype(np.float32), inv_freq).astype(np.float32)
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, convention: str) -> np.ndarray:
+    """x [T, heads, E] rotated on its first rotary_dim = 2 * cos.shape[1] dims.
+
+    rotate-half:   pair (i, i + r/2)   (Hugging Face layout)
+    adjacent-pair: pair (2i, 2i + 1)   (GGML layout)"""
+    half = cos.shape[1]
+    rotary = 2 * half
+    c, s = cos[:, None, :], sin[:, None, :]       # broadcast over heads
+    out = x.copy()
+    if convention == "rotate-half":
+        a, b = x[..., :half], x[..., half:rotary]
+        out[..., :half] = a * c - b * s
+        out[..., half:rotary] = b * c + a * s
+    else:
+        a, b = x[..., 0:rotary:2], x[..., 1:rotary:2]
+        out[..., 0:rotary:2] = a * c - b * s
+        out[..., 1:rotary:2] = b * c + a * s
+    return out
+
+
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int) -> np.ndarray:
+    """Causal grouped-query attention.
+
+    q [T, H, E] for positions start..start+T-1; k_cache, v_cache [start+T, K, E] hold every
+    position so far. Query head h reads KV head h // (H / K). Returns [T, H * E]."""
+    t, heads, e = q.shape
+    kv_heads = k_cache.shape[1]
+    group = heads // kv_heads
+    n = k_cache.shape[0]
+    qg = q.reshape(t, kv_heads, group, e).transpose(1, 2, 0, 3)       # [K, G, T, E]
+    k = k_cache.transpose(1, 2, 0)                                     # [K, E, n]
+    v = v_cache.transpose(1, 0, 2)                                     # [K, n, E]
+    scores = (qg @ k[:, None]) * np.float32(1.0 / np.sqrt(e))          # [K, G, T, n]
+    causal = np.arange(n)[None, :] > (start + np.arange(t))[:, None]   # [T, n]: future positions
+    scores = np.where(causal, np.float32(-np.inf), scores)
+    scores = scores - scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    out = weights @ v[:, None]                                         # [K, G, T, E]
+    return out.transpose(2, 0, 1, 3).reshape(t, heads * e)
+
+
+def swiglu(x: np.ndarray, gate_t: np.ndarray, up_t: np.ndarray, down_t: np.ndarray) -> np.ndarray:
+    """down(silu(gate x) * up x); x [T, D]; weights transposed: gate_t/up_t [D, F], down_t [F, D]."""
+    g = x @ gate_t
+    return ((g / (np.float32(1) + np.exp(-g))) * (x @ up_t)) @ down_t
