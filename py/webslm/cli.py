@@ -111,6 +111,7 @@ def cmd_inspect(args) -> int:
 def cmd_generate(args) -> int:
     import json
     from .cpu import CpuBackend
+    from .cpu.backend import CpuBackendError
     from .generate import Timings, generate, prompt_ids
     from .model import Model
     from .semantic.ledger import Ledger
@@ -130,12 +131,16 @@ def cmd_generate(args) -> int:
     ids = prompt_ids(model, args.prompt, args.chat, args.system)
     timings, pieces = Timings(), []
     ledger = Ledger()
-    for delta in generate(model, backend, ids, settings, ledger=ledger, timings=timings):
-        if args.json:
-            pieces.append(delta.text)
-        else:
-            print(delta.text, end="", flush=True)
-        finish = delta.finish_reason
+    try:
+        for delta in generate(model, backend, ids, settings, ledger=ledger, timings=timings):
+            if args.json:
+                pieces.append(delta.text)
+            else:
+                print(delta.text, end="", flush=True)
+            finish = delta.finish_reason
+    except CpuBackendError as exc:
+        print(f"webslm generate: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({
             "text": "".join(pieces), "finish_reason": finish, "prompt_ids": ids,

@@ -82,8 +82,7 @@ class CpuBackend:
     def _forward(self, ids: list[int]) -> np.ndarray:
         """Run ids at positions position.., append them to the cache; hidden states [T, D]."""
         a = self.arch
-        if any(not 0 <= t < a.vocab for t in ids):
-            raise CpuBackendError(f"token id out of range [0, {a.vocab})")
+        self._check(ids, self.position)
         start, t = self.position, len(ids)
         self._reserve(start + t)
         x = self.embedding[np.asarray(ids)]                                    # [T, D]
@@ -112,8 +111,6 @@ class CpuBackend:
     # -- the backend surface ---------------------------------------------------------------------
     def prefill(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
         """Append a prompt; logits [V] at its last position ([T, V] with all_logits)."""
-        if not ids:
-            raise CpuBackendError("prefill needs at least one token")
         x = self._forward(list(ids))
         return self._logits(x) if all_logits else self._logits(x[-1:])[0]
 
@@ -122,6 +119,17 @@ class CpuBackend:
         return self._logits(self._forward([int(token)]))[0]
 
     def rebuild(self, ids: list[int]) -> np.ndarray:
-        """Reset and replay committed ids (continuing after a GPU loss); last logits [V]."""
+        """Reset and replay committed ids (continuing after a GPU loss); last logits [V].
+        The ids are checked first: a rejected rebuild leaves the cache as it was."""
+        ids = list(ids)
+        self._check(ids, start=0)
         self.reset()
         return self.prefill(ids)
+
+    def _check(self, ids: list[int], start: int) -> None:
+        if not ids:
+            raise CpuBackendError("at least one token is needed")
+        if any(not 0 <= t < self.arch.vocab for t in ids):
+            raise CpuBackendError(f"token id out of range [0, {self.arch.vocab})")
+        if start + len(ids) > self.arch.context_length:
+            raise CpuBackendError(f"position {start + len(ids) - 1} is past the context length {self.arch.context_length}")

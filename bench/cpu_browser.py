@@ -1,0 +1,70 @@
+"""The CPU path inside browser workers: prefill and decode tokens/s of the numpy engine in
+Pyodide, for the rows of the browser matrix.
+
+    .venv/bin/python bench/cpu_browser.py [--rows chromium,firefox,webkit] [--tokens 32]
+
+The page loads the default model; the worker builds the CPU backend (weights dequantized
+once; that first request is "cold") and answers a fixed greedy ChatML prompt; the second,
+identical request is "warm". Timings are measured inside the worker (webslm.generate).
+Compare with bench/cpu.py (CPython and llama.cpp on the same model).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests_browser"), str(ROOT)]
+
+import drivers  # noqa: E402
+import serve  # noqa: E402
+from app_session import BootedRow, serve_in_thread  # noqa: E402
+
+PROMPT = "Write a short paragraph about the history of the printing press."
+
+
+def measure(name: str, url: str, tokens: int) -> dict:
+    row = drivers.launch(name)
+    try:
+        booted = BootedRow(row, url)
+        booted.wait_for("window.webslm.model", timeout_s=600)
+        request = {"messages": [{"role": "user", "content": PROMPT}], "settings": {"temperature": 0, "max_tokens": tokens}}
+        runs = []
+        for label in ("cold", "warm"):
+            started = time.monotonic()
+            answer = booted.request("generate", request, timeout_s=1800)
+            t, usage = answer["timings"], answer["usage"]
+            runs.append({"label": label, "wall_s": round(time.monotonic() - started, 2),
+                         "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
+                         "prefill_tokens_per_s": round(usage["prompt_tokens"] / t["prefill_seconds"], 2),
+                         "decode_tokens_per_s": t["decode_tokens_per_s"]})
+        return {"row": name, "browser": booted.status["user_agent"], "runs": runs}
+    finally:
+        row.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="chromium")
+    ap.add_argument("--tokens", type=int, default=32)
+    args = ap.parse_args(argv)
+    server, url = serve_in_thread(serve.url_map(ROOT))
+    try:
+        results = [measure(name, url, args.tokens) for name in args.rows.split(",")]
+    finally:
+        server.shutdown()
+    out = ROOT / "bench/results/cpu_browser.json"
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print("| row | run | prompt tokens | prefill tok/s | decode tok/s | wall (s) |\n|---|---|---:|---:|---:|---:|")
+    for r in results:
+        for run in r["runs"]:
+            print(f"| {r['row']} | {run['label']} | {run['prompt_tokens']} | {run['prefill_tokens_per_s']} | "
+                  f"{run['decode_tokens_per_s']} | {run['wall_s']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
