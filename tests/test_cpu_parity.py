@@ -86,8 +86,10 @@ PROMPTS = [
     ("raw digits+spaces", None, "  3.14159 26535   89793\t\n"),
     ("single token", None, "Hello"),
 ]
-GREEDY = ["factual", "code", "math"]       # our decode_one loop, 64 tokens or EOS
-HF_GENERATE = ["factual", "code"]          # and HF's generate() with its KV cache
+# our decode_one loop, 64 tokens or EOS, on ten varied prompts ...
+GREEDY = ["factual", "code", "math", "french", "japanese", "emoji+german", "code-explain",
+          "system+multi-turn", "long", "raw text"]
+HF_GENERATE = GREEDY                       # ... each compared with HF's generate() and its KV cache
 
 
 # -- setup -----------------------------------------------------------------------------------------

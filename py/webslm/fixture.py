@@ -60,6 +60,7 @@ import numpy as np
 from .artifact import format as fmt
 from .artifact.quant import encode_f16, encode_f32, quantize_q4, quantize_q8
 from .artifact.writer import TensorRecord, canonical_json, quant_descriptor, write_slm
+from .semantic.tokenizer import bytes_to_unicode
 
 SEED = 20261130
 GENERATOR = "webslm.fixture v1"     # not the package version: the pinned sha256 must not move with releases
@@ -124,20 +125,6 @@ CHAT_TEMPLATE = (
 # Deliberately not transformers' defaults, so a reader that ignores a field shows it.
 GENERATION = {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
               "repetition_penalty": 1.1, "max_new_tokens": 32}
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map: printable Latin-1 bytes map to themselves,
-    the other 68 bytes to U+0100 onwards, in byte order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    mapping, shifted = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            mapping[byte] = chr(byte)
-        else:
-            mapping[byte] = chr(256 + shifted)
-            shifted += 1
-    return mapping
 
 
 def fixture_tokenizer() -> dict:

@@ -5,13 +5,11 @@ the CLI prints them, the page explains them. Add codes; never reuse or rename on
 """
 from __future__ import annotations
 
+from ..errors import CodedError
 
-class ArtifactError(ValueError):
-    def __init__(self, code: str, where: str, sentence: str):
-        super().__init__(f"{code} at {where}: {sentence}")
-        self.code = code
-        self.where = where
-        self.sentence = sentence
+
+class ArtifactError(CodedError):
+    """The artifact is invalid; `code` is one of CODES."""
 
 
 # Every code the validator can raise, with what it means.

@@ -18,17 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
+from ..errors import CodedError
+
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
-class LedgerError(ValueError):
+class LedgerError(CodedError):
     """A programming error in the caller (not a race): a bad argument or an epoch never issued."""
-
-    def __init__(self, code: str, where: str, sentence: str):
-        super().__init__(f"{code} at {where}: {sentence}")
-        self.code = code
-        self.where = where
-        self.sentence = sentence
 
 
 # Why an offer was dropped (Ledger.dropped counts them): all are normal under async results.

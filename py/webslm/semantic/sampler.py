@@ -27,20 +27,15 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..errors import CodedError
 from . import rng
 
 MAX_U32 = 0xFFFF_FFFF
 MAX_U64 = 0xFFFF_FFFF_FFFF_FFFF
 
 
-class SamplerError(ValueError):
+class SamplerError(CodedError):
     """A typed sampler error: a stable code (CODES), where (a field or argument), a sentence."""
-
-    def __init__(self, code: str, where: str, sentence: str):
-        super().__init__(f"{code} at {where}: {sentence}")
-        self.code = code
-        self.where = where
-        self.sentence = sentence
 
 
 CODES = {
