@@ -42,7 +42,9 @@ class ModelLoader:
     def __init__(self):
         self._validator = Validator()
         self._seconds = 0.0          # time spent validating (hashing, parsing), not fetching
-        self.model = None
+        self.model = None            # the ValidatedModel, once finish() accepted the file
+        self.semantic = None         # webslm.Model over it, made on the first generation
+        self.backend = None          # the CPU backend (weights dequantized once), likewise
 
     def feed(self, chunk) -> str | None:
         started = time.perf_counter()
@@ -66,9 +68,9 @@ class ModelLoader:
     def start_generation(self, request_json: str):
         """A CPU generation for a page request ({messages, settings}); see Generation."""
         from .model import Model
-        if getattr(self, "_model", None) is None:
-            self._model = Model(self.model)
-        return Generation(self, self._model, json.loads(request_json))
+        if self.semantic is None:
+            self.semantic = Model(self.model)
+        return Generation(self, self.semantic, json.loads(request_json))
 
     def tokenizer_check(self, chars: int) -> str:
         """Encode the fixed corpus with this model's tokenizer: the ids' digest (compared with
@@ -148,7 +150,7 @@ class Generation:
             sampler_settings = SamplerSettings(**merged)
         except (SamplerError, TypeError) as exc:
             raise RequestError(f"settings: {exc}") from None
-        if getattr(loader, "backend", None) is None:
+        if loader.backend is None:
             loader.backend = CpuBackend(model.artifact)
         text = model.chat_template.render(messages, add_generation_prompt=True)
         self.prompt_ids = model.tokenizer.encode(text, add_special=False)
