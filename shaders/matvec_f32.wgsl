@@ -1,54 +1,29 @@
-// y = W x for an f32 matrix: the reference mat-vec of the bundle.
+// Decode mat-vec weights in f32, for matvec_main.wgsl.
 //
-//   W: [rows, cols] row-major f32     x: [cols] f32     y: [rows] f32
+//   w  [rows][cols] f32 (row_words = cols)     x  [M][x_stride] f32 as vec4     y  [M][y_stride] f32
 //
-// One workgroup computes one output row. Its WG invocations stride over the row (any
-// cols, odd tails included), then add their partial sums in a tree in workgroup memory.
-// Rows are spread over a 2-D grid so that rows > maxComputeWorkgroupsPerDimension works;
-// the host picks the grid, and workgroups past the last row exit before any barrier
-// (the whole workgroup exits together, so barriers stay uniform).
-//
-// Accumulation is f32. The summation order differs from numpy's, so results match the
-// oracle within a tolerance, not bit for bit.
-
-override WG: u32 = 64u;   // allowlist in py/webslm/kernels/registry.py: 64, 128, 256
-
-struct Params {
-    rows: u32,
-    cols: u32,
-}
+// A unit is 4 values read as scalars (rows are only 4-byte aligned when cols % 4 != 0);
+// values at k >= cols are masked to 0.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-var<workgroup> partial: array<f32, WG>;
+fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
+    let k0 = u * 4u;
+    let xq = x_quad(m, k0);
+    let inside = (vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u)) < vec4<u32>(params.cols);
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) group: vec3<u32>,
-        @builtin(num_workgroups) groups: vec3<u32>,
-        @builtin(local_invocation_index) lane: u32) {
-    let row = group.x + group.y * groups.x;
-    if (row >= params.rows) {
-        return;  // uniform for the workgroup: every lane has the same row
-    }
-
-    let row_start = row * params.cols;
-    var sum = 0.0;
-    for (var k = lane; k < params.cols; k += WG) {
-        sum += w[row_start + k] * x[k];
-    }
-    partial[lane] = sum;
-    workgroupBarrier();
-
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (lane < stride) {
-            partial[lane] += partial[lane + stride];
+    var out = vec4<f32>(0.0);
+    for (var r = 0u; r < ROWS; r++) {
+        let row = first_row + r;
+        if (row < params.rows) {
+            let base = row * params.cols + k0;
+            let last = row * params.cols + params.cols - 1u;
+            let wq = vec4<f32>(w[min(base, last)], w[min(base + 1u, last)], w[min(base + 2u, last)], w[min(base + 3u, last)]);
+            out[r] = dot(select(vec4<f32>(0.0), wq, inside), xq);
         }
-        workgroupBarrier();
     }
-    if (lane == 0u) {
-        y[row] = partial[0];
-    }
+    return out;
 }

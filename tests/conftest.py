@@ -42,3 +42,15 @@ def fixture_slm_path(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fixture_slm(fixture_slm_path) -> bytes:
     return fixture_slm_path.read_bytes()
+
+
+@pytest.fixture(scope="session")
+def native_device(native_gpu):
+    """One native device for the session, with every optional feature the adapter offers
+    among those kernels use, so that every kernel variant (tiers A, B and C) can run."""
+    import asyncio
+    adapter = asyncio.run(native_gpu.request_adapter("core"))
+    features = sorted({"shader-f16", "subgroups"} & adapter.features)
+    device = asyncio.run(adapter.request_device(features=features))
+    yield device
+    device.destroy()

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from webslm import gpu_smoke, shader_bundle
-from webslm.kernels.matvec import check_matvec, workgroup_grid
+from webslm.kernels.probe import check_matvec
+from webslm.kernels.runner import workgroup_grid
 
 
 def test_smoke_probe_passes_on_native_adapter(native_gpu, run):

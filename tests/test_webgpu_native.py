@@ -96,7 +96,7 @@ def test_override_outside_the_allowlist_is_refused_before_any_gpu_work(native_gp
     async def body():
         _, device = await _device(native_gpu)
         try:
-            await compile_kernel(device, "matvec_f32", WG=96)
+            await compile_kernel(device, "probe_matvec_f32", WG=96)
         finally:
             device.destroy()
     with pytest.raises(KernelError, match="WG=96"):

@@ -2,7 +2,7 @@
 
 The same coroutine runs natively (tests/test_kernels_native.py, on wgpu-native) and in
 each browser's worker (tests_browser/), so both GPU interface implementations are held to
-one set of cases and one tolerance rule (kernels/matvec.py: check_matvec).
+one set of cases and one tolerance rule (kernels/probe.py: check_matvec).
 
 This is the foundation's probe, not admission: it reports what an adapter offers and
 whether our WGSL computes correctly there. Admission (feature/limit planning, self-test
@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from . import shader_bundle
-from .kernels.matvec import check_matvec, matvec_f32
+from .kernels.probe import check_matvec, probe_matvec
 from .kernels.registry import KERNELS, compile_kernel
 from .webgpu.interface import Adapter, Device, Gpu
 
@@ -64,9 +64,9 @@ def fit_workgroup(wanted: int, limits: dict[str, int]) -> int:
     """The largest allowlisted workgroup size <= wanted that the device's limits admit.
     (Compatibility-mode devices default to 128 invocations, so 256 must step down.)"""
     ceiling = min(wanted, limits["maxComputeInvocationsPerWorkgroup"], limits["maxComputeWorkgroupSizeX"])
-    fitting = [size for size in KERNELS["matvec_f32"].overrides["WG"] if size <= ceiling]
+    fitting = [size for size in KERNELS["probe_matvec_f32"].overrides["WG"] if size <= ceiling]
     if not fitting:
-        raise ValueError(f"no matvec_f32 workgroup size fits {ceiling} invocations")
+        raise ValueError(f"no probe_matvec_f32 workgroup size fits {ceiling} invocations")
     return max(fitting)
 
 
@@ -77,9 +77,9 @@ async def run_matvec_cases(device: Device, seed: int = 0) -> list[dict]:
     for rows, cols, wanted, data in CASES:
         workgroup = fit_workgroup(wanted, device.limits)
         if workgroup not in kernels:
-            kernels[workgroup] = await compile_kernel(device, "matvec_f32", WG=workgroup)
+            kernels[workgroup] = await compile_kernel(device, "probe_matvec_f32", WG=workgroup)
         w, x = make_case(rng, rows, cols, data)
-        y = await matvec_f32(device, kernels[workgroup], w, x)
+        y = await probe_matvec(device, kernels[workgroup], w, x)
         check = check_matvec(w, x, y, workgroup)
         results.append({**dataclasses.asdict(check), "data": data, "passed": check.passed})
     return results

@@ -1,1 +1,13 @@
-"""WGSL kernel families: the registry and the host side of each kernel."""
+"""WGSL kernel families: each module registers its kernels (registry.py) and golden tests (golden.py).
+
+Importing this package imports every family listed in FAMILY_MODULES, so the registry and
+the golden suite are complete once `webslm.kernels` is imported.
+"""
+import importlib
+
+from . import registry  # noqa: F401  (first: the families register into it)
+
+FAMILY_MODULES = ("probe", "matvec")
+
+for _module in FAMILY_MODULES:
+    importlib.import_module(f"{__name__}.{_module}")

@@ -1,87 +1,399 @@
-"""Host side of shaders/matvec_f32.wgsl: y = W x in f32, and its check against numpy."""
+"""Decode mat-vec: y[m] = W x[m] for M = 1 (and a few rows) with W in q4, q8, f16 or f32.
+
+Decode is memory-bound: every weight byte is read once per token and used for one
+multiply-add, so the kernels are built to stream weights at full width (16-byte loads,
+adjacent invocations on adjacent bytes) and dequantize in registers next to the FMA.
+The WGSL is assembled from trusted bundle files only (registry "sources"):
+
+    common_quant.wgsl                 exact q4/q8/f16 decoding helpers
+    matvec_main.wgsl                  the entry point and work split (shared)
+    matvec_reduce_workgroup.wgsl      row sums in workgroup memory     (tiers A, B)
+    matvec_reduce_subgroup.wgsl       row sums with subgroupAdd        (tier C: "subgroups")
+    matvec_<encoding>.wgsl            weight bindings and one unit's dot products
+
+Weights are bound exactly as the artifact stores their parts (docs/slm-format.md): no
+repacking, so the bytes on the GPU are the bytes the artifact hash covers.
+
+Host side (below): `MatvecWeights` describes a tensor's parts, `choose_kernel` picks the
+variant and overrides for a device, `check_shapes` validates before any dispatch, and
+`matvec` runs one product. The golden tests and the benchmark hook close the file.
+"""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
-from ..webgpu.interface import BufferBinding, BufferUsage, Device, Dispatch
-from .registry import CompiledKernel
+from ..artifact import quant
+from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row, row_stride
+from ..webgpu.interface import Device
+from . import runner
+from .golden import GoldenContext, GoldenResult, compare_bound, gamma, golden, label
+from .registry import KERNELS, KernelSpec, compile_kernel, register
 
-F32_UNIT_ROUNDOFF = 2.0 ** -24
-
-
-def workgroup_grid(groups: int, max_per_dimension: int) -> tuple[int, int, int]:
-    """A 2-D grid with at least `groups` workgroups, each side within the device limit."""
-    if groups <= max_per_dimension:
-        return (groups, 1, 1)
-    height = math.ceil(groups / max_per_dimension)
-    if height > max_per_dimension:
-        raise ValueError(f"{groups} workgroups exceed a {max_per_dimension}^2 grid")
-    return (max_per_dimension, height, 1)
+ENCODINGS = ("q4", "q8", "f16", "f32")
+UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4}   # weights one invocation step covers
+WEIGHT_BINDINGS = {"q4": 3, "q8": 2, "f16": 1, "f32": 1}    # codes+scales(+mins) or data
+WORKGROUP_SIZES = (64, 128, 256)
+ROWS_PER_WORKGROUP = (1, 2, 4)
 
 
-async def matvec_f32(device: Device, kernel: CompiledKernel, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Run the kernel once on fresh buffers and read y back.
+def kernel_name(encoding: str, subgroups: bool) -> str:
+    return f"matvec_{encoding}" + ("_subgroup" if subgroups else "")
 
-    y is poisoned with NaN before the dispatch so that an element the kernel fails to
-    write cannot pass for a result."""
-    rows, cols = w.shape
-    if x.shape != (cols,):
-        raise ValueError(f"x has shape {x.shape}, expected ({cols},)")
-    storage = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
-    params = device.create_buffer(16, BufferUsage.UNIFORM | BufferUsage.COPY_DST, "matvec params")
-    w_buf = device.create_buffer(w.nbytes, storage, "W [rows, cols] f32")
-    x_buf = device.create_buffer(x.nbytes, storage, "x [cols] f32")
-    y_buf = device.create_buffer(rows * 4, storage, "y [rows] f32")
-    try:
-        device.write_buffer(params, 0, np.array([rows, cols, 0, 0], dtype=np.uint32))
-        device.write_buffer(w_buf, 0, w.astype(np.float32, copy=False))
-        device.write_buffer(x_buf, 0, x.astype(np.float32, copy=False))
-        device.write_buffer(y_buf, 0, np.full(rows, np.nan, dtype=np.float32))
-        group = device.create_bind_group(kernel.bind_group_layout, [
-            BufferBinding(params), BufferBinding(w_buf), BufferBinding(x_buf), BufferBinding(y_buf)])
-        grid = workgroup_grid(rows, device.limits["maxComputeWorkgroupsPerDimension"])
-        device.submit([Dispatch(kernel.pipeline, [group], grid)])
-        return np.frombuffer(await device.read_buffer(y_buf, 0, rows * 4), dtype=np.float32).copy()
-    finally:
-        for buffer in (params, w_buf, x_buf, y_buf):
-            device.destroy_buffer(buffer)
 
+def _specs():
+    for encoding in ENCODINGS:
+        for subgroups in (False, True):
+            overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP}
+            if encoding in ("q4", "q8"):
+                overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
+            if encoding == "q4":
+                overrides |= {"ZERO_MIN": (0, 1)}
+            reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
+            yield KernelSpec(
+                name=kernel_name(encoding, subgroups),
+                sources=(("enable_subgroups.wgsl",) if subgroups else ())
+                + ("common_quant.wgsl", "matvec_main.wgsl", reduce, f"matvec_{encoding}.wgsl"),
+                entry_point="main",
+                bindings=("uniform",) + ("read-only-storage",) * (WEIGHT_BINDINGS[encoding] + 1) + ("storage",),
+                overrides=overrides,
+                requires=frozenset({"subgroups"}) if subgroups else frozenset(),
+            )
+
+
+register(*_specs())
+
+
+# -- host side ------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class MatvecCheck:
-    """One comparison of the GPU result with a float64 numpy oracle."""
+class MatvecWeights:
+    """One weight matrix [rows, cols] as its artifact parts (bytes-like, in binding order)."""
+    encoding: str
     rows: int
     cols: int
-    workgroup: int
-    max_abs_error: float
-    max_error_over_bound: float   # <= 1 passes
-    unwritten: int                # NaNs left from the poison
+    parts: tuple                     # q4: codes, scales, mins | q8: codes, scales | f16/f32: data
+    block: int | None = None
+    zero: str | None = None          # q4: "min" or "offset"
+    scale_type: str | None = None    # q4/q8: "f16" or "f32"
 
     @property
-    def passed(self) -> bool:
-        return self.unwritten == 0 and self.max_error_over_bound <= 1.0
+    def blocks(self) -> int:
+        return blocks_per_row(self.cols, self.block) if self.block else 0
+
+    @property
+    def units(self) -> int:
+        """Steps of UNIT_ELEMENTS weights per row, padding included."""
+        if self.encoding in ("q4", "q8"):
+            return self.blocks * self.block // UNIT_ELEMENTS[self.encoding]
+        return -(-self.cols // UNIT_ELEMENTS[self.encoding])
+
+    @property
+    def row_words(self) -> int:
+        return row_stride(self.encoding, self.cols, self.block) // 4
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(memoryview(p).cast("B")) for p in self.parts)
+
+    def dequantize(self) -> np.ndarray:
+        names = {"q4": ("codes", "scales", "mins"), "q8": ("codes", "scales")}.get(self.encoding, ("data",))
+        descriptor = {"block_elements": self.block, "zero": self.zero, "scale_type": self.scale_type}
+        return quant.dequantize(self.encoding, (self.rows, self.cols), descriptor, dict(zip(names, self.parts)))
 
 
-def check_matvec(w: np.ndarray, x: np.ndarray, y_gpu: np.ndarray, workgroup: int) -> MatvecCheck:
-    """Compare with an error bound valid for any summation order.
+def weights_from_model(model, name: str) -> MatvecWeights:
+    """A validated artifact tensor as mat-vec weights (a vector counts as one row)."""
+    artifact = getattr(model, "artifact", model)
+    info = artifact.manifest.tensors[name]
+    rows, cols = info.shape if len(info.shape) == 2 else (1, info.shape[0])
+    parts = artifact.tensor_parts(name)
+    q = info.quant
+    if info.encoding == "q4":
+        ordered = (parts["codes"], parts["scales"], parts["mins"] if q.zero == "min" else parts["scales"])
+    elif info.encoding == "q8":
+        ordered = (parts["codes"], parts["scales"])
+    else:
+        ordered = (parts["data"],)
+    return MatvecWeights(info.encoding, rows, cols, ordered, q.block_elements if q else None,
+                         q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None)
 
-    For a sum of n f32 products, |computed - exact| <= gamma(n) * sum|w_k x_k| with
-    gamma(n) = n u / (1 - n u), u = 2^-24 (Higham, Accuracy and Stability, 3.1). The bound
-    uses n = cols + 1 (one more rounding for each product); the oracle is float64."""
-    w64, x64 = w.astype(np.float64), x.astype(np.float64)
-    exact = w64 @ x64
-    magnitude = np.abs(w64) @ np.abs(x64)
-    n = w.shape[1] + 1
-    gamma = n * F32_UNIT_ROUNDOFF / (1 - n * F32_UNIT_ROUNDOFF)
-    bound = gamma * magnitude + np.finfo(np.float32).tiny   # subnormal flush allowance
-    error = np.abs(y_gpu.astype(np.float64) - exact)
-    unwritten = int(np.isnan(y_gpu).sum())
-    finite = ~np.isnan(error)
-    return MatvecCheck(
-        rows=w.shape[0], cols=w.shape[1], workgroup=workgroup,
-        max_abs_error=float(error[finite].max(initial=0.0)),
-        max_error_over_bound=float((error[finite] / bound[finite]).max(initial=0.0)),
-        unwritten=unwritten)
+
+def quantized(w: np.ndarray, encoding: str, block: int = 32, zero: str = "min",
+              scale_type: str = "f16") -> MatvecWeights:
+    """Encode a float matrix with the artifact's own codecs (tests and benchmarks)."""
+    rows, cols = w.shape
+    if encoding == "q4":
+        p = quant.quantize_q4(w, block, zero, scale_type)
+        return MatvecWeights("q4", rows, cols, (p["codes"], p["scales"], p.get("mins", p["scales"])),
+                             block, zero, scale_type)
+    if encoding == "q8":
+        p = quant.quantize_q8(w, block, scale_type)
+        return MatvecWeights("q8", rows, cols, (p["codes"], p["scales"]), block, None, scale_type)
+    encode = quant.encode_f16 if encoding == "f16" else quant.encode_f32
+    return MatvecWeights(encoding, rows, cols, (encode(w)["data"],))
+
+
+def choose_kernel(device: Device, weights: MatvecWeights, workgroup: int = 128,
+                  rows_per_group: int = 4) -> tuple[str, dict[str, int]]:
+    """The variant and overrides for this device: subgroup sums when the device has them,
+    the largest allowlisted workgroup <= `workgroup` that its limits admit."""
+    ceiling = min(workgroup, device.limits["maxComputeInvocationsPerWorkgroup"],
+                  device.limits["maxComputeWorkgroupSizeX"])
+    fitting = [size for size in WORKGROUP_SIZES if size <= ceiling]
+    if not fitting:
+        raise ValueError(f"no mat-vec workgroup size fits {ceiling} invocations")
+    overrides = {"WG": max(fitting), "ROWS": rows_per_group}
+    if weights.encoding in ("q4", "q8"):
+        overrides |= {"BLOCK": weights.block, "SCALE_F16": int(weights.scale_type == "f16")}
+    if weights.encoding == "q4":
+        overrides |= {"ZERO_MIN": int(weights.zero == "min")}
+    return kernel_name(weights.encoding, "subgroups" in device.features), overrides
+
+
+def check_shapes(device: Device, weights: MatvecWeights, m: int, x_stride: int) -> None:
+    """Everything the kernel's addressing assumes, checked before any GPU work."""
+    if weights.encoding not in ENCODINGS:
+        raise ValueError(f"mat-vec has no {weights.encoding!r} encoding")
+    if weights.rows < 1 or weights.cols < 1 or m < 1:
+        raise ValueError(f"empty mat-vec: rows={weights.rows} cols={weights.cols} m={m}")
+    if x_stride % 4 or x_stride < weights.cols:
+        raise ValueError(f"x_stride {x_stride} must be a multiple of 4 and >= cols {weights.cols}")
+    if m > device.limits["maxComputeWorkgroupsPerDimension"]:
+        raise ValueError(f"{m} activation rows exceed the grid's z limit")
+    widest = max(weights.rows * weights.units * UNIT_ELEMENTS[weights.encoding], m * x_stride, m * weights.rows)
+    if widest >= 2 ** 32:
+        raise ValueError(f"mat-vec addresses {widest} elements, past u32 indexing")
+    limit = device.limits["maxStorageBufferBindingSize"]
+    for part in weights.parts:
+        if len(memoryview(part).cast("B")) > limit:
+            raise ValueError(f"a weight part of {len(memoryview(part).cast('B'))} bytes exceeds "
+                             f"maxStorageBufferBindingSize {limit}: split the tensor (memory planner)")
+
+
+def params(weights: MatvecWeights, x_stride: int, y_stride: int) -> np.ndarray:
+    return runner.params_words(weights.rows, weights.cols, weights.blocks, weights.units,
+                               weights.row_words, x_stride, y_stride)
+
+
+def grid(device: Device, weights: MatvecWeights, rows_per_group: int, m: int) -> tuple[int, int, int]:
+    groups = -(-weights.rows // rows_per_group)
+    gx, gy, _ = runner.workgroup_grid(groups, device.limits["maxComputeWorkgroupsPerDimension"])
+    return (gx, gy, m)
+
+
+def padded_activations(x: np.ndarray, fill: float = np.nan) -> tuple[np.ndarray, int]:
+    """x [M, K] -> ([M, x_stride] f32, x_stride) with x_stride a multiple of 4. The padding
+    holds `fill` (NaN in tests: the kernels must mask it, never multiply it)."""
+    m, k = x.shape
+    stride = -(-k // 4) * 4
+    out = np.full((m, stride), fill, np.float32)
+    out[:, :k] = x
+    return out, stride
+
+
+def _as_array(part) -> np.ndarray:
+    return np.frombuffer(memoryview(part).cast("B"), np.uint8)
+
+
+async def matvec(ctx_or_device, weights: MatvecWeights, x: np.ndarray, name: str | None = None,
+                 overrides: dict[str, int] | None = None) -> np.ndarray:
+    """y [M, rows] = x [M, cols] W^T, once, on fresh buffers (tests, self-tests)."""
+    ctx = ctx_or_device if isinstance(ctx_or_device, GoldenContext) else GoldenContext(ctx_or_device, None)
+    device = ctx.device
+    x = np.atleast_2d(np.asarray(x, np.float32))
+    if x.shape[1] != weights.cols:
+        raise ValueError(f"x has {x.shape[1]} columns, the weights {weights.cols}")
+    if name is None:
+        name, overrides = choose_kernel(device, weights)
+    xs, stride = padded_activations(x)
+    check_shapes(device, weights, x.shape[0], stride)
+    kernel = await ctx.kernel(name, **overrides)
+    (y,) = await runner.run_once(
+        device, kernel, params(weights, stride, weights.rows),
+        [*map(_as_array, weights.parts), xs], [(x.shape[0] * weights.rows, np.float32)],
+        grid(device, weights, overrides["ROWS"], x.shape[0]))
+    return y.reshape(x.shape[0], weights.rows)
+
+
+# -- the oracle and its error bound ---------------------------------------------------------
+
+def oracle(weights: MatvecWeights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """(exact y in float64, elementwise error bound, rule) for any summation order.
+
+    The kernels compute, per unit, s * sum(c x) (+ m * sum(x) for q4 "min", - 8 s sum(x)
+    for "offset"). Each elementary term (s c_k x_k, m x_k, 8 s x_k) is rounded at most
+    once as a product, once by its scale, and once per addition on its path, and no path
+    has more additions than there are terms, so |y - exact| <= gamma(n) * sum |terms| with
+    n = terms + 2 (Higham 3.1 / 4.2). Terms are 2 per weight for q4 (code and zero part),
+    1 otherwise; padding weights count (they are multiplied by masked zeros)."""
+    x64 = np.atleast_2d(x).astype(np.float64)
+    w = weights.dequantize().astype(np.float64)
+    exact = x64 @ w.T
+    padded = weights.units * UNIT_ELEMENTS[weights.encoding]
+    if weights.encoding == "q4":
+        descriptor_parts = dict(zip(("codes", "scales", "mins"), weights.parts))
+        codes = quant.unpack_nibbles(_as_array(descriptor_parts["codes"]).reshape(weights.rows, -1))
+        codes = codes[:, :weights.cols].astype(np.float64)
+        scale_dtype = quant.SCALE_DTYPES[weights.scale_type]
+        s = np.repeat(np.frombuffer(descriptor_parts["scales"], scale_dtype).reshape(weights.rows, -1)
+                      .astype(np.float64), weights.block, axis=1)[:, :weights.cols]
+        if weights.zero == "min":
+            mins = np.repeat(np.frombuffer(descriptor_parts["mins"], scale_dtype).reshape(weights.rows, -1)
+                             .astype(np.float64), weights.block, axis=1)[:, :weights.cols]
+            magnitude_w = np.abs(s * codes) + np.abs(mins)
+        else:
+            magnitude_w = np.abs(s) * (codes + 8.0)
+        n, rule = 2 * padded + 2, "gamma(2 K_padded + 2) * sum(|s c| + |zero part|) |x|"
+    else:
+        magnitude_w = np.abs(w)
+        n, rule = padded + 2, "gamma(K_padded + 2) * sum |w| |x|"
+    bound = gamma(n) * (np.abs(x64) @ magnitude_w.T)
+    return exact, bound, rule
+
+
+# -- golden tests ---------------------------------------------------------------------------
+
+def _random_weights(rng, rows, cols, data: str) -> np.ndarray:
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if data == "constant":
+        w[:] = np.float32(0.37)
+    elif data == "alternating":
+        w = np.abs(w) * np.where(np.arange(cols) % 2 == 0, 1, -1).astype(np.float32)
+    elif data == "huge":
+        w *= np.float32(1e4)      # f16 scales up to ~2e3, still finite; f32 scales further below
+    elif data == "tiny":
+        w *= np.float32(1e-6)     # f16 scales become subnormal (exactly decoded)
+    return w
+
+
+def _extreme_codes(weights: MatvecWeights, rng, which: str) -> MatvecWeights:
+    """Overwrite every code with its maximum, minimum or a random mix of both."""
+    codes = bytearray(weights.parts[0])
+    if weights.encoding == "q4":
+        pick = {"max": 0xFF, "min": 0x00}.get(which)
+        values = [pick] * len(codes) if pick is not None else rng.choice([0x00, 0xFF, 0x0F, 0xF0], len(codes))
+    else:
+        pick = {"max": 0x7F, "min": 0x80}.get(which)        # +127 and -128
+        values = [pick] * len(codes) if pick is not None else rng.choice([0x7F, 0x80, 0x81], len(codes))
+    codes[:] = bytes(int(v) for v in values)
+    # padding codes past cols must stay zero (the validator requires it)
+    per_row = len(codes) // weights.rows
+    real = weights.cols if weights.encoding == "q8" else (weights.cols + 1) // 2
+    arr = np.frombuffer(codes, np.uint8).reshape(weights.rows, per_row).copy()
+    arr[:, real:] = 0
+    if weights.encoding == "q4" and weights.cols % 2:
+        arr[:, real - 1] &= 0x0F
+    return dataclasses.replace(weights, parts=(arr.tobytes(), *weights.parts[1:]))
+
+
+def _cases(ctx: GoldenContext):
+    """(label, weights, x) triples: random shapes, every encoding option, adversarial data."""
+    rng = ctx.rng
+    shapes = [(1, 1), (7, 33), (33, 100), (64, 256)] if ctx.quick else \
+        [(1, 1), (7, 33), (65, 257), (300, 1000), (129, 4099), (4, 8192)]
+    for rows, cols in shapes:
+        for encoding, block, zero, scale_type in [("q4", 32, "min", "f16"), ("q4", 64, "offset", "f32"),
+                                                  ("q8", 32, None, "f16"), ("q8", 256, None, "f32"),
+                                                  ("f16", None, None, None), ("f32", None, None, None)]:
+            w = _random_weights(rng, rows, cols, "normal")
+            x = rng.standard_normal((1 if rows > 1 else 3, cols)).astype(np.float32)
+            yield (f"random {rows}x{cols} {encoding}/{block}/{zero}/{scale_type}",
+                   quantized(w, encoding, block or 32, zero or "min", scale_type or "f16"), x)
+    rows, cols = (9, 97) if ctx.quick else (40, 517)
+    for data in ("constant", "alternating", "huge", "tiny"):
+        for encoding, zero, scale_type in [("q4", "min", "f16"), ("q4", "offset", "f16"), ("q8", None, "f32"),
+                                           ("f16", None, None)]:
+            w = _random_weights(rng, rows, cols, data)
+            x = rng.standard_normal((2, cols)).astype(np.float32)
+            if data == "alternating":
+                x = np.abs(x)
+            yield (f"{data} {rows}x{cols} {encoding}/{zero}/{scale_type}",
+                   quantized(w, encoding, 128 if data == "tiny" else 32, zero or "min", scale_type or "f16"), x)
+    for which in ("max", "min", "mixed"):
+        for encoding, zero in [("q4", "min"), ("q4", "offset"), ("q8", None)]:
+            w = _extreme_codes(quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min"),
+                               rng, which)
+            yield f"{which} codes {rows}x{cols} {encoding}/{zero}", w, rng.standard_normal((1, cols)).astype(np.float32)
+    if ctx.model is not None:
+        for name in ("blk.0.ffn_up", "blk.0.attn_k", "token_embd"):
+            if name in ctx.model.artifact.manifest.tensors:
+                w = weights_from_model(ctx.model, name)
+                yield f"real {name} {w.rows}x{w.cols} {w.encoding}", w, rng.standard_normal((1, w.cols)).astype(np.float32)
+
+
+@golden("matvec")
+async def golden_matvec(ctx: GoldenContext) -> list[GoldenResult]:
+    """Every case on the device's default choice (subgroup sums where admitted) and on the
+    workgroup-memory reduction; the random cases also on every workgroup shape (full)."""
+    results = []
+    variants = {spec.name for spec in ctx.variants("matvec_")}
+    default = [(128, 4)]
+    every_shape = default if ctx.quick else default + [(64, 1), (256, 2)]
+    for case, weights, x in _cases(ctx):
+        exact, bound, rule = oracle(weights, x)
+        for subgroups in (False, True):
+            name = kernel_name(weights.encoding, subgroups)
+            if name not in variants:
+                continue
+            for workgroup, rows_per_group in (every_shape if case.startswith("random") else default):
+                _, overrides = choose_kernel(ctx.device, weights, workgroup, rows_per_group)
+                y = await matvec(ctx, weights, x, name, overrides)
+                results.append(compare_bound("matvec", label(KERNELS[name], overrides), case, y, exact, bound, rule))
+    return results
+
+
+# -- benchmark hook -------------------------------------------------------------------------
+
+BENCH_SHAPES = {
+    "smollm2 q/o 576x576": {"rows": 576, "cols": 576},
+    "smollm2 gate+up 3072x576": {"rows": 3072, "cols": 576},
+    "smollm2 down 576x1536": {"rows": 576, "cols": 1536},
+    "smollm2 head 49152x576": {"rows": 49152, "cols": 576},
+    "llama1b q 2048x2048": {"rows": 2048, "cols": 2048, "big": True},
+    "llama1b gate+up 16384x2048": {"rows": 16384, "cols": 2048, "big": True},
+    "llama1b down 2048x8192": {"rows": 2048, "cols": 8192, "big": True},
+    "square 4096x4096": {"rows": 4096, "cols": 4096},
+    "llama8b gate 14336x4096": {"rows": 14336, "cols": 4096, "big": True},
+    "llama8b down 4096x14336": {"rows": 4096, "cols": 14336, "big": True},
+}
+# An encoding, optionally with overrides to sweep: "q4" or "q4/WG=256/ROWS=2".
+BENCH_NAMES = ("q4", "q8", "f16", "f32")
+
+
+def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 32,
+                        zero: str = "min", scale_type: str = "f16") -> MatvecWeights:
+    """Random parts of the right sizes without quantizing (benchmarks on big shapes)."""
+    blocks = blocks_per_row(cols, block)
+    stride = row_stride(encoding, cols, block)
+    codes = rng.integers(0, 256, rows * stride, dtype=np.uint8).tobytes()
+    if encoding in ("f16", "f32"):
+        dtype = np.float16 if encoding == "f16" else np.float32
+        data = (rng.standard_normal(rows * stride // dtype().itemsize) * 0.02).astype(dtype).tobytes()
+        return MatvecWeights(encoding, rows, cols, (data,))
+    scale_dtype = quant.SCALE_DTYPES[scale_type]
+    scales = (rng.random(rows * blocks) * 0.01 + 0.001).astype(scale_dtype).tobytes()
+    mins = (-rng.random(rows * blocks) * 0.05).astype(scale_dtype).tobytes()
+    parts = (codes, scales, mins) if encoding == "q4" else (codes, scales)
+    return MatvecWeights(encoding, rows, cols, parts, block, zero if encoding == "q4" else None, scale_type)
+
+
+async def prepare_bench(device: Device, name: str, shape: dict, rng,
+                        overrides: dict[str, int] | None = None) -> runner.Prepared:
+    """`name` is an encoding, optionally with overrides ("q4/WG=256/ROWS=2"); the variant
+    (subgroups or not) follows the device."""
+    encoding, *settings = name.split("/")
+    overrides = {**{k: int(v) for k, v in (item.split("=") for item in settings)}, **(overrides or {})}
+    weights = random_weights_fast(rng, encoding, shape["rows"], shape["cols"])
+    chosen, chosen_overrides = choose_kernel(device, weights)
+    overrides = {**chosen_overrides, **overrides}
+    kernel = await compile_kernel(device, chosen, **overrides)
+    x, stride = padded_activations(rng.standard_normal((1, weights.cols)).astype(np.float32), 0.0)
+    check_shapes(device, weights, 1, stride)
+    prepared = runner.prepare(device, kernel, params(weights, stride, weights.rows),
+                              [*map(_as_array, weights.parts), x], [(weights.rows, np.float32)],
+                              grid(device, weights, overrides["ROWS"], 1))
+    prepared.bytes_moved = weights.nbytes + x.nbytes + weights.rows * 4
+    prepared.flops = 2 * weights.rows * weights.cols
+    return prepared

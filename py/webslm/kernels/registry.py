@@ -1,8 +1,14 @@
-"""The kernel registry: one entry per WGSL family, and the only way kernels get compiled.
+"""The kernel registry: one entry per compiled kernel variant, and the only way kernels get compiled.
 
-An entry names its shader file in the bundle, its entry point, its bindings (kind per
-binding index, in WGSL order) and the override constants it accepts with their allowed
-values. Specialization happens only through those overrides; nothing here builds WGSL.
+An entry names its WGSL sources in the bundle (concatenated in order, so a family can share
+a trusted helper file such as `common_quant.wgsl`), its entry point, its bindings (kind per
+binding index, in WGSL order), the override constants it accepts with their allowed values,
+and the device features it needs ("subgroups", "shader-f16"). Specialization happens only
+through those overrides and the choice among registered variants; nothing here builds WGSL
+from input.
+
+Each family module (matvec.py, norm.py, ...) calls `register(...)` when imported; the
+package's __init__ imports every family, so KERNELS is complete once `webslm.kernels` is.
 """
 from __future__ import annotations
 
@@ -13,16 +19,18 @@ from ..webgpu.interface import Device
 
 
 class KernelError(ValueError):
-    """A kernel was asked for with an unknown name or an override outside its allowlist."""
+    """A kernel was asked for with an unknown name, an override outside its allowlist, or on
+    a device that lacks a feature the kernel needs."""
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
     name: str
-    shader: str                                   # file in the shader bundle
+    sources: tuple[str, ...]                      # files in the shader bundle, concatenated
     entry_point: str
     bindings: tuple[str, ...]                     # binding kinds of group 0, by index
     overrides: dict[str, tuple[int, ...]]         # name -> allowed values
+    requires: frozenset[str] = frozenset()        # device features the WGSL enables
 
     def check_overrides(self, values: dict[str, int]) -> dict[str, int]:
         for name, value in values.items():
@@ -33,16 +41,30 @@ class KernelSpec:
                 raise KernelError(f"{self.name}: {name}={value!r} is not one of {allowed}")
         return dict(values)
 
+    def runs_on(self, features: frozenset[str] | set[str]) -> bool:
+        return self.requires <= set(features)
 
-KERNELS: dict[str, KernelSpec] = {spec.name: spec for spec in [
-    KernelSpec(
-        name="matvec_f32",
-        shader="matvec_f32.wgsl",
-        entry_point="main",
-        bindings=("uniform", "read-only-storage", "read-only-storage", "storage"),
-        overrides={"WG": (64, 128, 256)},
-    ),
-]}
+    def source(self, implicit_enables: frozenset[str] = frozenset()) -> str:
+        """The WGSL text. Files that only hold an `enable` directive (ENABLE_FILES) are left
+        out for an implementation that provides the extension implicitly: naga (wgpu-native)
+        rejects `enable subgroups;` yet accepts subgroup builtins on a device created with
+        the feature, while browsers require the directive."""
+        bundle = shader_bundle.load()
+        return "\n".join(bundle.source(name) for name in self.sources
+                         if ENABLE_FILES.get(name) not in implicit_enables)
+
+
+# Prelude files holding one `enable` directive -> the WGSL extension they enable.
+ENABLE_FILES = {"enable_subgroups.wgsl": "subgroups", "enable_f16.wgsl": "f16"}
+
+KERNELS: dict[str, KernelSpec] = {}
+
+
+def register(*specs: KernelSpec) -> None:
+    for spec in specs:
+        if spec.name in KERNELS:
+            raise KernelError(f"kernel {spec.name!r} registered twice")
+        KERNELS[spec.name] = spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,9 +80,12 @@ async def compile_kernel(device: Device, name: str, **overrides: int) -> Compile
     spec = KERNELS.get(name)
     if spec is None:
         raise KernelError(f"no kernel named {name!r}; known: {sorted(KERNELS)}")
+    if not spec.runs_on(device.features):
+        raise KernelError(f"{name} needs {sorted(spec.requires - device.features)}, "
+                          f"which this device was not created with")
     overrides = spec.check_overrides(overrides)
-    code = shader_bundle.load().source(spec.shader)
-    module = device.create_shader_module(code, label=spec.shader)
+    code = spec.source(getattr(device, "implicit_wgsl_enables", frozenset()))
+    module = device.create_shader_module(code, label="+".join(spec.sources))
     layout = device.create_bind_group_layout(spec.bindings, label=f"{name} bindings")
     pipeline_layout = device.create_pipeline_layout([layout], label=f"{name} layout")
     pipeline = await device.create_compute_pipeline(

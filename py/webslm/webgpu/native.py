@@ -110,6 +110,10 @@ class NativeAdapter(Adapter):
 
 
 class NativeDevice(Device):
+    # naga implements subgroup operations but not yet the `enable subgroups;` directive
+    # (it rejects it); kernels/registry.py leaves that prelude out for this device.
+    implicit_wgsl_enables = frozenset({"subgroups"})
+
     def __init__(self, device: Any, features: frozenset[str]):
         self._device = device
         self.features = features

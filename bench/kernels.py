@@ -1,0 +1,200 @@
+"""Kernel bandwidth and throughput on a native WebGPU adapter (wgpu-native), with the copy
+roofline measured in the same run.
+
+    PYTHONPATH=py python bench/kernels.py [--families matvec,gemm,...] [--quick] [--out FILE]
+
+What one row means
+- A kernel variant (the one the host code would choose for this device) on one named shape
+  (the family's BENCH_SHAPES: SmolLM2-135M, Llama-3.2-1B and Llama-3-8B layers).
+- `us`: GPU time per dispatch, warm: the median over 5 rounds of (time from submit to the
+  completion of a small readback) / dispatches in the round. Encoding happens before the
+  submit, so Python's encode cost is not in it; the readback's latency is, amortized over
+  rounds of >= 20 ms. `cold_us` is one dispatch alone right after compilation.
+- Each round cycles through enough distinct copies of the buffers that the working set
+  exceeds 512 MiB (at most 256 copies), so weights come from memory, not from the H200's
+  ~50 MiB L2. `working_set_mib` says how big it was; smaller than ~200 MiB means caches
+  helped and the row is marked `cache_resident`.
+- `gbps` = the family's minimum bytes moved per dispatch / us; `of_copy` = gbps / the
+  copy kernel's gbps (shaders/copy.wgsl, bytes read + written) from this same run.
+- `gflops` where the family states flops (GEMM, attention).
+
+Dispatches in a round have no data dependencies (distinct buffers), so the GPU may overlap
+them: this measures streaming throughput, the figure the roofline ratio is about. The
+engine's dependent chain adds per-dispatch latency on top; bench/engine (issue 8) measures that.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "py"))
+
+from webslm.kernels import FAMILY_MODULES, runner  # noqa: E402
+from webslm.kernels.registry import compile_kernel  # noqa: E402
+from webslm.webgpu.native import NativeGpu  # noqa: E402
+
+MiB = 1 << 20
+WORKING_SET = 512 * MiB
+MAX_COPIES = 256
+ROUND_SECONDS = 0.02
+
+
+async def open_device(gpu):
+    adapter = await gpu.request_adapter("core")
+    if adapter is None:
+        raise SystemExit("no native WebGPU adapter")
+    features = sorted({"shader-f16", "subgroups"} & adapter.features)
+    wanted = ("maxStorageBufferBindingSize", "maxBufferSize", "maxComputeWorkgroupStorageSize",
+              "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX")
+    limits = {name: adapter.limits[name] for name in wanted if name in adapter.limits}
+    return adapter, await adapter.request_device(features=features, limits=limits)
+
+
+async def time_rounds(device, dispatches, sync_buffer, count: int, rounds: int = 5) -> list[float]:
+    """Seconds per dispatch for `rounds` submits of `count` dispatches cycling the list."""
+    batch = [dispatches[i % len(dispatches)] for i in range(count)]
+    timings = []
+    for _ in range(rounds):
+        device.submit(batch[:0])                       # nothing queued before the clock starts
+        await device.read_buffer(sync_buffer, 0, 4)
+        device.submit(batch)
+        started = time.perf_counter()                  # encoding is done: the GPU has the work
+        await device.read_buffer(sync_buffer, 0, 4)
+        timings.append((time.perf_counter() - started) / count)
+    return timings
+
+
+async def measure(device, prepare, bytes_per_instance: int, quick: bool) -> dict:
+    """Prepare copies, calibrate a round to >= ROUND_SECONDS, time it; release everything."""
+    copies = max(1, min(MAX_COPIES, -(-WORKING_SET // max(bytes_per_instance, 1))))
+    if quick:
+        copies = min(copies, 4)
+    instances = [await prepare() for _ in range(copies)]
+    try:
+        sync = instances[-1].outputs[-1][0]
+        dispatches = [p.dispatch for p in instances]
+        started = time.perf_counter()
+        device.submit([dispatches[0]])
+        await device.read_buffer(sync, 0, 4)
+        cold = time.perf_counter() - started
+        estimate = min(await time_rounds(device, dispatches, sync, len(dispatches), rounds=2))
+        count = max(len(dispatches), int(ROUND_SECONDS / max(estimate, 1e-7)))
+        count = min(count, 20_000) if not quick else min(count, 50)
+        seconds = statistics.median(await time_rounds(device, dispatches, sync, count, rounds=3 if quick else 5))
+        return {"us": seconds * 1e6, "cold_us": cold * 1e6, "copies": copies,
+                "dispatches_per_round": count,
+                "working_set_mib": round(copies * bytes_per_instance / MiB, 1),
+                "cache_resident": copies * bytes_per_instance < 200 * MiB,
+                "bytes_moved": instances[0].bytes_moved, "flops": instances[0].flops}
+    finally:
+        for p in instances:
+            p.release(device)
+
+
+async def copy_roofline(device, quick: bool) -> dict:
+    """The copy kernel over a buffer far larger than any cache: GB/s of bytes read + written."""
+    size = (16 if quick else 256) * MiB
+    limit = device.limits["maxStorageBufferBindingSize"]
+    size = min(size, limit // 16 * 16)
+    kernel = await compile_kernel(device, "copy_vec4", WG=256)
+    n = size // 16
+    groups = min(-(-n // 256), 65535)
+    src = np.arange(size // 4, dtype=np.uint32)
+
+    async def prepare():
+        p = runner.prepare(device, kernel, runner.params_words(n), [src], [(size // 4, np.uint32)], (groups, 1, 1))
+        p.bytes_moved = 2 * size
+        return p
+    result = await measure(device, prepare, 2 * size, quick)
+    result["gbps"] = result["bytes_moved"] / result["us"] / 1e3
+    return {"family": "copy", "kernel": "copy_vec4[WG=256]", "shape": f"{size // MiB} MiB", **result}
+
+
+async def bench_family(device, module, quick: bool, copy_gbps: float, only: set[str] | None,
+                       names_override: list[str] | None = None) -> list[dict]:
+    rows = []
+    shapes = module.BENCH_SHAPES
+    names = names_override or getattr(module, "BENCH_NAMES", None) or [None]
+    for shape_name, shape in shapes.items():
+        if quick and shape.get("big", False):
+            continue
+        for name in names:
+            variant = name or shape.get("variant")
+            if only and variant not in only and shape_name not in only:
+                continue
+            rng = np.random.default_rng(0)
+            probe = await module.prepare_bench(device, variant, shape, rng)
+            bytes_per_instance = sum(_size(b) for b in probe.buffers)
+            probe.release(device)
+
+            async def prepare(variant=variant, shape=shape):
+                return await module.prepare_bench(device, variant, shape, rng)
+            result = await measure(device, prepare, bytes_per_instance, quick)
+            result["gbps"] = result["bytes_moved"] / result["us"] / 1e3
+            result["of_copy"] = result["gbps"] / copy_gbps
+            if result["flops"]:
+                result["gflops"] = result["flops"] / result["us"] / 1e3
+            row = {"family": module.__name__.rsplit(".", 1)[1], "kernel": variant, "shape": shape_name, **result}
+            rows.append(row)
+            print(_line(row), flush=True)
+    return rows
+
+
+def _size(buffer) -> int:
+    return int(getattr(buffer, "size", 0))
+
+
+def _line(row: dict) -> str:
+    extra = f"  {row['gflops']:8.1f} GFLOP/s" if row.get("gflops") else ""
+    ratio = f"  {row['of_copy']:5.2f}x copy" if "of_copy" in row else ""
+    cached = "  (cache-resident)" if row.get("cache_resident") else ""
+    return (f"{row['family']:10s} {row['kernel']:24s} {row['shape']:30s} {row['us']:9.2f} us "
+            f"{row['gbps']:8.1f} GB/s{ratio}{extra}{cached}")
+
+
+async def main(args) -> dict:
+    adapter, device = await open_device(NativeGpu())
+    summary = adapter.summary()
+    report = {"adapter": {"description": summary.description, "vendor": summary.vendor,
+                          "architecture": summary.architecture, "features": list(device.features)},
+              "host": platform.platform(), "date": time.strftime("%Y-%m-%d"),
+              "quick": args.quick, "rows": []}
+    print(f"adapter: {summary.description}; features {sorted(device.features)}", flush=True)
+    copy = await copy_roofline(device, args.quick)
+    print(_line(copy), flush=True)
+    report["copy"] = copy
+    families = args.families.split(",") if args.families else [m for m in FAMILY_MODULES if m != "probe"]
+    only = set(args.only.split(",")) if args.only else None
+    for family in families:
+        module = importlib.import_module(f"webslm.kernels.{family}")
+        if not hasattr(module, "BENCH_SHAPES"):
+            continue
+        names = args.names.split(",") if args.names and len(families) == 1 else None
+        report["rows"] += await bench_family(device, module, args.quick, copy["gbps"], only, names)
+    device.destroy()
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", help="comma-separated family modules (default: all)")
+    parser.add_argument("--only", help="comma-separated variant or shape names")
+    parser.add_argument("--names", help="with one family: comma-separated variant names to bench")
+    parser.add_argument("--quick", action="store_true", help="few copies and dispatches (software adapters)")
+    parser.add_argument("--out", type=pathlib.Path, help="write the JSON report here")
+    args = parser.parse_args()
+    report = asyncio.run(main(args))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.out}")

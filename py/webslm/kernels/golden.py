@@ -1,0 +1,149 @@
+"""Golden tests of every kernel against the numpy oracle: one suite, run natively and in browsers.
+
+Each kernel family registers a coroutine with `@golden("family")`. It receives a
+GoldenContext (device, rng, size, optional real model) and returns GoldenResults, one per
+(kernel variant, case). The same coroutines run
+- natively on wgpu-native (tests/test_kernels_*.py, size "full"),
+- in each browser row's worker (request `kernel-golden`, size "quick"),
+- and later inside admission as bounded self-tests.
+
+A result compares the GPU output with a float64 (or exact integer) oracle under a stated
+rule; `error_over_tolerance <= 1` passes. Rules, one per family, are listed in
+docs/kernels.md. Outputs are poisoned before every run (kernels/runner.py), so `unwritten`
+counts elements the kernel never wrote.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from ..webgpu.interface import Device
+from .registry import KERNELS, CompiledKernel, KernelSpec, compile_kernel
+
+F32_UNIT_ROUNDOFF = 2.0 ** -24
+F32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def gamma(n: int) -> float:
+    """Higham's gamma(n) = n u / (1 - n u): the relative bound for n f32 roundings."""
+    return n * F32_UNIT_ROUNDOFF / (1 - n * F32_UNIT_ROUNDOFF)
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldenResult:
+    family: str
+    kernel: str                 # registry name, with overrides, e.g. "matvec_q4[WG=128,ROWS=4]"
+    case: str                   # what the inputs were, e.g. "random 300x1000"
+    rule: str                   # the tolerance rule applied
+    max_abs_error: float
+    error_over_tolerance: float  # <= 1 passes
+    unwritten: int              # poisoned elements left (NaN / 0xFFFFFFFF)
+    mismatched: int = 0         # for exact comparisons: elements that differ
+
+    @property
+    def passed(self) -> bool:
+        return self.unwritten == 0 and self.mismatched == 0 and self.error_over_tolerance <= 1.0
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "passed": self.passed}
+
+
+def compare_bound(family: str, kernel: str, case: str, got: np.ndarray, exact: np.ndarray,
+                  bound: np.ndarray, rule: str) -> GoldenResult:
+    """|got - exact| <= bound elementwise, exact in float64. Non-finite exact values must be
+    matched exactly (same infinity, or NaN where the oracle has NaN)."""
+    got64 = np.asarray(got, np.float64).reshape(-1)
+    exact = np.asarray(exact, np.float64)
+    bound = np.broadcast_to(np.asarray(bound, np.float64), exact.shape).reshape(-1)
+    exact = exact.reshape(-1)
+    nonfinite = ~np.isfinite(exact)
+    unwritten = int(np.isnan(got64[~nonfinite]).sum())
+    # Where the oracle is not finite the GPU must agree in kind (NaN with NaN, +inf with +inf).
+    mismatched = int(np.sum(nonfinite & ~((np.isnan(exact) & np.isnan(got64)) | (exact == got64))))
+    finite = ~nonfinite & ~np.isnan(got64)
+    error = np.abs(got64[finite] - exact[finite])
+    over = error / np.maximum(bound[finite] + F32_TINY, F32_TINY)
+    return GoldenResult(family, kernel, case, rule,
+                        max_abs_error=float(error.max(initial=0.0)),
+                        error_over_tolerance=float(over.max(initial=0.0)),
+                        unwritten=unwritten, mismatched=mismatched)
+
+
+def compare_exact(family: str, kernel: str, case: str, got: np.ndarray, want: np.ndarray,
+                  poison_value: int | None = None) -> GoldenResult:
+    """Integer outputs (indices, codes, bit patterns) must be identical."""
+    got, want = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+    unwritten = int(np.sum(got == poison_value)) if poison_value is not None else 0
+    mismatched = int(np.sum(got != want)) if got.shape == want.shape else max(got.size, want.size)
+    return GoldenResult(family, kernel, case, "exact", 0.0, 0.0, unwritten, mismatched)
+
+
+def label(spec: KernelSpec, overrides: dict[str, int]) -> str:
+    if not overrides:
+        return spec.name
+    return f"{spec.name}[{','.join(f'{k}={v}' for k, v in sorted(overrides.items()))}]"
+
+
+@dataclasses.dataclass
+class GoldenContext:
+    device: Device
+    rng: np.random.Generator
+    size: str = "full"              # "quick" (browser rows, admission) or "full" (native CI)
+    model: object | None = None     # a webslm.Model: real weights to test on, when given
+    _compiled: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def quick(self) -> bool:
+        return self.size == "quick"
+
+    def variants(self, prefix: str) -> list[KernelSpec]:
+        """Registered kernels whose name starts with prefix and that this device can run."""
+        return [spec for name, spec in sorted(KERNELS.items())
+                if name.startswith(prefix) and spec.runs_on(self.device.features)]
+
+    async def kernel(self, name: str, **overrides: int) -> CompiledKernel:
+        key = (name, tuple(sorted(overrides.items())))
+        if key not in self._compiled:
+            self._compiled[key] = await compile_kernel(self.device, name, **overrides)
+        return self._compiled[key]
+
+
+GoldenFamily = Callable[[GoldenContext], Awaitable[list[GoldenResult]]]
+FAMILIES: dict[str, GoldenFamily] = {}
+
+
+def golden(family: str) -> Callable[[GoldenFamily], GoldenFamily]:
+    def register(fn: GoldenFamily) -> GoldenFamily:
+        if family in FAMILIES:
+            raise ValueError(f"golden family {family!r} registered twice")
+        FAMILIES[family] = fn
+        return fn
+    return register
+
+
+async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
+                  families: list[str] | None = None) -> dict:
+    """Every registered family (or the named ones) on one device; a JSON-able report."""
+    from . import FAMILY_MODULES  # noqa: F401  (importing the package registers every family)
+    if size not in ("quick", "full"):
+        raise ValueError(f"size must be 'quick' or 'full', not {size!r}")
+    unknown = sorted(set(families or ()) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"no golden family named {unknown}; known: {sorted(FAMILIES)}")
+    report = {"size": size, "seed": seed, "families": {}}
+    for name in families or sorted(FAMILIES):
+        started = time.perf_counter()
+        context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model)
+        results = await FAMILIES[name](context)
+        report["families"][name] = {
+            "seconds": round(time.perf_counter() - started, 3),
+            "results": [r.as_dict() for r in results],
+        }
+    every = [r for f in report["families"].values() for r in f["results"]]
+    report["cases"] = len(every)
+    report["failed"] = [r for r in every if not r["passed"]]
+    report["passed"] = bool(every) and not report["failed"]
+    return report

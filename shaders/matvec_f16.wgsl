@@ -1,0 +1,36 @@
+// Decode mat-vec weights in f16 (docs/slm-format.md), for matvec_main.wgsl.
+//
+//   w  [rows][row_words] u32   two f16 per word; rows padded to whole words
+//   x  [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
+//
+// A unit is 8 values (4 words), read as four scalar words because a row's start is only
+// 4-byte aligned. Values at k >= cols (the row's padding, or the next row's first values
+// in the last unit) are masked to 0 before the multiply. f16 -> f32 is exact, so this
+// needs no shader-f16 feature and runs on every tier.
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
+    let k0 = u * 8u;
+    let x0 = x_quad(m, k0);
+    let x1 = x_quad(m, k0 + 4u);
+    let k_lo = vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let cols = vec4<u32>(params.cols);
+
+    var out = vec4<f32>(0.0);
+    for (var r = 0u; r < ROWS; r++) {
+        let row = first_row + r;
+        if (row < params.rows) {
+            let base = row * params.row_words + u * 4u;
+            let last = row * params.row_words + params.row_words - 1u;
+            let w0 = vec4<f32>(unpack2x16float(w[min(base, last)]), unpack2x16float(w[min(base + 1u, last)]));
+            let w1 = vec4<f32>(unpack2x16float(w[min(base + 2u, last)]), unpack2x16float(w[min(base + 3u, last)]));
+            out[r] = dot(select(vec4<f32>(0.0), w0, k_lo < cols), x0)
+                   + dot(select(vec4<f32>(0.0), w1, k_lo + vec4<u32>(4u) < cols), x1);
+        }
+    }
+    return out;
+}

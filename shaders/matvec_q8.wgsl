@@ -1,0 +1,44 @@
+// Decode mat-vec weights in q8 (docs/slm-format.md), for matvec_main.wgsl.
+//
+//   codes  [rows][units] vec4<u32>   a unit is 16 signed codes (4 words of 4)
+//   scales [rows * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words
+//   x      [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
+//
+// value = s * code; per unit: s * sum_k c_k x_k (a unit never straddles two blocks).
+
+override BLOCK: u32 = 32u;        // codes per scale block: 32, 64, 128, 256
+override SCALE_F16: bool = true;  // scales stored as f16, else f32
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> codes: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> scales: array<u32>;
+@group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+fn scale_at(index: u32) -> f32 {
+    if (SCALE_F16) {
+        return f16_element(scales[index >> 1u], index);
+    }
+    return bitcast<f32>(scales[index]);
+}
+
+fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
+    let k0 = u * 16u;
+    let x0 = x_quad(m, k0);
+    let x1 = x_quad(m, k0 + 4u);
+    let x2 = x_quad(m, k0 + 8u);
+    let x3 = x_quad(m, k0 + 12u);
+    let block = k0 / BLOCK;
+
+    var out = vec4<f32>(0.0);
+    for (var r = 0u; r < ROWS; r++) {
+        let row = first_row + r;
+        if (row < params.rows) {
+            let c = codes[row * params.units + u];
+            let cx = (dot(q8_values(c.x), x0) + dot(q8_values(c.y), x1))
+                   + (dot(q8_values(c.z), x2) + dot(q8_values(c.w), x3));
+            out[r] = scale_at(row * params.blocks + block) * cx;
+        }
+    }
+    return out;
+}

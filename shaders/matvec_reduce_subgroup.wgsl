@@ -1,0 +1,35 @@
+// Row sums for the decode mat-vec kernels through subgroup operations (tier C only).
+//
+// Every invocation holds partial sums for the same ROWS rows, so one subgroupAdd per row
+// is correct however the device groups invocations into subgroups: no assumption about
+// subgroup size or about which invocations share a subgroup. Each subgroup's elected
+// invocation (the first active one: subgroupBroadcastFirst of the invocation index equals
+// its own index in exactly one invocation; naga has no subgroupElect) then takes a slot with a workgroup atomic and stores its sums there; after one
+// barrier, invocation r < ROWS adds the slots of row r. The slot counter is reset
+// explicitly (behind a barrier) rather than trusting workgroup memory's zero
+// initialization: lavapipe was seen carrying the counter over from an earlier workgroup.
+
+var<workgroup> subgroup_sums: array<f32, 4 * WG>;   // [ROWS <= 4][slot < number of subgroups]
+var<workgroup> subgroups_stored: atomic<u32>;
+
+fn row_sums(acc: vec4<f32>, lane: u32) -> f32 {
+    if (lane == 0u) {
+        atomicStore(&subgroups_stored, 0u);
+    }
+    workgroupBarrier();
+    let sums = vec4<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y), subgroupAdd(acc.z), subgroupAdd(acc.w));
+    if (subgroupBroadcastFirst(lane) == lane) {
+        let slot = atomicAdd(&subgroups_stored, 1u);
+        for (var r = 0u; r < ROWS; r++) {
+            subgroup_sums[r * WG + slot] = sums[r];
+        }
+    }
+    workgroupBarrier();
+    let slots = atomicLoad(&subgroups_stored);
+    let row = min(lane, ROWS - 1u);
+    var total = 0.0;
+    for (var slot = 0u; slot < slots; slot++) {
+        total += subgroup_sums[row * WG + slot];
+    }
+    return total;
+}
