@@ -6,10 +6,10 @@ roofline measured in the same run.
 What one row means
 - A kernel variant (the one the host code would choose for this device) on one named shape
   (the family's BENCH_SHAPES: SmolLM2-135M, Llama-3.2-1B and Llama-3-8B layers).
-- `us`: GPU time per dispatch, warm: the median over 5 rounds of (time from submit to the
+- `us`: GPU time per dispatch (per instance for multi-pass kernels), warm: the median over 5 rounds of (time from submit to the
   completion of a small readback) / dispatches in the round. Encoding happens before the
   submit, so Python's encode cost is not in it; the readback's latency is, amortized over
-  rounds of >= 20 ms. `cold_us` is one dispatch alone right after compilation.
+  rounds of >= 50 ms, after 0.3 s of the same work to bring the clocks up. `cold_us` is one dispatch alone right after compilation.
 - Each round cycles through enough distinct copies of the buffers that the working set
   exceeds 512 MiB (at most 256 copies), so weights come from memory, not from the H200's
   ~50 MiB L2. `working_set_mib` says how big it was; smaller than ~200 MiB means caches
@@ -40,13 +40,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
 from webslm.kernels import FAMILY_MODULES, runner  # noqa: E402
-from webslm.kernels.registry import compile_kernel  # noqa: E402
+from webslm.kernels.registry import KERNELS, compile_kernel  # noqa: E402
 from webslm.webgpu.native import NativeGpu  # noqa: E402
 
 MiB = 1 << 20
 WORKING_SET = 512 * MiB
 MAX_COPIES = 256
-ROUND_SECONDS = 0.02
+ROUND_SECONDS = 0.05
+WARMUP_SECONDS = 0.3     # the H200 idles at a low SM clock; raise it before timing
 
 
 async def open_device(gpu):
@@ -82,16 +83,22 @@ async def measure(device, prepare, bytes_per_instance: int, quick: bool) -> dict
     instances = [await prepare() for _ in range(copies)]
     try:
         sync = instances[-1].outputs[-1][0]
-        dispatches = [p.dispatch for p in instances]
+        # a multi-pass kernel (logits) lists its passes in `dispatches`; they stay in order
+        dispatches = [d for p in instances for d in (getattr(p, "dispatches", None) or [p.dispatch])]
+        passes = len(dispatches) // len(instances)
         started = time.perf_counter()
-        device.submit([dispatches[0]])
+        device.submit(dispatches[:passes])
         await device.read_buffer(sync, 0, 4)
         cold = time.perf_counter() - started
         estimate = min(await time_rounds(device, dispatches, sync, len(dispatches), rounds=2))
         count = max(len(dispatches), int(ROUND_SECONDS / max(estimate, 1e-7)))
         count = min(count, 20_000) if not quick else min(count, 50)
-        seconds = statistics.median(await time_rounds(device, dispatches, sync, count, rounds=3 if quick else 5))
-        return {"us": seconds * 1e6, "cold_us": cold * 1e6, "copies": copies,
+        count = max(passes, count // passes * passes)
+        if not quick:
+            await time_rounds(device, dispatches, sync, count, rounds=max(1, int(WARMUP_SECONDS / ROUND_SECONDS)))
+        seconds = passes * statistics.median(
+            await time_rounds(device, dispatches, sync, count, rounds=3 if quick else 5))
+        return {"us": seconds * 1e6, "passes": passes, "cold_us": cold * 1e6, "copies": copies,
                 "dispatches_per_round": count,
                 "working_set_mib": round(copies * bytes_per_instance / MiB, 1),
                 "cache_resident": copies * bytes_per_instance < 200 * MiB,
@@ -101,9 +108,11 @@ async def measure(device, prepare, bytes_per_instance: int, quick: bool) -> dict
             p.release(device)
 
 
-async def copy_roofline(device, quick: bool) -> dict:
-    """The copy kernel over a buffer far larger than any cache: GB/s of bytes read + written."""
-    size = (16 if quick else 256) * MiB
+async def copy_roofline(device, quick: bool, total_bytes: int | None = None) -> dict:
+    """The copy kernel over a buffer far larger than any cache: GB/s of bytes read + written.
+    With total_bytes: a copy moving that many bytes (read + written), the same-size
+    denominator for a kernel whose dispatches are too short to reach the big copy's rate."""
+    size = (16 if quick else 256) * MiB if total_bytes is None else max(16, total_bytes // 2 // 16 * 16)
     limit = device.limits["maxStorageBufferBindingSize"]
     size = min(size, limit // 16 * 16)
     kernel = await compile_kernel(device, "copy_vec4", WG=256)
@@ -121,19 +130,23 @@ async def copy_roofline(device, quick: bool) -> dict:
 
 
 async def bench_family(device, module, quick: bool, copy_gbps: float, only: set[str] | None,
-                       names_override: list[str] | None = None) -> list[dict]:
+                       names_override: list[str] | None = None, same_size_copy: bool = False) -> list[dict]:
     rows = []
     shapes = module.BENCH_SHAPES
-    names = names_override or getattr(module, "BENCH_NAMES", None) or [None]
+    names = names_override or bench_names(module)
     for shape_name, shape in shapes.items():
         if quick and shape.get("big", False):
             continue
         for name in names:
-            variant = name or shape.get("variant")
+            variant = name or shape.get("kernel")
             if only and variant not in only and shape_name not in only:
                 continue
             rng = np.random.default_rng(0)
-            probe = await module.prepare_bench(device, variant, shape, rng)
+            try:
+                probe = await module.prepare_bench(device, variant, shape, rng)
+            except ValueError as exc:       # e.g. a decode kernel offered a prefill shape
+                print(f"skip {variant} on {shape_name}: {exc}", flush=True)
+                continue
             bytes_per_instance = sum(_size(b) for b in probe.buffers)
             probe.release(device)
 
@@ -142,12 +155,28 @@ async def bench_family(device, module, quick: bool, copy_gbps: float, only: set[
             result = await measure(device, prepare, bytes_per_instance, quick)
             result["gbps"] = result["bytes_moved"] / result["us"] / 1e3
             result["of_copy"] = result["gbps"] / copy_gbps
+            if same_size_copy:
+                same = await copy_roofline(device, quick, total_bytes=result["bytes_moved"])
+                result["copy_same_bytes_gbps"] = same["gbps"]
+                result["of_copy_same_bytes"] = result["gbps"] / same["gbps"]
             if result["flops"]:
                 result["gflops"] = result["flops"] / result["us"] / 1e3
             row = {"family": module.__name__.rsplit(".", 1)[1], "kernel": variant, "shape": shape_name, **result}
             rows.append(row)
             print(_line(row), flush=True)
     return rows
+
+
+def bench_names(module) -> list:
+    """The variants a family benchmarks: its BENCH_NAMES or BENCH_KERNELS if it states them,
+    else every registered kernel from its own shader file that this family module defines
+    (None: the shape names its kernel)."""
+    for attribute in ("BENCH_NAMES", "BENCH_KERNELS"):
+        if hasattr(module, attribute):
+            return list(getattr(module, attribute))
+    family = module.__name__.rsplit(".", 1)[1]
+    names = [name for name in KERNELS if name.startswith(family) or name.startswith(f"rms_{family}")]
+    return names or [None]
 
 
 def _size(buffer) -> int:
@@ -157,6 +186,8 @@ def _size(buffer) -> int:
 def _line(row: dict) -> str:
     extra = f"  {row['gflops']:8.1f} GFLOP/s" if row.get("gflops") else ""
     ratio = f"  {row['of_copy']:5.2f}x copy" if "of_copy" in row else ""
+    if "of_copy_same_bytes" in row:
+        ratio += f" ({row['of_copy_same_bytes']:4.2f}x a {row['copy_same_bytes_gbps']:.0f} GB/s copy of its size)"
     cached = "  (cache-resident)" if row.get("cache_resident") else ""
     return (f"{row['family']:10s} {row['kernel']:24s} {row['shape']:30s} {row['us']:9.2f} us "
             f"{row['gbps']:8.1f} GB/s{ratio}{extra}{cached}")
@@ -180,7 +211,10 @@ async def main(args) -> dict:
         if not hasattr(module, "BENCH_SHAPES"):
             continue
         names = args.names.split(",") if args.names and len(families) == 1 else None
-        report["rows"] += await bench_family(device, module, args.quick, copy["gbps"], only, names)
+        report["rows"] += await bench_family(device, module, args.quick, copy["gbps"], only, names,
+                                             args.same_size_copy)
+        if args.out:                                   # keep what is done if a later family fails
+            args.out.write_text(json.dumps(report, indent=1))
     device.destroy()
     return report
 
@@ -190,9 +224,16 @@ if __name__ == "__main__":
     parser.add_argument("--families", help="comma-separated family modules (default: all)")
     parser.add_argument("--only", help="comma-separated variant or shape names")
     parser.add_argument("--names", help="with one family: comma-separated variant names to bench")
+    parser.add_argument("--same-size-copy", action="store_true",
+                        help="also time a copy moving each row's bytes (the same-size roofline)")
     parser.add_argument("--quick", action="store_true", help="few copies and dispatches (software adapters)")
     parser.add_argument("--out", type=pathlib.Path, help="write the JSON report here")
+    parser.add_argument("--working-set-mib", type=int, default=512,
+                        help="distinct buffers per round at least this big (defeats the L2)")
     args = parser.parse_args()
+    WORKING_SET = args.working_set_mib * MiB
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     report = asyncio.run(main(args))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

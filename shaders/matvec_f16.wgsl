@@ -13,24 +13,23 @@
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
-    let k0 = u * 8u;
-    let x0 = x_quad(m, k0);
-    let x1 = x_quad(m, k0 + 4u);
-    let k_lo = vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u);
-    let cols = vec4<u32>(params.cols);
+// A unit of x: 8 activations.
+struct UnitX {
+    q: array<vec4<f32>, 2>,
+}
 
-    var out = vec4<f32>(0.0);
-    for (var r = 0u; r < ROWS; r++) {
-        let row = first_row + r;
-        if (row < params.rows) {
-            let base = row * params.row_words + u * 4u;
-            let last = row * params.row_words + params.row_words - 1u;
-            let w0 = vec4<f32>(unpack2x16float(w[min(base, last)]), unpack2x16float(w[min(base + 1u, last)]));
-            let w1 = vec4<f32>(unpack2x16float(w[min(base + 2u, last)]), unpack2x16float(w[min(base + 3u, last)]));
-            out[r] = dot(select(vec4<f32>(0.0), w0, k_lo < cols), x0)
-                   + dot(select(vec4<f32>(0.0), w1, k_lo + vec4<u32>(4u) < cols), x1);
-        }
-    }
-    return out;
+fn load_x(u: u32, m: u32) -> UnitX {
+    return UnitX(array<vec4<f32>, 2>(x_quad(m, u * 8u), x_quad(m, u * 8u + 4u)));
+}
+
+// Row `row`'s share of unit u, values past cols masked.
+fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
+    let k_lo = vec4<u32>(u * 8u) + vec4<u32>(0u, 1u, 2u, 3u);
+    let cols = vec4<u32>(params.cols);
+    let base = row * params.row_words + u * 4u;
+    let last = row * params.row_words + params.row_words - 1u;
+    let w0 = vec4<f32>(unpack2x16float(w[min(base, last)]), unpack2x16float(w[min(base + 1u, last)]));
+    let w1 = vec4<f32>(unpack2x16float(w[min(base + 2u, last)]), unpack2x16float(w[min(base + 3u, last)]));
+    return dot(select(vec4<f32>(0.0), w0, k_lo < cols), xu.q[0])
+         + dot(select(vec4<f32>(0.0), w1, k_lo + vec4<u32>(4u) < cols), xu.q[1]);
 }

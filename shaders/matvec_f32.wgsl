@@ -10,20 +10,21 @@
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 
-fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
-    let k0 = u * 4u;
-    let xq = x_quad(m, k0);
-    let inside = (vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u)) < vec4<u32>(params.cols);
+// A unit of x: 4 activations.
+struct UnitX {
+    q: vec4<f32>,
+}
 
-    var out = vec4<f32>(0.0);
-    for (var r = 0u; r < ROWS; r++) {
-        let row = first_row + r;
-        if (row < params.rows) {
-            let base = row * params.cols + k0;
-            let last = row * params.cols + params.cols - 1u;
-            let wq = vec4<f32>(w[min(base, last)], w[min(base + 1u, last)], w[min(base + 2u, last)], w[min(base + 3u, last)]);
-            out[r] = dot(select(vec4<f32>(0.0), wq, inside), xq);
-        }
-    }
-    return out;
+fn load_x(u: u32, m: u32) -> UnitX {
+    return UnitX(x_quad(m, u * 4u));
+}
+
+// Row `row`'s share of unit u, values past cols masked.
+fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
+    let k0 = u * 4u;
+    let inside = (vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u)) < vec4<u32>(params.cols);
+    let base = row * params.cols + k0;
+    let last = row * params.cols + params.cols - 1u;
+    let wq = vec4<f32>(w[min(base, last)], w[min(base + 1u, last)], w[min(base + 2u, last)], w[min(base + 3u, last)]);
+    return dot(select(vec4<f32>(0.0), wq, inside), xu.q);
 }

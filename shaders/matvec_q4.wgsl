@@ -35,31 +35,40 @@ fn min_at(index: u32) -> f32 {
     return bitcast<f32>(mins[index]);
 }
 
-fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
-    let k0 = u * 32u;
-    var xs: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        xs[j] = x_quad(m, k0 + 4u * j);
-    }
-    let x_total = dot((xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]), vec4<f32>(1.0));
-    let block = k0 / BLOCK;
+// A unit of x: 32 activations, and their sum (for the zero part of the factored form).
+struct UnitX {
+    q: array<vec4<f32>, 8>,
+    total: f32,
+}
 
-    var out = vec4<f32>(0.0);
-    for (var r = 0u; r < ROWS; r++) {
-        let row = first_row + r;
-        if (row < params.rows) {
-            let c = codes[row * params.units + u];
-            let cx = (dot(q4_low(c.x), xs[0]) + dot(q4_high(c.x), xs[1]))
-                   + (dot(q4_low(c.y), xs[2]) + dot(q4_high(c.y), xs[3]))
-                   + (dot(q4_low(c.z), xs[4]) + dot(q4_high(c.z), xs[5]))
-                   + (dot(q4_low(c.w), xs[6]) + dot(q4_high(c.w), xs[7]));
-            let b = row * params.blocks + block;
-            if (ZERO_MIN) {
-                out[r] = scale_at(b) * cx + min_at(b) * x_total;
-            } else {
-                out[r] = scale_at(b) * (cx - 8.0 * x_total);
-            }
+fn load_x(u: u32, m: u32) -> UnitX {
+    var xu: UnitX;
+    let k0 = u * 32u;
+    if (k0 + 32u <= params.cols) {      // every unit but a partial last one: plain loads
+        let base = m * (params.x_stride / 4u) + u * 8u;
+        for (var j = 0u; j < 8u; j++) {
+            xu.q[j] = x[base + j];
+        }
+    } else {
+        for (var j = 0u; j < 8u; j++) {
+            xu.q[j] = x_quad(m, k0 + 4u * j);
         }
     }
-    return out;
+    let q = xu.q;
+    xu.total = dot(((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7])), vec4<f32>(1.0));
+    return xu;
+}
+
+// Row `row`'s share of unit u: s * sum(c x) + zero part, for the factored form above.
+fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
+    let c = codes[row * params.units + u];
+    let cx = (dot(q4_low(c.x), xu.q[0]) + dot(q4_high(c.x), xu.q[1]))
+           + (dot(q4_low(c.y), xu.q[2]) + dot(q4_high(c.y), xu.q[3]))
+           + (dot(q4_low(c.z), xu.q[4]) + dot(q4_high(c.z), xu.q[5]))
+           + (dot(q4_low(c.w), xu.q[6]) + dot(q4_high(c.w), xu.q[7]));
+    let b = row * params.blocks + u * 32u / BLOCK;
+    if (ZERO_MIN) {
+        return scale_at(b) * cx + min_at(b) * xu.total;
+    }
+    return scale_at(b) * (cx - 8.0 * xu.total);
 }

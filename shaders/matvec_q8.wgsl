@@ -22,23 +22,31 @@ fn scale_at(index: u32) -> f32 {
     return bitcast<f32>(scales[index]);
 }
 
-fn unit_dot(u: u32, m: u32, first_row: u32) -> vec4<f32> {
-    let k0 = u * 16u;
-    let x0 = x_quad(m, k0);
-    let x1 = x_quad(m, k0 + 4u);
-    let x2 = x_quad(m, k0 + 8u);
-    let x3 = x_quad(m, k0 + 12u);
-    let block = k0 / BLOCK;
+// A unit of x: 16 activations.
+struct UnitX {
+    q: array<vec4<f32>, 4>,
+}
 
-    var out = vec4<f32>(0.0);
-    for (var r = 0u; r < ROWS; r++) {
-        let row = first_row + r;
-        if (row < params.rows) {
-            let c = codes[row * params.units + u];
-            let cx = (dot(q8_values(c.x), x0) + dot(q8_values(c.y), x1))
-                   + (dot(q8_values(c.z), x2) + dot(q8_values(c.w), x3));
-            out[r] = scale_at(row * params.blocks + block) * cx;
+fn load_x(u: u32, m: u32) -> UnitX {
+    var xu: UnitX;
+    let k0 = u * 16u;
+    if (k0 + 16u <= params.cols) {
+        let base = m * (params.x_stride / 4u) + u * 4u;
+        for (var j = 0u; j < 4u; j++) {
+            xu.q[j] = x[base + j];
+        }
+    } else {
+        for (var j = 0u; j < 4u; j++) {
+            xu.q[j] = x_quad(m, k0 + 4u * j);
         }
     }
-    return out;
+    return xu;
+}
+
+// Row `row`'s share of unit u.
+fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
+    let c = codes[row * params.units + u];
+    let cx = (dot(q8_values(c.x), xu.q[0]) + dot(q8_values(c.y), xu.q[1]))
+           + (dot(q8_values(c.z), xu.q[2]) + dot(q8_values(c.w), xu.q[3]));
+    return scale_at(row * params.blocks + u * 16u / BLOCK) * cx;
 }

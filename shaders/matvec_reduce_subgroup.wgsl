@@ -4,20 +4,24 @@
 // is correct however the device groups invocations into subgroups: no assumption about
 // subgroup size or about which invocations share a subgroup. Each subgroup's elected
 // invocation (the first active one: subgroupBroadcastFirst of the invocation index equals
-// its own index in exactly one invocation; naga has no subgroupElect) then takes a slot with a workgroup atomic and stores its sums there; after one
-// barrier, invocation r < ROWS adds the slots of row r. The slot counter is reset
-// explicitly (behind a barrier) rather than trusting workgroup memory's zero
-// initialization: lavapipe was seen carrying the counter over from an earlier workgroup.
+// its own index in exactly one invocation; naga has no subgroupElect) then takes a slot
+// with a workgroup atomic and stores its sums there; after one barrier, invocation
+// r < ROWS adds the slots of row r. The slot counter is reset explicitly (behind a
+// barrier) rather than trusting workgroup memory's zero initialization: lavapipe was seen
+// carrying the counter over from an earlier workgroup.
 
-var<workgroup> subgroup_sums: array<f32, 4 * WG>;   // [ROWS <= 4][slot < number of subgroups]
+var<workgroup> subgroup_sums: array<f32, 8 * WG>;   // [ROWS <= 8][slot < number of subgroups]
 var<workgroup> subgroups_stored: atomic<u32>;
 
-fn row_sums(acc: vec4<f32>, lane: u32) -> f32 {
+fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
     if (lane == 0u) {
         atomicStore(&subgroups_stored, 0u);
     }
     workgroupBarrier();
-    let sums = vec4<f32>(subgroupAdd(acc.x), subgroupAdd(acc.y), subgroupAdd(acc.z), subgroupAdd(acc.w));
+    var sums: array<f32, 8>;
+    for (var r = 0u; r < ROWS; r++) {
+        sums[r] = subgroupAdd(row_partial(rows_0_3, rows_4_7, r));
+    }
     if (subgroupBroadcastFirst(lane) == lane) {
         let slot = atomicAdd(&subgroups_stored, 1u);
         for (var r = 0u; r < ROWS; r++) {

@@ -1,14 +1,14 @@
 // Row sums for the decode mat-vec kernels through workgroup memory (every tier).
 //
-// Every invocation of a mat-vec workgroup holds partial sums for the same ROWS rows (one
-// per component of `acc`). Here they are added in a tree: log2(WG) steps, each behind a
-// barrier that every invocation reaches. Afterwards invocation r < ROWS returns row r's sum.
+// Every invocation of a mat-vec workgroup holds partial sums for the same ROWS rows. Here
+// they are added in a tree: log2(WG) steps, each behind a barrier that every invocation
+// reaches. Afterwards invocation r < ROWS returns row r's sum.
 
-var<workgroup> row_partials: array<f32, 4 * WG>;   // [ROWS <= 4][WG]
+var<workgroup> row_partials: array<f32, 8 * WG>;   // [ROWS <= 8][WG]
 
-fn row_sums(acc: vec4<f32>, lane: u32) -> f32 {
+fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
     for (var r = 0u; r < ROWS; r++) {
-        row_partials[r * WG + lane] = acc[r];
+        row_partials[r * WG + lane] = row_partial(rows_0_3, rows_4_7, r);
     }
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {

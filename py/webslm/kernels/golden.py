@@ -23,12 +23,16 @@ import numpy as np
 from ..webgpu.interface import Device
 from .registry import KERNELS, CompiledKernel, KernelSpec, compile_kernel
 
-F32_UNIT_ROUNDOFF = 2.0 ** -24
+# The unit roundoff the bounds use. IEEE round-to-nearest would give 2^-24, but WGSL lets
+# "correctly rounded" f32 operations round to either neighbour of the exact result, so one
+# rounding may cost a whole ulp: u = 2^-23 keeps every bound valid on every implementation.
+F32_UNIT_ROUNDOFF = 2.0 ** -23
 F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def gamma(n: int) -> float:
-    """Higham's gamma(n) = n u / (1 - n u): the relative bound for n f32 roundings."""
+    """Higham's gamma(n) = n u / (1 - n u): the relative bound for n f32 roundings
+    (u = F32_UNIT_ROUNDOFF)."""
     return n * F32_UNIT_ROUNDOFF / (1 - n * F32_UNIT_ROUNDOFF)
 
 

@@ -34,8 +34,9 @@ from .registry import KERNELS, KernelSpec, compile_kernel, register
 ENCODINGS = ("q4", "q8", "f16", "f32")
 UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4}   # weights one invocation step covers
 WEIGHT_BINDINGS = {"q4": 3, "q8": 2, "f16": 1, "f32": 1}    # codes+scales(+mins) or data
-WORKGROUP_SIZES = (64, 128, 256)
-ROWS_PER_WORKGROUP = (1, 2, 4)
+WORKGROUP_SIZES = (32, 64, 128, 256)
+ROWS_PER_WORKGROUP = (1, 2, 4, 8)
+UNITS_PER_INVOCATION = 4
 
 
 def kernel_name(encoding: str, subgroups: bool) -> str:
@@ -135,11 +136,14 @@ def quantized(w: np.ndarray, encoding: str, block: int = 32, zero: str = "min",
     return MatvecWeights(encoding, rows, cols, (encode(w)["data"],))
 
 
-def choose_kernel(device: Device, weights: MatvecWeights, workgroup: int = 128,
+def choose_kernel(device: Device, weights: MatvecWeights, workgroup: int | None = None,
                   rows_per_group: int = 4) -> tuple[str, dict[str, int]]:
-    """The variant and overrides for this device: subgroup sums when the device has them,
-    the largest allowlisted workgroup <= `workgroup` that its limits admit."""
-    ceiling = min(workgroup, device.limits["maxComputeInvocationsPerWorkgroup"],
+    """The variant and overrides for this device: subgroup sums when the device has them; a
+    workgroup size that gives each invocation about UNITS_PER_INVOCATION units (the
+    reduction after the loop costs about as much as a few units, measured on the H200:
+    docs/RESULTS.md), unless `workgroup` asks for one; never more than the limits admit."""
+    wanted = workgroup or max(32, weights.units // UNITS_PER_INVOCATION)
+    ceiling = min(wanted, device.limits["maxComputeInvocationsPerWorkgroup"],
                   device.limits["maxComputeWorkgroupSizeX"])
     fitting = [size for size in WORKGROUP_SIZES if size <= ceiling]
     if not fitting:
@@ -329,8 +333,8 @@ async def golden_matvec(ctx: GoldenContext) -> list[GoldenResult]:
     workgroup-memory reduction; the random cases also on every workgroup shape (full)."""
     results = []
     variants = {spec.name for spec in ctx.variants("matvec_")}
-    default = [(128, 4)]
-    every_shape = default if ctx.quick else default + [(64, 1), (256, 2)]
+    default = [(None, 4)]
+    every_shape = default if ctx.quick else default + [(32, 8), (64, 1), (256, 2)]
     for case, weights, x in _cases(ctx):
         exact, bound, rule = oracle(weights, x)
         for subgroups in (False, True):
