@@ -1,0 +1,195 @@
+"""The prefill GEMM family (kernels/gemm.py) on wgpu-native: golden suite and host checks."""
+import json
+import pathlib
+import time
+
+import numpy as np
+import pytest
+
+from webslm.kernels import gemm, golden
+from webslm.kernels.gemm import GemmError, GemmWeights, Tile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SLM = ROOT / ".assets/site/models/smollm2-135m-instruct-q4.slm"
+
+CORE = {"maxComputeInvocationsPerWorkgroup": 256, "maxComputeWorkgroupSizeX": 256,
+        "maxComputeWorkgroupStorageSize": 16384, "maxComputeWorkgroupsPerDimension": 65535,
+        "maxStorageBufferBindingSize": 128 << 20}
+COMPAT = {**CORE, "maxComputeInvocationsPerWorkgroup": 128, "maxComputeWorkgroupSizeX": 128}
+ROOMY = {**CORE, "maxComputeWorkgroupStorageSize": 32768}
+
+
+def _failures(report):
+    return [f"{r['kernel']} | {r['case']}: over={r['error_over_tolerance']:.3g} "
+            f"unwritten={r['unwritten']} mismatched={r['mismatched']}" for r in report["failed"]]
+
+
+@pytest.mark.parametrize("size", ["full", "quick"])
+def test_golden_gemm_passes(native_device, run, size):
+    model = None
+    if size == "full" and SLM.is_file():
+        import webslm
+        model = webslm.open_model(SLM)
+    started = time.perf_counter()
+    report = run(golden.run_all(native_device, size, model=model, seed=3, families=["gemm"]))
+    seconds = time.perf_counter() - started
+    results = report["families"]["gemm"]["results"]
+    print(f"gemm {size}: {len(results)} cases in {seconds:.1f} s")
+    for line in _failures(report):
+        print("FAILED", line)
+    assert report["passed"], json.dumps(_failures(report), indent=1)
+    assert any(r["kernel"] == "oracle" for r in results)
+    if model is not None:
+        assert any(r["case"].startswith("real blk.0.ffn_up") for r in results)
+
+
+def test_every_tile_is_exercised_by_the_full_suite():
+    cases = list(gemm._cases(golden.GoldenContext(None, np.random.default_rng(0), "full")))
+    assert set(gemm.TILES.values()) <= {case.tile for case in cases}
+    shapes = {(case.x.shape[0], case.weights.rows, case.weights.cols) for case in cases}
+    assert {m for m, _, _ in shapes} >= {2, 3, 17, 67, 129}
+    assert any(k % 32 and k > 32 for _, _, k in shapes)                 # partial last block
+    assert (3, 1, 1) in shapes                                          # single element
+    encodings = {(c.weights.encoding, c.weights.block, c.weights.zero, c.weights.scale_type) for c in cases}
+    assert {b for e, b, *_ in encodings if e == "q4"} == {32, 64, 128, 256}
+    assert {b for e, b, *_ in encodings if e == "q8"} == {32, 64, 128, 256}
+    assert {"f16", "f32"} <= {e for e, *_ in encodings}
+    names = " ".join(case.name for case in cases)
+    for word in ("max codes", "min codes", "mixed codes", "constant rows", "alternating signs",
+                 "scale 6e-08", "scale 60000", "scale 1e-30", "scale 1e+30", "accumulate",
+                 "padding decodes to -inf", "strided"):
+        assert word in names, word
+
+
+def test_the_comparison_rejects_wrong_results():
+    rng = np.random.default_rng(5)
+    weights = gemm.random_parts(rng, "q4", 19, 97)
+    x = rng.standard_normal((17, 97)).astype(np.float32)
+    exact, bound, rule = gemm.oracle(weights, x)
+    assert golden.compare_bound("gemm", "k", "exact", exact.astype(np.float32), exact, bound, rule).passed
+    for what, wrong in gemm.wrong_results(weights, x).items():
+        assert not golden.compare_bound("gemm", "k", what, wrong, exact, bound, rule).passed, what
+    unwritten = exact.astype(np.float32)
+    unwritten[3, 4] = np.nan
+    assert golden.compare_bound("gemm", "k", "nan", unwritten, exact, bound, rule).unwritten == 1
+
+
+def test_decode64_matches_the_artifact_decoder():
+    rng = np.random.default_rng(6)
+    for enc, block, zero, st in gemm.CONFIGS:
+        w = GemmWeights.quantized(rng.standard_normal((5, 77)).astype(np.float32), enc, block or 32,
+                                  zero or "min", st or "f16")
+        decoded, magnitude = gemm.decode64(w)
+        from webslm.artifact import quant
+        descriptor = {"block_elements": block, "zero": zero, "scale_type": st} if block else None
+        reference = quant.dequantize(enc, (5, 77), descriptor, w.parts)
+        # the artifact decodes in f32: at most two roundings, relative to the magnitude
+        assert (np.abs(decoded - reference) <= golden.gamma(2) * magnitude).all(), (enc, block, zero, st)
+        assert (magnitude >= np.abs(decoded) * (1 - 1e-12)).all()
+
+
+# -- host-side validation --------------------------------------------------------------------
+
+def _q4(n=40, k=100):
+    return gemm.random_parts(np.random.default_rng(0), "q4", n, k)
+
+
+def test_plan_builds_params_and_grid():
+    p = gemm.plan(CORE, _q4(), 17)
+    assert p.kernel == "gemm_q4"
+    assert p.overrides["BLOCK"] == 32 and p.overrides["ZERO_MIN"] == 1 and p.overrides["SCALE_F16"] == 1
+    tiles_m = -(-17 // p.tile.tm)
+    tiles = tiles_m * -(-40 // p.tile.tn)
+    assert list(p.params[:7]) == [17, 40, 100, 100, 40, tiles_m, tiles]
+    assert p.grid == (tiles, 1, 1)
+    assert p.binding_bytes["x"] == (16 * 100 + 100) * 4 and p.binding_bytes["y"] == 17 * 40 * 4
+
+
+def test_tile_choice_follows_device_limits():
+    for limits in (CORE, COMPAT, ROOMY):
+        for m, n in [(2, 5), (17, 576), (128, 576), (512, 3072), (512, 28672)]:
+            tile = gemm.choose_tile(limits, m, n)
+            assert tile.admitted(limits)
+    assert all(gemm.choose_tile(COMPAT, m, 4096).invocations <= 128 for m in (17, 128, 512))
+    assert gemm.choose_tile(ROOMY, 512, 28672) == gemm.TILES["128x64"]    # big problem, roomy device
+    assert gemm.choose_tile(CORE, 512, 28672).workgroup_bytes <= 16384
+    assert gemm.choose_tile(CORE, 3, 64).tm == 32                          # short M: short tile
+    with pytest.raises(GemmError, match="tile-not-admitted"):
+        gemm.choose_tile({**CORE, "maxComputeInvocationsPerWorkgroup": 32}, 64, 64)
+    with pytest.raises(GemmError, match="tile-not-admitted"):
+        gemm.plan(COMPAT, _q4(), 64, tile=gemm.TILES["128x64"])
+
+
+@pytest.mark.parametrize("change, code", [
+    (dict(m=0), "dimension-mismatch"),
+    (dict(x_stride=102), "dimension-mismatch"),       # not a multiple of 4
+    (dict(x_stride=96), "dimension-mismatch"),        # shorter than K
+    (dict(y_stride=39), "dimension-mismatch"),
+    (dict(m=2 ** 26, x_stride=128), "offset-overflow"),
+    (dict(m=2 ** 16, x_stride=1024), "binding-too-large"),   # 256 MiB of x
+])
+def test_plan_rejects_bad_shapes(change, code):
+    args = dict(m=3, x_stride=100, y_stride=40) | change
+    with pytest.raises(GemmError, match=code):
+        gemm.plan(CORE, _q4(), args["m"], args["x_stride"], args["y_stride"])
+
+
+def test_plan_rejects_bad_weights():
+    w = _q4()
+    short = GemmWeights("q4", 40, 100, {**w.parts, "codes": w.parts["codes"][:-16]}, 32, "min", "f16")
+    with pytest.raises(GemmError, match="buffer-too-small"):
+        gemm.plan(CORE, short, 3)
+    no_mins = {"codes": w.parts["codes"], "scales": w.parts["scales"]}
+    missing = GemmWeights("q4", 40, 100, no_mins, 32, "min", "f16")
+    with pytest.raises(GemmError, match="buffer-too-small"):
+        gemm.plan(CORE, missing, 3)
+    for bad in (GemmWeights("q3", 4, 4, {}), GemmWeights("q4", 4, 64, {}, 48, "min", "f16"),
+                GemmWeights("q4", 4, 64, {}, 32, "none", "f16"), GemmWeights("q8", 4, 64, {}, 32, None, "bf16")):
+        with pytest.raises(GemmError, match="bad-encoding"):
+            gemm.plan(CORE, bad, 3)
+    with pytest.raises(GemmError, match="too-many-workgroups"):
+        gemm.plan({**CORE, "maxComputeWorkgroupsPerDimension": 4}, _q4(n=4000), 500)
+
+
+def test_check_bindings_compares_bound_sizes():
+    p = gemm.plan(CORE, _q4(), 3)
+    gemm.check_bindings(p, dict(p.binding_bytes))
+    with pytest.raises(GemmError, match="buffer-too-small"):
+        gemm.check_bindings(p, {**p.binding_bytes, "scales": p.binding_bytes["scales"] - 4})
+
+
+def test_gemm_rejects_activation_shape_before_dispatch(native_device, run):
+    with pytest.raises(GemmError, match="dimension-mismatch"):
+        run(gemm.gemm(native_device, _q4(), np.zeros((3, 99), np.float32)))
+
+
+def test_tiles_fit_their_advertised_budgets():
+    assert gemm.TILES["64x64"].workgroup_bytes == 16384 and gemm.TILES["64x64"].invocations == 128
+    assert gemm.TILES["32x32"].workgroup_bytes == 8192 and gemm.TILES["32x32"].invocations == 64
+    spec = gemm.KERNELS["gemm_q4"]
+    for tile in gemm.TILES.values():
+        spec.check_overrides(tile.overrides())
+    assert Tile(16, 16, 8).tm == 128 and Tile(16, 16, 8).tn == 64
+
+
+def test_bench_hook_covers_the_requested_shapes():
+    shapes = gemm.BENCH_SHAPES
+    assert {s["m"] for s in shapes.values()} == {128, 512}
+    assert {(s["n"], s["k"]) for s in shapes.values()} >= {(576, 576), (3072, 576), (576, 1536),
+                                                          (2048, 2048), (16384, 2048), (2048, 8192),
+                                                          (4096, 4096), (28672, 4096), (4096, 14336)}
+    encodings = {(s["encoding"], s["block"], s["scale_type"]) for s in shapes.values()}
+    assert encodings == {("q4", 32, "f16"), ("q8", 32, "f16")}
+
+
+def test_prepare_bench_runs_a_small_shape(native_device, run):
+    shape = {"m": 33, "n": 70, "k": 96, "encoding": "q8", "block": 32, "zero": None, "scale_type": "f16"}
+    prepared = run(gemm.prepare_bench(native_device, "gemm_q8", shape, np.random.default_rng(0)))
+    try:
+        assert prepared.flops == 2 * 33 * 70 * 96
+        assert prepared.bytes_moved == 70 * 96 + 70 * 3 * 2 + 33 * 96 * 4 + 33 * 70 * 4
+        native_device.submit([prepared.dispatch])
+        (y,) = run(prepared.read_outputs(native_device))
+        assert np.isfinite(y).all()
+    finally:
+        prepared.release(native_device)
