@@ -33,6 +33,13 @@ export const REQUESTS = Object.freeze({
   },
   "resource-log": {},
   "sampler-check": {},
+  // the kernel golden suite (webslm.kernels.golden) on this browser's adapter; withModel adds
+  // cases on the loaded model's real weights
+  "kernel-golden": {
+    featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
+    size: (v) => ["quick", "full"].includes(v) || "must be quick or full",
+    withModel: (v) => typeof v === "boolean" || "must be a boolean",
+  },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (webslm.worker_api.Generation); here only their shape
   generate: {

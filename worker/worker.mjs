@@ -72,6 +72,10 @@ const HANDLERS = {
     has_navigator_gpu: Boolean(navigator.gpu),
   }),
   "gpu-probe": async ({ featureLevel, seed }, { api }) => JSON.parse(await api.gpu_probe(featureLevel, seed)),
+  "kernel-golden": async ({ featureLevel, size, withModel }, { api, model }) => {
+    if (withModel && !model?.model) throw new RequestFailure(ERROR_CODES.failed, "kernel-golden: no model is loaded");
+    return JSON.parse(await api.kernel_golden(featureLevel, size, withModel ? model : null));
+  },
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),

@@ -31,6 +31,35 @@ async def gpu_probe(feature_level: str, seed: int) -> str:
     return json.dumps(await gpu_smoke.probe(BrowserGpu(), feature_level, seed))
 
 
+async def kernel_golden(feature_level: str, size: str, loader) -> str:
+    """The kernel golden suite on this browser's adapter (a fresh device with every optional
+    feature it offers, so each tier's variants run), optionally on the loaded model's weights."""
+    from .kernels import golden
+    from .webgpu.browser import BrowserGpu
+    adapter = await gpu_smoke.choose_adapter(BrowserGpu(), feature_level)
+    if adapter is None:
+        return json.dumps({"outcome": "no-webgpu-adapter"})
+    features = sorted({"shader-f16", "subgroups"} & adapter.features)
+    device = await adapter.request_device(features=features)
+    errors = []
+    device.on_uncaptured_error(errors.append)
+    model = None
+    if loader is not None:
+        from .model import Model
+        model = loader.semantic = loader.semantic or Model(loader.model)
+    started = time.perf_counter()
+    try:
+        report = await golden.run_all(device, size, model=model)
+    finally:
+        device.destroy()
+    report["seconds"] = round(time.perf_counter() - started, 3)
+    report["features"] = features
+    report["feature_level"] = adapter.feature_level
+    report["gpu_errors"] = [{"kind": e.kind, "message": e.message} for e in errors]
+    report["outcome"] = "passed" if report["passed"] and not errors else "failed"
+    return json.dumps(report)
+
+
 class ModelLoader:
     """Validates a .slm as the worker streams it in; the worker keeps the model it returns.
 
