@@ -1,5 +1,6 @@
 // Embedding gather with dequantization: out[t, :] = token_embd[ids[t], :] decoded to f32
-// (host side and tests: py/webslm/kernels/embed.py). Prepended: common_quant.wgsl.
+// (host side and tests: py/webslm/kernels/embed.py). Sources: common_quant.wgsl, this file,
+// quant_scales.wgsl (scale_at) and quant_mins.wgsl (min_at).
 //
 //   ids     [T] u32 token ids
 //   words   the token_embd data/codes part exactly as the artifact stores it, read as u32
@@ -34,11 +35,11 @@
 // 2-D grid. An id >= vocab is refused by the host before dispatch; should one arrive anyway
 // the kernel writes zeros for that token instead of reading another row (zero, not clamp: a
 // wrong but plausible embedding would go unnoticed).
-// No barriers: an invocation past its row's end simply returns.
+// No barriers: an invocation past its row's end simply writes nothing.
 
 override WG: u32 = 64u;          // 64, 128 or 256 (registry allowlist)
 override BLOCK: u32 = 32u;       // q8/q4 block_elements: 32, 64, 128 or 256
-override SCALE_F16: u32 = 1u;    // 1: scales and mins are f16 pairs; 0: f32 words
+override SCALE_F16: bool = true; // scales and mins are f16 pairs, else f32 words (host: 1 / 0)
 
 struct Params {
     tokens: u32,            // T
@@ -77,7 +78,15 @@ fn slot(group: vec3<u32>, groups: vec3<u32>, lane: u32) -> Slot {
     return s;
 }
 
-// value is 0 for an id >= vocab (every entry point leaves it at 0 then).
+// Writes the zeros of an id >= vocab; true where this invocation has a value to decode and
+// store (its slot is in range and its id valid). Every entry point starts with it.
+fn decodes(s: Slot) -> bool {
+    if (s.in_range && !s.valid_id) {
+        store(s, 0.0);
+    }
+    return s.valid_id;    // only ever set for an in-range slot
+}
+
 fn store(s: Slot, value: f32) {
     out[s.token * params.dim + s.column] = value;
 }
@@ -87,106 +96,64 @@ fn row_word(s: Slot, index: u32) -> u32 {
     return words[s.id * params.row_words + index];
 }
 
-// Element `index` of the flat scales or mins array.
-fn scale_at(index: u32) -> f32 {
-    if (SCALE_F16 == 1u) {
-        return f16_element(scales[index / 2u], index);
-    }
-    return bitcast<f32>(scales[index]);
-}
-
-fn min_at(index: u32) -> f32 {
-    if (SCALE_F16 == 1u) {
-        return f16_element(mins[index / 2u], index);
-    }
-    return bitcast<f32>(mins[index]);
-}
-
 // The scale (and min) index of this column's block.
 fn block_index(s: Slot) -> u32 {
     return s.id * params.blocks + s.column / BLOCK;
 }
 
-// Code `j` (0..3) of a q8 word as a float -128..127: the byte moved to the top, then an
-// arithmetic shift back down sign-extends it (as q8_values in common_quant.wgsl, one lane).
-fn q8_code(word: u32, j: u32) -> f32 {
-    return f32(bitcast<i32>(word << (24u - 8u * j)) >> 24u);
+// This column's q8 code as a float -128..127: the byte moved to the top, then an arithmetic
+// shift back down sign-extends it (as q8_values in common_quant.wgsl, one lane).
+fn q8_code(s: Slot) -> f32 {
+    return f32(bitcast<i32>(row_word(s, s.column / 4u) << (24u - 8u * (s.column % 4u))) >> 24u);
 }
 
-// Code `j` (0..7) of a q4 word as a float 0..15, low nibble first.
-fn q4_code(word: u32, j: u32) -> f32 {
-    return f32((word >> (4u * j)) & 15u);
+// This column's q4 code as a float 0..15, low nibble first.
+fn q4_code(s: Slot) -> f32 {
+    return f32((row_word(s, s.column / 8u) >> (4u * (s.column % 8u))) & 15u);
 }
 
 @compute @workgroup_size(WG)
 fn embed_f32(@builtin(workgroup_id) group: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
              @builtin(local_invocation_index) lane: u32) {
     let s = slot(group, groups, lane);
-    if (!s.in_range) {
-        return;
+    if (decodes(s)) {
+        store(s, bitcast<f32>(row_word(s, s.column)));   // a bit copy: no arithmetic, no flush
     }
-    var value = 0.0;
-    if (s.valid_id) {
-        value = bitcast<f32>(row_word(s, s.column));   // a bit copy: no arithmetic, no flush
-    }
-    store(s, value);
 }
 
 @compute @workgroup_size(WG)
 fn embed_f16(@builtin(workgroup_id) group: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
              @builtin(local_invocation_index) lane: u32) {
     let s = slot(group, groups, lane);
-    if (!s.in_range) {
-        return;
+    if (decodes(s)) {
+        store(s, f16_element(row_word(s, s.column / 2u), s.column));
     }
-    var value = 0.0;
-    if (s.valid_id) {
-        value = f16_element(row_word(s, s.column / 2u), s.column);
-    }
-    store(s, value);
 }
 
 @compute @workgroup_size(WG)
 fn embed_q8(@builtin(workgroup_id) group: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
             @builtin(local_invocation_index) lane: u32) {
     let s = slot(group, groups, lane);
-    if (!s.in_range) {
-        return;
+    if (decodes(s)) {
+        store(s, scale_at(block_index(s)) * q8_code(s));
     }
-    var value = 0.0;
-    if (s.valid_id) {
-        value = scale_at(block_index(s)) * q8_code(row_word(s, s.column / 4u), s.column % 4u);
-    }
-    store(s, value);
 }
 
 @compute @workgroup_size(WG)
 fn embed_q4_offset(@builtin(workgroup_id) group: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                    @builtin(local_invocation_index) lane: u32) {
     let s = slot(group, groups, lane);
-    if (!s.in_range) {
-        return;
+    if (decodes(s)) {
+        store(s, scale_at(block_index(s)) * (q4_code(s) - 8.0));      // code - 8 is exact in f32
     }
-    var value = 0.0;
-    if (s.valid_id) {
-        let code = q4_code(row_word(s, s.column / 8u), s.column % 8u);
-        value = scale_at(block_index(s)) * (code - 8.0);       // code - 8 is exact in f32
-    }
-    store(s, value);
 }
 
 @compute @workgroup_size(WG)
 fn embed_q4_min(@builtin(workgroup_id) group: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>,
                 @builtin(local_invocation_index) lane: u32) {
     let s = slot(group, groups, lane);
-    if (!s.in_range) {
-        return;
-    }
-    var value = 0.0;
-    if (s.valid_id) {
-        let code = q4_code(row_word(s, s.column / 8u), s.column % 8u);
+    if (decodes(s)) {
         let block = block_index(s);
-        value = scale_at(block) * code + min_at(block);         // may become one FMA: see the header
+        store(s, scale_at(block) * q4_code(s) + min_at(block));       // may become one FMA: see the header
     }
-    store(s, value);
 }

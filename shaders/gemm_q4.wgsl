@@ -4,6 +4,7 @@
 //          is blocks * BLOCK / 2 bytes, a multiple of 16, so every vec4 is aligned
 //   scales [N * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words
 //   mins   [N * blocks] like scales; read only when ZERO_MIN ("offset" binds scales again)
+// (scale_at / min_at: quant_scales.wgsl, quant_mins.wgsl)
 //
 // A unit is 32 weights of one row: one vec4 of codes inside one block (BLOCK >= 32), so
 // the block's scale (and min) is looked up once per unit:
@@ -23,20 +24,6 @@ const UNIT_QUADS: u32 = 8u;       // UNIT / 4
 @group(0) @binding(3) var<storage, read> codes: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
 @group(0) @binding(5) var<storage, read> mins: array<u32>;
-
-fn scale_at(index: u32) -> f32 {
-    if (SCALE_F16) {
-        return f16_element(scales[index >> 1u], index);
-    }
-    return bitcast<f32>(scales[index]);
-}
-
-fn min_at(index: u32) -> f32 {
-    if (SCALE_F16) {
-        return f16_element(mins[index >> 1u], index);
-    }
-    return bitcast<f32>(mins[index]);
-}
 
 // Weights k .. k + 31 of row n (k a multiple of 32, k < K).
 fn decode_unit(n: u32, k: u32) -> array<vec4<f32>, UNIT_QUADS> {

@@ -2,7 +2,7 @@
 //
 //   codes  [N][blocks * BLOCK / 16] vec4<u32>   16 signed codes per vec4; a row is
 //          blocks * BLOCK bytes, a multiple of 32, so every vec4 is aligned
-//   scales [N * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words
+//   scales [N * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words (scale_at: quant_scales.wgsl)
 //
 // A unit is 16 weights of one row, one vec4 of codes inside one block: w = c * s (exact
 // for f16 scales, one rounding for f32). Codes past K in the last block are read (they
@@ -18,13 +18,6 @@ const UNIT_QUADS: u32 = 4u;       // UNIT / 4
 
 @group(0) @binding(3) var<storage, read> codes: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> scales: array<u32>;
-
-fn scale_at(index: u32) -> f32 {
-    if (SCALE_F16) {
-        return f16_element(scales[index >> 1u], index);
-    }
-    return bitcast<f32>(scales[index]);
-}
 
 // Weights k .. k + 15 of row n (k a multiple of 16, k < K).
 fn decode_unit(n: u32, k: u32) -> array<vec4<f32>, UNIT_QUADS> {

@@ -3,6 +3,7 @@
 //   codes  [rows][units] vec4<u32>   a unit is 32 codes (4 words of 8), low nibble first
 //   scales [rows * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words
 //   mins   [rows * blocks] like scales; read only when ZERO_MIN
+//   (scale_at / min_at: quant_scales.wgsl, quant_mins.wgsl)
 //   x      [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
 //
 // Dequantization happens in registers, factored per unit (a unit never straddles two
@@ -20,20 +21,6 @@ override SCALE_F16: bool = true;  // scales and mins stored as f16, else f32
 @group(0) @binding(3) var<storage, read> mins: array<u32>;
 @group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-
-fn scale_at(index: u32) -> f32 {
-    if (SCALE_F16) {
-        return f16_element(scales[index >> 1u], index);
-    }
-    return bitcast<f32>(scales[index]);
-}
-
-fn min_at(index: u32) -> f32 {
-    if (SCALE_F16) {
-        return f16_element(mins[index >> 1u], index);
-    }
-    return bitcast<f32>(mins[index]);
-}
 
 // A unit of x: 32 activations, and their sum (for the zero part of the factored form).
 struct UnitX {

@@ -1,7 +1,7 @@
 // Decode mat-vec weights in q8 (docs/slm-format.md), for matvec_main.wgsl.
 //
 //   codes  [rows][units] vec4<u32>   a unit is 16 signed codes (4 words of 4)
-//   scales [rows * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words
+//   scales [rows * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words (scale_at: quant_scales.wgsl)
 //   x      [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
 //
 // value = s * code; per unit: s * sum_k c_k x_k (a unit never straddles two blocks).
@@ -14,13 +14,6 @@ override SCALE_F16: bool = true;  // scales stored as f16, else f32
 @group(0) @binding(2) var<storage, read> scales: array<u32>;
 @group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-
-fn scale_at(index: u32) -> f32 {
-    if (SCALE_F16) {
-        return f16_element(scales[index >> 1u], index);
-    }
-    return bitcast<f32>(scales[index]);
-}
 
 // A unit of x: 16 activations.
 struct UnitX {

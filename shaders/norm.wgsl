@@ -73,13 +73,29 @@ fn rms(sum_of_squares: f32) -> f32 {
     return sqrt(sum_of_squares / f32(params.dim) + params.eps);
 }
 
+// The row of this workgroup on the host's 2-D grid. A workgroup with row >= params.tokens
+// must leave at once: the same for every invocation, so barriers stay uniform.
+fn workgroup_row(group: vec3<u32>, groups: vec3<u32>) -> u32 {
+    return group.x + group.y * groups.x;
+}
+
+// rms_norm_residual's new residual stream at element i: x + delta, one f32 add. Both loops
+// call it, so the value normalized is the value written back (see the header).
+fn stream(i: u32) -> f32 {
+    return residual[i] + rows_in[i];
+}
+
+fn stream4(i: u32) -> vec4<f32> {
+    return residual4[i] + rows_in4[i];
+}
+
 @compute @workgroup_size(WG)
 fn rms_norm(@builtin(workgroup_id) group: vec3<u32>,
             @builtin(num_workgroups) groups: vec3<u32>,
             @builtin(local_invocation_index) lane: u32) {
-    let row = group.x + group.y * groups.x;
+    let row = workgroup_row(group, groups);
     if (row >= params.tokens) {
-        return;  // the same for every invocation of the workgroup: barriers stay uniform
+        return;
     }
     let start = row * params.dim;
     var squares = 0.0;
@@ -97,19 +113,19 @@ fn rms_norm(@builtin(workgroup_id) group: vec3<u32>,
 fn rms_norm_residual(@builtin(workgroup_id) group: vec3<u32>,
                      @builtin(num_workgroups) groups: vec3<u32>,
                      @builtin(local_invocation_index) lane: u32) {
-    let row = group.x + group.y * groups.x;
+    let row = workgroup_row(group, groups);
     if (row >= params.tokens) {
-        return;  // uniform for the workgroup, as above
+        return;
     }
     let start = row * params.dim;
     var squares = 0.0;
     for (var k = lane; k < params.dim; k += WG) {
-        let v = residual[start + k] + rows_in[start + k];   // f32 add: the new residual stream
+        let v = stream(start + k);
         squares += v * v;
     }
     let divisor = rms(workgroup_sum(lane, squares));
     for (var k = lane; k < params.dim; k += WG) {
-        let v = residual[start + k] + rows_in[start + k];   // the same add again (see the header)
+        let v = stream(start + k);
         residual[start + k] = v;
         out[start + k] = v / divisor * weight[k];
     }
@@ -119,9 +135,9 @@ fn rms_norm_residual(@builtin(workgroup_id) group: vec3<u32>,
 fn rms_norm_vec4(@builtin(workgroup_id) group: vec3<u32>,
                  @builtin(num_workgroups) groups: vec3<u32>,
                  @builtin(local_invocation_index) lane: u32) {
-    let row = group.x + group.y * groups.x;
+    let row = workgroup_row(group, groups);
     if (row >= params.tokens) {
-        return;  // uniform for the workgroup
+        return;
     }
     let quads = params.dim / 4u;
     let start = row * quads;
@@ -140,20 +156,20 @@ fn rms_norm_vec4(@builtin(workgroup_id) group: vec3<u32>,
 fn rms_norm_residual_vec4(@builtin(workgroup_id) group: vec3<u32>,
                           @builtin(num_workgroups) groups: vec3<u32>,
                           @builtin(local_invocation_index) lane: u32) {
-    let row = group.x + group.y * groups.x;
+    let row = workgroup_row(group, groups);
     if (row >= params.tokens) {
-        return;  // uniform for the workgroup
+        return;
     }
     let quads = params.dim / 4u;
     let start = row * quads;
     var squares = 0.0;
     for (var k = lane; k < quads; k += WG) {
-        let v = residual4[start + k] + rows_in4[start + k];
+        let v = stream4(start + k);
         squares += dot(v, v);
     }
     let divisor = rms(workgroup_sum(lane, squares));
     for (var k = lane; k < quads; k += WG) {
-        let v = residual4[start + k] + rows_in4[start + k];
+        let v = stream4(start + k);
         residual4[start + k] = v;
         out4[start + k] = v / divisor * weight4[k];
     }

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from webslm.kernels import gemm, golden
-from webslm.kernels.gemm import GemmError, GemmWeights, Tile
+from webslm.kernels.gemm import GemmError, Tile
+from webslm.kernels.weights import Weights
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLM = ROOT / ".assets/site/models/smollm2-135m-instruct-q4.slm"
@@ -77,7 +78,7 @@ def test_the_comparison_rejects_wrong_results():
 def test_decode64_matches_the_artifact_decoder():
     rng = np.random.default_rng(6)
     for enc, block, zero, st in gemm.CONFIGS:
-        w = GemmWeights.quantized(rng.standard_normal((5, 77)).astype(np.float32), enc, block or 32,
+        w = Weights.quantized(rng.standard_normal((5, 77)).astype(np.float32), enc, block or 32,
                                   zero or "min", st or "f16")
         decoded, magnitude = gemm.decode64(w)
         from webslm.artifact import quant
@@ -136,15 +137,15 @@ def test_plan_rejects_bad_shapes(change, code):
 
 def test_plan_rejects_bad_weights():
     w = _q4()
-    short = GemmWeights("q4", 40, 100, {**w.parts, "codes": w.parts["codes"][:-16]}, 32, "min", "f16")
+    short = Weights("q4", 40, 100, {**w.parts, "codes": w.parts["codes"][:-16]}, 32, "min", "f16")
     with pytest.raises(GemmError, match="buffer-too-small"):
         gemm.plan(CORE, short, 3)
     no_mins = {"codes": w.parts["codes"], "scales": w.parts["scales"]}
-    missing = GemmWeights("q4", 40, 100, no_mins, 32, "min", "f16")
+    missing = Weights("q4", 40, 100, no_mins, 32, "min", "f16")
     with pytest.raises(GemmError, match="buffer-too-small"):
         gemm.plan(CORE, missing, 3)
-    for bad in (GemmWeights("q3", 4, 4, {}), GemmWeights("q4", 4, 64, {}, 48, "min", "f16"),
-                GemmWeights("q4", 4, 64, {}, 32, "none", "f16"), GemmWeights("q8", 4, 64, {}, 32, None, "bf16")):
+    for bad in (Weights("q3", 4, 4, {}), Weights("q4", 4, 64, {}, 48, "min", "f16"),
+                Weights("q4", 4, 64, {}, 32, "none", "f16"), Weights("q8", 4, 64, {}, 32, None, "bf16")):
         with pytest.raises(GemmError, match="bad-encoding"):
             gemm.plan(CORE, bad, 3)
     with pytest.raises(GemmError, match="too-many-workgroups"):

@@ -9,7 +9,7 @@ import pytest
 
 import webslm
 from webslm.cpu import layers
-from webslm.kernels import embed, golden, norm, rope, swiglu
+from webslm.kernels import embed, golden, norm, rope, runner, swiglu
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLM = ROOT / ".assets/site/models/smollm2-135m-instruct-q4.slm"
@@ -89,12 +89,12 @@ def test_full_cases_cover_the_adversarial_inputs():
 # -- host-side validation (before anything is dispatched) -------------------------------------------
 
 def test_workgroup_fits_the_device():
-    assert norm.fit_workgroup(CORE, 4096) == 256
-    assert norm.fit_workgroup(COMPAT, 4096) == 128
-    assert norm.fit_workgroup(CORE, 5) == 64
-    assert norm.fit_workgroup({**CORE, "maxComputeWorkgroupStorageSize": 256}, 4096, bytes_per_lane=4) == 64
+    assert runner.fit_workgroup(CORE, 4096) == 256
+    assert runner.fit_workgroup(COMPAT, 4096) == 128
+    assert runner.fit_workgroup(CORE, 5) == 64
+    assert runner.fit_workgroup({**CORE, "maxComputeWorkgroupStorageSize": 256}, 4096, bytes_per_lane=4) == 64
     with pytest.raises(ValueError, match="no workgroup size"):
-        norm.fit_workgroup({**CORE, "maxComputeInvocationsPerWorkgroup": 32}, 256)
+        runner.fit_workgroup({**CORE, "maxComputeInvocationsPerWorkgroup": 32}, 256)
     assert norm.plan_norm(COMPAT, 3, 4096, 1e-5).overrides == {"WG": 128}
 
 
@@ -187,7 +187,7 @@ def test_embed_validation():
     with pytest.raises(ValueError, match="maxStorageBufferBindingSize"):
         embed.plan_embed({**CORE, "maxStorageBufferBindingSize": 1024}, np.array([1]), tensor)
     with pytest.raises(ValueError, match="overflow u32"):
-        norm.check_binding_size(HUGE, "embeddings out", (1 << 28) * 70 * 4)
+        runner.check_binding_size(HUGE, "embeddings out", (1 << 28) * 70 * 4)
     with pytest.raises(ValueError, match="part 'scales' has"):
         embed.embed_tensor("q8", (37, 70), tensor.quant, {**tensor.parts, "scales": tensor.parts["scales"][:-2]})
     with pytest.raises(ValueError, match="no embedding kernel"):

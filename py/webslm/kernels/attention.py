@@ -151,7 +151,7 @@ def plan_decode(limits: dict, shape: AttentionShape, position: int, scale: float
     if not 1 <= chunk <= max_chunk:
         raise KvShapeError("shape", f"chunk {chunk} must be in 1..{max_chunk} for {gw} heads per workgroup")
     n_chunks = -(-n_keys // chunk)
-    if shape.n_heads * n_chunks * shape.head_dim >= 2 ** 32:
+    if shape.n_heads * n_chunks * shape.head_dim >= runner.U32_LIMIT:
         raise KvShapeError("offset-overflow", "split-K scratch offsets overflow u32")
     groups = shape.n_kv_heads * blocks * n_chunks
     params = runner.params_words(shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.capacity,
@@ -195,7 +195,7 @@ def plan_prefill(limits: dict, shape: AttentionShape, start: int, n_tokens: int,
     if start + n_tokens > shape.capacity:
         raise KvShapeError("position", f"positions {start}..{start + n_tokens - 1} exceed the "
                                        f"capacity {shape.capacity}")
-    if n_tokens * shape.n_heads * shape.head_dim >= 2 ** 32:
+    if n_tokens * shape.n_heads * shape.head_dim >= runner.U32_LIMIT:
         raise KvShapeError("offset-overflow", "T x n_heads x head_dim overflows u32 offsets")
     shape.layout.check_device(limits)
     wg = check_workgroup(limits, workgroup, 256, PREFILL_STORAGE)

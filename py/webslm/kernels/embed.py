@@ -19,11 +19,11 @@ from ..webgpu.interface import Device
 from . import runner
 from .golden import (F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, compare_exact, golden,
                      label)
-from .norm import WORKGROUP_SIZES, check_binding_size, fit_workgroup
-from .registry import CompiledKernel, KernelSpec, compile_kernel, register
+from .registry import QUANT_SOURCES, CompiledKernel, KernelSpec, compile_kernel, register
 
-SOURCES = ("common_quant.wgsl", "embed.wgsl")
+SOURCES = ("common_quant.wgsl", "embed.wgsl", *QUANT_SOURCES["q4"])   # embed.wgsl declares scales and mins
 BLOCKS = fmt.BLOCK_ELEMENTS                     # 32, 64, 128, 256
+WORKGROUP_SIZES = runner.LAYER_WORKGROUP_SIZES
 QUANT_OVERRIDES = {"WG": WORKGROUP_SIZES, "BLOCK": BLOCKS, "SCALE_F16": (0, 1)}
 # Bindings: params, out, then the read-only inputs ids, words (data or codes), scales, mins:
 # run_once takes inputs (ids, words[, scales[, mins]]) and outputs (out,).
@@ -124,11 +124,9 @@ def plan_embed(limits: dict[str, int], ids: np.ndarray, tensor: EmbedTensor,
     row_words = row_bytes // 4
     blocks = fmt.blocks_per_row(tensor.dim, tensor.block) if tensor.block else 0
     for part in tensor.part_order:
-        check_binding_size(limits, f"token_embd {part}", tensor.parts[part].size)
-    check_binding_size(limits, f"embeddings out [{tokens}, {tensor.dim}] f32", tokens * tensor.dim * 4)
-    wg = workgroup or fit_workgroup(limits, tensor.dim)      # one invocation per output column
-    if wg not in WORKGROUP_SIZES:
-        raise ValueError(f"workgroup {wg} is not one of {WORKGROUP_SIZES}")
+        runner.check_binding_size(limits, f"token_embd {part}", tensor.parts[part].size)
+    runner.check_binding_size(limits, f"embeddings out [{tokens}, {tensor.dim}] f32", tokens * tensor.dim * 4)
+    wg = runner.layer_workgroup(limits, workgroup, tensor.dim)      # one invocation per output column
     groups_per_token = -(-tensor.dim // wg)
     grid = runner.workgroup_grid(tokens * groups_per_token, limits["maxComputeWorkgroupsPerDimension"])
     overrides = {"WG": wg}
@@ -263,7 +261,7 @@ async def golden_embed(ctx: GoldenContext) -> list[GoldenResult]:
         plan = plan_embed(limits, ids, tensor)
         sizes = [plan.overrides["WG"]]
         if not ctx.quick and tensor.block in (None, 32) and tensor.scale_type in (None, "f16"):
-            sizes = [s for s in WORKGROUP_SIZES if s <= fit_workgroup(limits, 256)]
+            sizes = ctx.workgroups()
         for wg in sizes:
             kernel = await ctx.kernel(plan.kernel, **{**plan.overrides, "WG": wg})
             got = await embed(ctx.device, ids, tensor, kernel)
@@ -293,12 +291,10 @@ async def golden_embed(ctx: GoldenContext) -> list[GoldenResult]:
 # -- benchmark hook -----------------------------------------------------------------------------
 
 BENCH_KERNELS = ("embed_f32", "embed_f16", "embed_q8", "embed_q4_offset", "embed_q4_min")
-BENCH_SHAPES: dict[str, dict] = {
-    f"{model} {phase}": {"tokens": tokens, "vocab": vocab, "dim": dim, "block": 32, "scale_type": "f16"}
-    for model, vocab, dim in (("smollm2-135m", 49152, 576), ("llama-3.2-1b", 128256, 2048),
-                              ("llama-3-8b", 128256, 4096))
-    for phase, tokens in (("decode", 1), ("prefill", 512))
-}
+BENCH_SHAPES: dict[str, dict] = runner.bench_shapes(
+    {model: {"vocab": vocab, "dim": dim, "block": 32, "scale_type": "f16"}
+     for model, vocab, dim in (("smollm2-135m", 49152, 576), ("llama-3.2-1b", 128256, 2048),
+                               ("llama-3-8b", 128256, 4096))})
 
 
 def _random_parts(rng: np.random.Generator, encoding: str, zero: str, shape: dict) -> dict[str, np.ndarray]:

@@ -7,6 +7,7 @@ The WGSL comes from trusted bundle files only (registry "sources"):
 
     common_quant.wgsl     exact q4/q8/f16 decoding helpers
     gemm_<encoding>.wgsl  weight bindings and `decode_unit` (a few weights of one row)
+    quant_scales.wgsl     q4/q8: scale_at (f16 or f32 scales); q4 also quant_mins.wgsl, min_at
     gemm_main.wgsl        the entry point, tiling, X and W tiles, register-blocked multiply
 
 Kernels (all tier A: no optional feature; f16 is decoded with unpack2x16float):
@@ -20,9 +21,10 @@ Bindings: 0 params, 1 x [M][x_stride] f32 (x_stride % 4 == 0), 2 y [M][y_stride]
 3.. the weight parts exactly as the artifact stores them (q4: codes, scales, mins; q8:
 codes, scales; f16/f32: data); q4 "offset" binds its scales again in the mins slot.
 
-Host side: `GemmWeights` describes a tensor's parts, `choose_tile` picks a tile the device
-admits, `plan` validates everything before a dispatch and returns params and grid, `gemm`
-runs one product on fresh buffers. The oracle, golden tests and the benchmark hook follow.
+Host side: `weights.Weights` describes a tensor's parts (shared with matvec.py),
+`choose_tile` picks a tile the device admits, `plan` validates everything before a dispatch
+and returns params and grid, `gemm` runs one product on fresh buffers. The oracle, golden
+tests and the benchmark hook follow.
 """
 from __future__ import annotations
 
@@ -31,17 +33,16 @@ import dataclasses
 import numpy as np
 
 from ..artifact import quant
-from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row, part_lengths
+from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row
 from ..errors import CodedError
 from ..webgpu.interface import Device
 from . import runner
 from .golden import F32_TINY, GoldenContext, GoldenResult, compare_bound, gamma, golden, label
-from .registry import KERNELS, KernelSpec, compile_kernel, register
+from .registry import KERNELS, QUANT_SOURCES, KernelSpec, compile_kernel, register
+from .weights import ENCODINGS, PART_NAMES, Weights
 
-ENCODINGS = ("q4", "q8", "f16", "f32")
-PART_NAMES = {"q4": ("codes", "scales", "mins"), "q8": ("codes", "scales"), "f16": ("data",), "f32": ("data",)}
 KT = 32     # the K step of gemm_main.wgsl
-U32_LIMIT = 2 ** 32
+U32_LIMIT = runner.U32_LIMIT
 
 
 def kernel_name(encoding: str) -> str:
@@ -58,8 +59,10 @@ def _specs():
             overrides |= {"ZERO_MIN": (0, 1)}
         yield KernelSpec(
             name=kernel_name(encoding),
-            # the encoding file precedes gemm_main.wgsl: see the note at the top of that file
-            sources=("common_quant.wgsl", f"gemm_{encoding}.wgsl", "gemm_main.wgsl"),
+            # the encoding file (and the scale helpers that use its SCALE_F16) precede
+            # gemm_main.wgsl: see the note at the top of that file
+            sources=("common_quant.wgsl", f"gemm_{encoding}.wgsl", *QUANT_SOURCES.get(encoding, ()),
+                     "gemm_main.wgsl"),
             entry_point="main",
             bindings=("uniform", "read-only-storage", "storage")
             + ("read-only-storage",) * len(PART_NAMES[encoding]),
@@ -103,8 +106,7 @@ class Tile:
         return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "RM": self.rm}
 
     def admitted(self, limits: dict[str, int]) -> bool:
-        return (self.invocations <= limits["maxComputeInvocationsPerWorkgroup"]
-                and self.invocations <= limits["maxComputeWorkgroupSizeX"]
+        return (self.invocations <= runner.max_invocations(limits)
                 and self.workgroup_bytes <= limits["maxComputeWorkgroupStorageSize"])
 
 
@@ -136,72 +138,6 @@ def choose_tile(limits: dict[str, int], m: int, n: int) -> Tile:
     return busy[0] if busy else max(fitting, key=lambda t: (count(t), t.invocations))
 
 
-# -- weights --------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class GemmWeights:
-    """A weight matrix W [rows = N, cols = K] as its artifact parts (bytes-like)."""
-    encoding: str
-    rows: int
-    cols: int
-    parts: dict                      # part name (PART_NAMES) -> bytes-like
-    block: int | None = None         # q4/q8
-    zero: str | None = None          # q4: "min" or "offset"
-    scale_type: str | None = None    # q4/q8: "f16" or "f32"
-
-    @property
-    def blocks(self) -> int:
-        return blocks_per_row(self.cols, self.block) if self.block else 0
-
-    def part_bytes(self) -> dict[str, int]:
-        """The exact length of each part (docs/slm-format.md)."""
-        lengths = part_lengths(self.encoding, self.zero or "none", self.rows, self.cols, self.block,
-                               4 if self.scale_type == "f32" else 2)
-        return {name: lengths[name] for name in PART_NAMES[self.encoding] if name in lengths}
-
-    def bindings(self) -> list[np.ndarray]:
-        """The parts as uint8 arrays in binding order (q4 "offset": scales in the mins slot)."""
-        parts = dict(self.parts)
-        if self.encoding == "q4" and self.zero == "offset":
-            parts["mins"] = parts["scales"]
-        return [np.frombuffer(memoryview(parts[name]).cast("B"), np.uint8) for name in PART_NAMES[self.encoding]]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.part_bytes().values())
-
-    def overrides(self) -> dict[str, int]:
-        out = {}
-        if self.encoding in ("q4", "q8"):
-            out |= {"BLOCK": self.block, "SCALE_F16": int(self.scale_type == "f16")}
-        if self.encoding == "q4":
-            out["ZERO_MIN"] = int(self.zero == "min")
-        return out
-
-    @classmethod
-    def from_model(cls, model, name: str) -> "GemmWeights":
-        artifact = getattr(model, "artifact", model)
-        info = artifact.manifest.tensors[name]
-        if len(info.shape) != 2:
-            raise GemmError("dimension-mismatch", name, f"{name} is a vector, not a matrix")
-        q = info.quant
-        return cls(info.encoding, info.shape[0], info.shape[1], dict(artifact.tensor_parts(name)),
-                   q.block_elements if q else None, q.zero if q and info.encoding == "q4" else None,
-                   q.scale_type if q else None)
-
-    @classmethod
-    def quantized(cls, w: np.ndarray, encoding: str, block: int = 32, zero: str = "min",
-                  scale_type: str = "f16") -> "GemmWeights":
-        """A float matrix encoded with the artifact's own codecs."""
-        rows, cols = w.shape
-        if encoding == "q4":
-            return cls("q4", rows, cols, quant.quantize_q4(w, block, zero, scale_type), block, zero, scale_type)
-        if encoding == "q8":
-            return cls("q8", rows, cols, quant.quantize_q8(w, block, scale_type), block, None, scale_type)
-        encode = quant.encode_f16 if encoding == "f16" else quant.encode_f32
-        return cls(encoding, rows, cols, encode(w))
-
-
 # -- validation, params, grid ---------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -214,7 +150,7 @@ class GemmPlan:
     binding_bytes: dict[str, int]     # minimum bytes each binding must hold
 
 
-def plan(limits: dict[str, int], weights: GemmWeights, m: int, x_stride: int | None = None,
+def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None = None,
          y_stride: int | None = None, accumulate: bool = False, tile: Tile | None = None) -> GemmPlan:
     """Check every assumption of the kernel's addressing, then choose variant, params, grid.
     Raises GemmError before any GPU work."""
@@ -285,7 +221,7 @@ def padded_activations(x: np.ndarray, fill: float = np.nan, stride: int | None =
     return out, stride
 
 
-async def gemm(ctx_or_device, weights: GemmWeights, x: np.ndarray, y0: np.ndarray | None = None,
+async def gemm(ctx_or_device, weights: Weights, x: np.ndarray, y0: np.ndarray | None = None,
                tile: Tile | None = None, x_stride: int | None = None, y_stride: int | None = None) -> np.ndarray:
     """Y = x [M, K] W^T (+ y0 [M, y_stride] when given: the ACCUMULATE variant), once, on fresh
     buffers. Returns [M, y_stride] (y_stride = N unless given; columns past N are whatever the
@@ -311,7 +247,7 @@ RULE = ("|y - exact| <= gamma(K + 2) * sum_k (|s c_k| + |m|) |x_k| + (K + 2) tin
         "accumulate: gamma(K + 3) * (that sum + |y0|) + (K + 3) tiny")
 
 
-def decode64(weights: GemmWeights) -> tuple[np.ndarray, np.ndarray]:
+def decode64(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
     """(W, magnitude) in float64, [N, K]: W = s c + m exactly as the format defines it, and
     the magnitude |s c| + |m| (|s (c - 8)| for "offset", |w| for f16/f32) the bound uses."""
     n, k, enc = weights.rows, weights.cols, weights.encoding
@@ -336,7 +272,7 @@ def decode64(weights: GemmWeights) -> tuple[np.ndarray, np.ndarray]:
     return s * c + mins, np.abs(s * c) + np.abs(mins)
 
 
-def oracle(weights: GemmWeights, x: np.ndarray, y0: np.ndarray | None = None):
+def oracle(weights: Weights, x: np.ndarray, y0: np.ndarray | None = None):
     """(exact Y in float64, elementwise bound, rule).
 
     The kernel decodes each weight with one rounding (fma(c, s, m), (c - 8) * s or c * s;
@@ -356,7 +292,7 @@ def oracle(weights: GemmWeights, x: np.ndarray, y0: np.ndarray | None = None):
     return exact + y0, gamma(k + 3) * (size + np.abs(y0)) + (k + 3) * F32_TINY, RULE
 
 
-def wrong_results(weights: GemmWeights, x: np.ndarray) -> dict[str, np.ndarray]:
+def wrong_results(weights: Weights, x: np.ndarray) -> dict[str, np.ndarray]:
     """Results a broken kernel could produce; the comparison must reject each one."""
     w, _ = decode64(weights)
     x64 = np.atleast_2d(x).astype(np.float64)
@@ -374,13 +310,13 @@ def wrong_results(weights: GemmWeights, x: np.ndarray) -> dict[str, np.ndarray]:
 # -- golden tests ---------------------------------------------------------------------------
 
 def random_parts(rng, encoding: str, n: int, k: int, block: int = 32, zero: str = "min",
-                 scale_type: str = "f16", codes: str = "random", scale: float = 0.01) -> GemmWeights:
+                 scale_type: str = "f16", codes: str = "random", scale: float = 0.01) -> Weights:
     """Parts built directly (no quantizer): random or extreme codes, scales of magnitude
     `scale` (times 0.5..1, random sign for mins). Padding codes past K stay 0 as the format
     requires. Also the benchmarks' fast random weights."""
     if encoding in ("f16", "f32"):
         w = (rng.standard_normal((n, k)) * scale).astype(np.float32)
-        return GemmWeights.quantized(w, encoding)
+        return Weights.quantized(w, encoding)
     blocks = blocks_per_row(k, block)
     width = blocks * block
     lo, hi = (0, 15) if encoding == "q4" else (-128, 127)
@@ -403,13 +339,13 @@ def random_parts(rng, encoding: str, n: int, k: int, block: int = 32, zero: str 
     dtype = quant.SCALE_DTYPES[scale_type]
     s = (scale * rng.uniform(0.5, 1.0, (n, blocks))).astype(dtype)
     if encoding == "q8":
-        return GemmWeights("q8", n, k, {"codes": raw.tobytes(), "scales": s.tobytes()}, block, None, scale_type)
+        return Weights("q8", n, k, {"codes": raw.tobytes(), "scales": s.tobytes()}, block, None, scale_type)
     parts = {"codes": raw.tobytes(), "scales": s.tobytes()}
     if zero == "min":
         finite = float(np.finfo(dtype).max)
         mins = np.clip(scale * rng.uniform(-8.0, 8.0, (n, blocks)), -finite, finite)
         parts["mins"] = mins.astype(dtype).tobytes()
-    return GemmWeights("q4", n, k, parts, block, zero, scale_type)
+    return Weights("q4", n, k, parts, block, zero, scale_type)
 
 
 def _activations(rng, m: int, k: int, kind: str = "normal") -> np.ndarray:
@@ -435,7 +371,7 @@ TAIL_SHAPES = [(3, 1, 1), (2, 33, 33), (17, 65, 97), (67, 100, 300), (64, 64, 64
 @dataclasses.dataclass
 class Case:
     name: str
-    weights: GemmWeights
+    weights: Weights
     x: np.ndarray
     y0: np.ndarray | None = None       # ACCUMULATE into this
     tile: Tile | None = None           # None: the host function's choice
@@ -447,12 +383,12 @@ def _tag(config) -> str:
     return "/".join(str(v) for v in config if v is not None)
 
 
-def _quantized(rng, config, w: np.ndarray) -> GemmWeights:
+def _quantized(rng, config, w: np.ndarray) -> Weights:
     enc, block, zero, st = config
-    return GemmWeights.quantized(w.astype(np.float32), enc, block or 32, zero or "min", st or "f16")
+    return Weights.quantized(w.astype(np.float32), enc, block or 32, zero or "min", st or "f16")
 
 
-def _random(rng, config, n: int, k: int, codes: str = "random", scale: float = 0.01) -> GemmWeights:
+def _random(rng, config, n: int, k: int, codes: str = "random", scale: float = 0.01) -> Weights:
     enc, block, zero, st = config
     return random_parts(rng, enc, n, k, block or 32, zero or "min", st or "f16", codes, scale)
 
@@ -487,7 +423,7 @@ def _cases(ctx: GoldenContext):
     if not quick:
         yield from _adversarial_cases(rng)
     if ctx.model is not None and "blk.0.ffn_up" in ctx.model.manifest.tensors:
-        weights = GemmWeights.from_model(ctx.model, "blk.0.ffn_up")
+        weights = Weights.from_model(ctx.model, "blk.0.ffn_up")
         m = 3 if quick else 17
         yield Case(f"real blk.0.ffn_up {m}x{weights.rows}x{weights.cols} {weights.encoding}", weights,
                    _activations(rng, m, weights.cols))

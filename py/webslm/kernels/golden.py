@@ -21,6 +21,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from ..webgpu.interface import Device
+from . import runner
 from .registry import KERNELS, CompiledKernel, KernelSpec, compile_kernel
 
 # The unit roundoff the bounds use. IEEE round-to-nearest would give 2^-24, but WGSL lets
@@ -107,6 +108,12 @@ class GoldenContext:
         """Registered kernels whose name starts with prefix and that this device can run."""
         return [spec for name, spec in sorted(KERNELS.items())
                 if name.startswith(prefix) and spec.runs_on(self.device.features)]
+
+    def workgroups(self, wanted: int = 256, bytes_per_lane: int = 0) -> list[int]:
+        """The WG values a layer-op golden test runs: the largest the device admits
+        (runner.fit_workgroup) in quick runs, else every allowlisted size up to it."""
+        largest = runner.fit_workgroup(self.device.limits, wanted, bytes_per_lane)
+        return [largest] if self.quick else [s for s in runner.LAYER_WORKGROUP_SIZES if s <= largest]
 
     async def kernel(self, name: str, **overrides: int) -> CompiledKernel:
         key = (name, tuple(sorted(overrides.items())))

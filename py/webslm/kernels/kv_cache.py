@@ -32,7 +32,7 @@ from .registry import KernelSpec, register
 WORKGROUPS = (64, 128, 256)          # the allowlist of every kernel of the attention family
 DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
 MAX_HEAD_DIM = 256
-U32_LIMIT = 2 ** 32
+U32_LIMIT = runner.U32_LIMIT
 
 
 class KvShapeError(ValueError):
@@ -98,12 +98,11 @@ def pick_workgroup(limits: dict, preferred: int, storage_bytes: int = 0) -> int:
     if storage_bytes > limits.get("maxComputeWorkgroupStorageSize", 16384):
         raise KvShapeError("device", f"kernel needs {storage_bytes} bytes of workgroup memory, device "
                                      f"offers {limits.get('maxComputeWorkgroupStorageSize')}")
-    cap = min(limits.get("maxComputeInvocationsPerWorkgroup", 128),
-              limits.get("maxComputeWorkgroupSizeX", 128), preferred)
-    fitting = [w for w in WORKGROUPS if w <= cap]
-    if not fitting:
-        raise KvShapeError("device", f"the device admits {cap} invocations; kernels need 64")
-    return max(fitting)
+    size = runner.largest_workgroup(limits, WORKGROUPS, preferred)
+    if size is None:
+        raise KvShapeError("device", f"the device admits {runner.max_invocations(limits)} invocations; "
+                                     f"kernels need 64")
+    return size
 
 
 def check_workgroup(limits: dict, workgroup: int | None, preferred: int, storage_bytes: int = 0) -> int:

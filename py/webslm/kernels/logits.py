@@ -114,13 +114,11 @@ def choose(device: Device, op: str, k: int = 1, *, subgroups: bool | None = None
     if op not in ("argmax", "topk"):
         raise LogitsShapeError(f"logits reduction must be 'argmax' or 'topk', not {op!r}")
     limits = device.limits
-    ceiling = min(limits["maxComputeInvocationsPerWorkgroup"], limits["maxComputeWorkgroupSizeX"])
+    ceiling = runner.max_invocations(limits)
     if workgroup is None:
-        fitting = [size for size in WORKGROUP_SIZES if size <= ceiling
-                   and workgroup_storage(op, size) <= limits["maxComputeWorkgroupStorageSize"]]
-        if not fitting:
+        workgroup = runner.largest_workgroup(limits, WORKGROUP_SIZES, ceiling, lambda size: workgroup_storage(op, size))
+        if workgroup is None:
             raise LogitsShapeError(f"no logits workgroup size fits {ceiling} invocations")
-        workgroup = max(fitting)
     elif workgroup not in WORKGROUP_SIZES or workgroup > ceiling:
         raise LogitsShapeError(f"workgroup {workgroup!r} is not one of {WORKGROUP_SIZES} within {ceiling}")
     if workgroup_storage(op, workgroup) > limits["maxComputeWorkgroupStorageSize"]:
@@ -237,7 +235,7 @@ def plan(device: Device, choice: LogitsChoice, vocab: int, k: int = 1, chunk: in
         raise LogitsShapeError(f"vocab must be an int, not {type(vocab).__name__}")
     if vocab < 1:
         raise LogitsShapeError(f"vocab = {vocab}: there is nothing to reduce")
-    if vocab >= 2 ** 32 - 1:
+    if vocab >= runner.U32_LIMIT - 1:
         raise LogitsShapeError(f"vocab = {vocab} is past u32 indexing (index 2^32 - 1 means 'no entry')")
     binding = min(limits["maxStorageBufferBindingSize"], limits.get("maxBufferSize", 2 ** 64))
     if 4 * vocab > binding:

@@ -10,11 +10,13 @@ The WGSL is assembled from trusted bundle files only (registry "sources"):
     matvec_reduce_workgroup.wgsl      row sums in workgroup memory     (tiers A, B)
     matvec_reduce_subgroup.wgsl       row sums with subgroupAdd        (tier C: "subgroups")
     matvec_<encoding>.wgsl            weight bindings and one unit's dot products
+    quant_scales.wgsl, quant_mins.wgsl  q4/q8 scale_at, q4 min_at (f16 or f32 scales)
 
 Weights are bound exactly as the artifact stores their parts (docs/slm-format.md): no
 repacking, so the bytes on the GPU are the bytes the artifact hash covers.
 
-Host side (below): `MatvecWeights` describes a tensor's parts, `choose_kernel` picks the
+Host side (below): `weights.Weights` describes a tensor's parts (shared with gemm.py),
+`units` counts a row's steps, `choose_kernel` picks the
 variant and overrides for a device, `check_shapes` validates before any dispatch, and
 `matvec` runs one product. The golden tests and the benchmark hook close the file.
 """
@@ -29,11 +31,10 @@ from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row, row_stride
 from ..webgpu.interface import Device
 from . import runner
 from .golden import GoldenContext, GoldenResult, compare_bound, gamma, golden, label
-from .registry import KERNELS, KernelSpec, compile_kernel, register
+from .registry import KERNELS, QUANT_SOURCES, KernelSpec, compile_kernel, register
+from .weights import ENCODINGS, PART_NAMES, Weights
 
-ENCODINGS = ("q4", "q8", "f16", "f32")
 UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4}   # weights one invocation step covers
-WEIGHT_BINDINGS = {"q4": 3, "q8": 2, "f16": 1, "f32": 1}    # codes+scales(+mins) or data
 WORKGROUP_SIZES = (32, 64, 128, 256)
 ROWS_PER_WORKGROUP = (1, 2, 4, 8)
 UNITS_PER_INVOCATION = 4
@@ -55,9 +56,10 @@ def _specs():
             yield KernelSpec(
                 name=kernel_name(encoding, subgroups),
                 sources=(("enable_subgroups.wgsl",) if subgroups else ())
-                + ("common_quant.wgsl", "matvec_main.wgsl", reduce, f"matvec_{encoding}.wgsl"),
+                + ("common_quant.wgsl", "matvec_main.wgsl", reduce, f"matvec_{encoding}.wgsl")
+                + QUANT_SOURCES.get(encoding, ()),
                 entry_point="main",
-                bindings=("uniform",) + ("read-only-storage",) * (WEIGHT_BINDINGS[encoding] + 1) + ("storage",),
+                bindings=("uniform",) + ("read-only-storage",) * (len(PART_NAMES[encoding]) + 1) + ("storage",),
                 overrides=overrides,
                 requires=frozenset({"subgroups"}) if subgroups else frozenset(),
             )
@@ -68,95 +70,29 @@ register(*_specs())
 
 # -- host side ------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class MatvecWeights:
-    """One weight matrix [rows, cols] as its artifact parts (bytes-like, in binding order)."""
-    encoding: str
-    rows: int
-    cols: int
-    parts: tuple                     # q4: codes, scales, mins | q8: codes, scales | f16/f32: data
-    block: int | None = None
-    zero: str | None = None          # q4: "min" or "offset"
-    scale_type: str | None = None    # q4/q8: "f16" or "f32"
-
-    @property
-    def blocks(self) -> int:
-        return blocks_per_row(self.cols, self.block) if self.block else 0
-
-    @property
-    def units(self) -> int:
-        """Steps of UNIT_ELEMENTS weights per row, padding included."""
-        if self.encoding in ("q4", "q8"):
-            return self.blocks * self.block // UNIT_ELEMENTS[self.encoding]
-        return -(-self.cols // UNIT_ELEMENTS[self.encoding])
-
-    @property
-    def row_words(self) -> int:
-        return row_stride(self.encoding, self.cols, self.block) // 4
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(memoryview(p).cast("B")) for p in self.parts)
-
-    def dequantize(self) -> np.ndarray:
-        names = {"q4": ("codes", "scales", "mins"), "q8": ("codes", "scales")}.get(self.encoding, ("data",))
-        descriptor = {"block_elements": self.block, "zero": self.zero, "scale_type": self.scale_type}
-        return quant.dequantize(self.encoding, (self.rows, self.cols), descriptor, dict(zip(names, self.parts)))
+def units(weights: Weights) -> int:
+    """Steps of UNIT_ELEMENTS weights per row, padding included."""
+    if weights.encoding in ("q4", "q8"):
+        return weights.blocks * weights.block // UNIT_ELEMENTS[weights.encoding]
+    return -(-weights.cols // UNIT_ELEMENTS[weights.encoding])
 
 
-def weights_from_model(model, name: str) -> MatvecWeights:
-    """A validated artifact tensor as mat-vec weights (a vector counts as one row)."""
-    artifact = getattr(model, "artifact", model)
-    info = artifact.manifest.tensors[name]
-    rows, cols = info.shape if len(info.shape) == 2 else (1, info.shape[0])
-    parts = artifact.tensor_parts(name)
-    q = info.quant
-    if info.encoding == "q4":
-        ordered = (parts["codes"], parts["scales"], parts["mins"] if q.zero == "min" else parts["scales"])
-    elif info.encoding == "q8":
-        ordered = (parts["codes"], parts["scales"])
-    else:
-        ordered = (parts["data"],)
-    return MatvecWeights(info.encoding, rows, cols, ordered, q.block_elements if q else None,
-                         q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None)
-
-
-def quantized(w: np.ndarray, encoding: str, block: int = 32, zero: str = "min",
-              scale_type: str = "f16") -> MatvecWeights:
-    """Encode a float matrix with the artifact's own codecs (tests and benchmarks)."""
-    rows, cols = w.shape
-    if encoding == "q4":
-        p = quant.quantize_q4(w, block, zero, scale_type)
-        return MatvecWeights("q4", rows, cols, (p["codes"], p["scales"], p.get("mins", p["scales"])),
-                             block, zero, scale_type)
-    if encoding == "q8":
-        p = quant.quantize_q8(w, block, scale_type)
-        return MatvecWeights("q8", rows, cols, (p["codes"], p["scales"]), block, None, scale_type)
-    encode = quant.encode_f16 if encoding == "f16" else quant.encode_f32
-    return MatvecWeights(encoding, rows, cols, (encode(w)["data"],))
-
-
-def choose_kernel(device: Device, weights: MatvecWeights, workgroup: int | None = None,
+def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None,
                   rows_per_group: int = 4) -> tuple[str, dict[str, int]]:
     """The variant and overrides for this device: subgroup sums when the device has them; a
     workgroup size that gives each invocation about UNITS_PER_INVOCATION units (the
     reduction after the loop costs about as much as a few units, measured on the H200:
     docs/RESULTS.md), unless `workgroup` asks for one; never more than the limits admit."""
-    wanted = workgroup or max(32, weights.units // UNITS_PER_INVOCATION)
-    ceiling = min(wanted, device.limits["maxComputeInvocationsPerWorkgroup"],
-                  device.limits["maxComputeWorkgroupSizeX"])
-    fitting = [size for size in WORKGROUP_SIZES if size <= ceiling]
-    if not fitting:
-        raise ValueError(f"no mat-vec workgroup size fits {ceiling} invocations")
-    overrides = {"WG": max(fitting), "ROWS": rows_per_group}
-    if weights.encoding in ("q4", "q8"):
-        overrides |= {"BLOCK": weights.block, "SCALE_F16": int(weights.scale_type == "f16")}
-    if weights.encoding == "q4":
-        overrides |= {"ZERO_MIN": int(weights.zero == "min")}
+    wanted = workgroup or max(32, units(weights) // UNITS_PER_INVOCATION)
+    size = runner.largest_workgroup(device.limits, WORKGROUP_SIZES, wanted)
+    if size is None:
+        raise ValueError(f"no mat-vec workgroup size fits {min(wanted, runner.max_invocations(device.limits))} "
+                         f"invocations")
+    overrides = {"WG": size, "ROWS": rows_per_group, **weights.overrides()}
     return kernel_name(weights.encoding, "subgroups" in device.features), overrides
 
 
-def check_shapes(device: Device, weights: MatvecWeights, m: int, x_stride: int) -> None:
+def check_shapes(device: Device, weights: Weights, m: int, x_stride: int) -> None:
     """Everything the kernel's addressing assumes, checked before any GPU work."""
     if weights.encoding not in ENCODINGS:
         raise ValueError(f"mat-vec has no {weights.encoding!r} encoding")
@@ -166,22 +102,20 @@ def check_shapes(device: Device, weights: MatvecWeights, m: int, x_stride: int) 
         raise ValueError(f"x_stride {x_stride} must be a multiple of 4 and >= cols {weights.cols}")
     if m > device.limits["maxComputeWorkgroupsPerDimension"]:
         raise ValueError(f"{m} activation rows exceed the grid's z limit")
-    widest = max(weights.rows * weights.units * UNIT_ELEMENTS[weights.encoding], m * x_stride, m * weights.rows)
-    if widest >= 2 ** 32:
+    widest = max(weights.rows * units(weights) * UNIT_ELEMENTS[weights.encoding], m * x_stride, m * weights.rows)
+    if widest >= runner.U32_LIMIT:
         raise ValueError(f"mat-vec addresses {widest} elements, past u32 indexing")
-    limit = device.limits["maxStorageBufferBindingSize"]
-    for part in weights.parts:
-        if len(memoryview(part).cast("B")) > limit:
-            raise ValueError(f"a weight part of {len(memoryview(part).cast('B'))} bytes exceeds "
-                             f"maxStorageBufferBindingSize {limit}: split the tensor (memory planner)")
+    for name, part in weights.parts.items():
+        runner.check_binding_size(device.limits, f"weight part {name} (split the tensor: memory planner)",
+                                  len(memoryview(part).cast("B")))
 
 
-def params(weights: MatvecWeights, x_stride: int, y_stride: int) -> np.ndarray:
-    return runner.params_words(weights.rows, weights.cols, weights.blocks, weights.units,
+def params(weights: Weights, x_stride: int, y_stride: int) -> np.ndarray:
+    return runner.params_words(weights.rows, weights.cols, weights.blocks, units(weights),
                                weights.row_words, x_stride, y_stride)
 
 
-def grid(device: Device, weights: MatvecWeights, rows_per_group: int, m: int) -> tuple[int, int, int]:
+def grid(device: Device, weights: Weights, rows_per_group: int, m: int) -> tuple[int, int, int]:
     groups = -(-weights.rows // rows_per_group)
     gx, gy, _ = runner.workgroup_grid(groups, device.limits["maxComputeWorkgroupsPerDimension"])
     return (gx, gy, m)
@@ -201,7 +135,7 @@ def _as_array(part) -> np.ndarray:
     return np.frombuffer(memoryview(part).cast("B"), np.uint8)
 
 
-async def matvec(ctx_or_device, weights: MatvecWeights, x: np.ndarray, name: str | None = None,
+async def matvec(ctx_or_device, weights: Weights, x: np.ndarray, name: str | None = None,
                  overrides: dict[str, int] | None = None) -> np.ndarray:
     """y [M, rows] = x [M, cols] W^T, once, on fresh buffers (tests, self-tests)."""
     ctx = ctx_or_device if isinstance(ctx_or_device, GoldenContext) else GoldenContext(ctx_or_device, None)
@@ -216,14 +150,14 @@ async def matvec(ctx_or_device, weights: MatvecWeights, x: np.ndarray, name: str
     kernel = await ctx.kernel(name, **overrides)
     (y,) = await runner.run_once(
         device, kernel, params(weights, stride, weights.rows),
-        [*map(_as_array, weights.parts), xs], [(x.shape[0] * weights.rows, np.float32)],
+        [*weights.bindings(), xs], [(x.shape[0] * weights.rows, np.float32)],
         grid(device, weights, overrides["ROWS"], x.shape[0]))
     return y.reshape(x.shape[0], weights.rows)
 
 
 # -- the oracle and its error bound ---------------------------------------------------------
 
-def oracle(weights: MatvecWeights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
     """(exact y in float64, elementwise error bound, rule) for any summation order.
 
     The kernels compute, per unit, s * sum(c x) (+ m * sum(x) for q4 "min", - 8 s sum(x)
@@ -235,16 +169,15 @@ def oracle(weights: MatvecWeights, x: np.ndarray) -> tuple[np.ndarray, np.ndarra
     x64 = np.atleast_2d(x).astype(np.float64)
     w = weights.dequantize().astype(np.float64)
     exact = x64 @ w.T
-    padded = weights.units * UNIT_ELEMENTS[weights.encoding]
+    padded = units(weights) * UNIT_ELEMENTS[weights.encoding]
     if weights.encoding == "q4":
-        descriptor_parts = dict(zip(("codes", "scales", "mins"), weights.parts))
-        codes = quant.unpack_nibbles(_as_array(descriptor_parts["codes"]).reshape(weights.rows, -1))
+        codes = quant.unpack_nibbles(_as_array(weights.parts["codes"]).reshape(weights.rows, -1))
         codes = codes[:, :weights.cols].astype(np.float64)
         scale_dtype = quant.SCALE_DTYPES[weights.scale_type]
-        s = np.repeat(np.frombuffer(descriptor_parts["scales"], scale_dtype).reshape(weights.rows, -1)
+        s = np.repeat(np.frombuffer(weights.parts["scales"], scale_dtype).reshape(weights.rows, -1)
                       .astype(np.float64), weights.block, axis=1)[:, :weights.cols]
         if weights.zero == "min":
-            mins = np.repeat(np.frombuffer(descriptor_parts["mins"], scale_dtype).reshape(weights.rows, -1)
+            mins = np.repeat(np.frombuffer(weights.parts["mins"], scale_dtype).reshape(weights.rows, -1)
                              .astype(np.float64), weights.block, axis=1)[:, :weights.cols]
             magnitude_w = np.abs(s * codes) + np.abs(mins)
         else:
@@ -272,9 +205,9 @@ def _random_weights(rng, rows, cols, data: str) -> np.ndarray:
     return w
 
 
-def _extreme_codes(weights: MatvecWeights, rng, which: str) -> MatvecWeights:
+def _extreme_codes(weights: Weights, rng, which: str) -> Weights:
     """Overwrite every code with its maximum, minimum or a random mix of both."""
-    codes = bytearray(weights.parts[0])
+    codes = bytearray(weights.parts["codes"])
     if weights.encoding == "q4":
         pick = {"max": 0xFF, "min": 0x00}.get(which)
         values = [pick] * len(codes) if pick is not None else rng.choice([0x00, 0xFF, 0x0F, 0xF0], len(codes))
@@ -289,7 +222,7 @@ def _extreme_codes(weights: MatvecWeights, rng, which: str) -> MatvecWeights:
     arr[:, real:] = 0
     if weights.encoding == "q4" and weights.cols % 2:
         arr[:, real - 1] &= 0x0F
-    return dataclasses.replace(weights, parts=(arr.tobytes(), *weights.parts[1:]))
+    return dataclasses.replace(weights, parts={**weights.parts, "codes": arr.tobytes()})
 
 
 def _cases(ctx: GoldenContext):
@@ -304,7 +237,7 @@ def _cases(ctx: GoldenContext):
             w = _random_weights(rng, rows, cols, "normal")
             x = rng.standard_normal((1 if rows > 1 else 3, cols)).astype(np.float32)
             yield (f"random {rows}x{cols} {encoding}/{block}/{zero}/{scale_type}",
-                   quantized(w, encoding, block or 32, zero or "min", scale_type or "f16"), x)
+                   Weights.quantized(w, encoding, block or 32, zero or "min", scale_type or "f16"), x)
     rows, cols = (9, 97) if ctx.quick else (40, 517)
     for data in ("constant", "alternating", "huge", "tiny"):
         for encoding, zero, scale_type in [("q4", "min", "f16"), ("q4", "offset", "f16"), ("q8", None, "f32"),
@@ -314,16 +247,16 @@ def _cases(ctx: GoldenContext):
             if data == "alternating":
                 x = np.abs(x)
             yield (f"{data} {rows}x{cols} {encoding}/{zero}/{scale_type}",
-                   quantized(w, encoding, 128 if data == "tiny" else 32, zero or "min", scale_type or "f16"), x)
+                   Weights.quantized(w, encoding, 128 if data == "tiny" else 32, zero or "min", scale_type or "f16"), x)
     for which in ("max", "min", "mixed"):
         for encoding, zero in [("q4", "min"), ("q4", "offset"), ("q8", None)]:
-            w = _extreme_codes(quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min"),
+            w = _extreme_codes(Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min"),
                                rng, which)
             yield f"{which} codes {rows}x{cols} {encoding}/{zero}", w, rng.standard_normal((1, cols)).astype(np.float32)
     if ctx.model is not None:
         for name in ("blk.0.ffn_up", "blk.0.attn_k", "token_embd"):
             if name in ctx.model.artifact.manifest.tensors:
-                w = weights_from_model(ctx.model, name)
+                w = Weights.from_model(ctx.model, name)
                 yield f"real {name} {w.rows}x{w.cols} {w.encoding}", w, rng.standard_normal((1, w.cols)).astype(np.float32)
 
 
@@ -367,7 +300,7 @@ BENCH_NAMES = ("q4", "q8", "f16", "f32")
 
 
 def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 32,
-                        zero: str = "min", scale_type: str = "f16") -> MatvecWeights:
+                        zero: str = "min", scale_type: str = "f16") -> Weights:
     """Random parts of the right sizes without quantizing (benchmarks on big shapes)."""
     blocks = blocks_per_row(cols, block)
     stride = row_stride(encoding, cols, block)
@@ -375,12 +308,14 @@ def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 3
     if encoding in ("f16", "f32"):
         dtype = np.float16 if encoding == "f16" else np.float32
         data = (rng.standard_normal(rows * stride // dtype().itemsize) * 0.02).astype(dtype).tobytes()
-        return MatvecWeights(encoding, rows, cols, (data,))
+        return Weights(encoding, rows, cols, {"data": data})
     scale_dtype = quant.SCALE_DTYPES[scale_type]
     scales = (rng.random(rows * blocks) * 0.01 + 0.001).astype(scale_dtype).tobytes()
     mins = (-rng.random(rows * blocks) * 0.05).astype(scale_dtype).tobytes()
-    parts = (codes, scales, mins) if encoding == "q4" else (codes, scales)
-    return MatvecWeights(encoding, rows, cols, parts, block, zero if encoding == "q4" else None, scale_type)
+    parts = {"codes": codes, "scales": scales}
+    if encoding == "q4" and zero == "min":
+        parts["mins"] = mins
+    return Weights(encoding, rows, cols, parts, block, zero if encoding == "q4" else None, scale_type)
 
 
 async def prepare_bench(device: Device, name: str, shape: dict, rng,
@@ -396,7 +331,7 @@ async def prepare_bench(device: Device, name: str, shape: dict, rng,
     x, stride = padded_activations(rng.standard_normal((1, weights.cols)).astype(np.float32), 0.0)
     check_shapes(device, weights, 1, stride)
     prepared = runner.prepare(device, kernel, params(weights, stride, weights.rows),
-                              [*map(_as_array, weights.parts), x], [(weights.rows, np.float32)],
+                              [*weights.bindings(), x], [(weights.rows, np.float32)],
                               grid(device, weights, overrides["ROWS"], 1))
     prepared.bytes_moved = weights.nbytes + x.nbytes + weights.rows * 4
     prepared.flops = 2 * weights.rows * weights.cols

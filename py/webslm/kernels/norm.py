@@ -6,8 +6,6 @@
 
 `plan_norm` checks sizes and builds the uniform block and grid; `rms_norm` / `rms_norm_residual`
 run once on fresh buffers (tests, self-tests); the engine uses `plan_norm` with its own buffers.
-
-`fit_workgroup` is shared by the layer-op families (norm, rope, swiglu, embed).
 """
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from . import runner
 from .golden import F32_TINY, F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, gamma, golden, label
 from .registry import CompiledKernel, KernelSpec, compile_kernel, register
 
-WORKGROUP_SIZES = (64, 128, 256)
-U32_LIMIT = 2 ** 32
+WORKGROUP_SIZES = runner.LAYER_WORKGROUP_SIZES
 
 # Binding order (index = @binding): the uniform, read-only inputs, then outputs. run_once takes
 # inputs and outputs in this order: rms_norm (weight, x) -> (out,);
@@ -34,30 +31,6 @@ register(*(KernelSpec(name, ("norm.wgsl",), name, bindings, {"WG": WORKGROUP_SIZ
 
 
 # -- host side ------------------------------------------------------------------------------
-
-def fit_workgroup(limits: dict[str, int], wanted: int, bytes_per_lane: int = 0) -> int:
-    """The largest allowlisted workgroup size <= wanted (at least 64) that the device admits:
-    invocations per workgroup, its x dimension, and workgroup storage (bytes_per_lane * WG).
-    Compatibility-mode devices allow 128 invocations and 16 KiB, so 256 steps down there."""
-    ceiling = min(max(wanted, WORKGROUP_SIZES[0]), limits["maxComputeInvocationsPerWorkgroup"],
-                  limits["maxComputeWorkgroupSizeX"])
-    if bytes_per_lane:
-        ceiling = min(ceiling, limits["maxComputeWorkgroupStorageSize"] // bytes_per_lane)
-    fitting = [size for size in WORKGROUP_SIZES if size <= ceiling]
-    if not fitting:
-        raise ValueError(f"no workgroup size of {WORKGROUP_SIZES} fits this device ({ceiling} invocations)")
-    return max(fitting)
-
-
-def check_binding_size(limits: dict[str, int], what: str, nbytes: int) -> None:
-    """A buffer the kernel binds whole must fit maxStorageBufferBindingSize, and every element
-    index must fit the u32 arithmetic of the WGSL (offsets past 2^32 would wrap)."""
-    if nbytes >= U32_LIMIT:
-        raise ValueError(f"{what} needs {nbytes} bytes: its offsets overflow u32 (2^32)")
-    if nbytes > limits["maxStorageBufferBindingSize"]:
-        raise ValueError(f"{what} needs {nbytes} bytes, more than this device's "
-                         f"maxStorageBufferBindingSize ({limits['maxStorageBufferBindingSize']})")
-
 
 class NormPlan(NamedTuple):
     kernel: str                      # rms_norm[_residual], with _vec4 when D % 4 == 0
@@ -79,11 +52,9 @@ def plan_norm(limits: dict[str, int], tokens: int, dim: int, eps: float, residua
         raise ValueError(f"rms_norm needs tokens >= 1 and dim >= 1, got tokens={tokens}, dim={dim}")
     if not (np.isfinite(eps) and eps > 0 and np.float32(eps) > 0):
         raise ValueError(f"rms_norm eps must be a positive finite f32, got {eps!r}")
-    check_binding_size(limits, f"activations [{tokens}, {dim}] f32", tokens * dim * 4)
+    runner.check_binding_size(limits, f"activations [{tokens}, {dim}] f32", tokens * dim * 4)
     # Lanes past the row only add zeros: no workgroup wider than the row's loads (but >= 64).
-    wg = workgroup or fit_workgroup(limits, dim // 4 if kernel.endswith("_vec4") else dim, bytes_per_lane=4)
-    if wg not in WORKGROUP_SIZES:
-        raise ValueError(f"workgroup {wg} is not one of {WORKGROUP_SIZES}")
+    wg = runner.layer_workgroup(limits, workgroup, dim // 4 if kernel.endswith("_vec4") else dim, bytes_per_lane=4)
     grid = runner.workgroup_grid(tokens, limits["maxComputeWorkgroupsPerDimension"])
     return NormPlan(kernel, {"WG": wg}, runner.params_words(tokens, dim, float(eps)), grid)
 
@@ -217,8 +188,7 @@ async def golden_norm(ctx: GoldenContext) -> list[GoldenResult]:
     cases = norm_cases(ctx.rng, ctx.quick, ctx.model)
     results = []
     for spec in ctx.variants("rms_norm"):
-        default = fit_workgroup(ctx.device.limits, 256, bytes_per_lane=4)
-        sizes = [default] if ctx.quick else [s for s in WORKGROUP_SIZES if s <= default]
+        sizes = ctx.workgroups(bytes_per_lane=4)
         for wg in sizes:
             kernel = await ctx.kernel(spec.name, WG=wg)
             name = label(spec, {"WG": wg})
@@ -241,11 +211,8 @@ async def golden_norm(ctx: GoldenContext) -> list[GoldenResult]:
 # -- benchmark hook -----------------------------------------------------------------------------
 
 BENCH_KERNELS = ("rms_norm", "rms_norm_vec4", "rms_norm_residual", "rms_norm_residual_vec4")
-BENCH_SHAPES: dict[str, dict] = {
-    f"{model} {phase}": {"tokens": tokens, "dim": dim}
-    for model, dim in (("smollm2-135m", 576), ("llama-3.2-1b", 2048), ("llama-3-8b", 4096))
-    for phase, tokens in (("decode", 1), ("prefill", 512))
-}
+BENCH_SHAPES: dict[str, dict] = runner.bench_shapes(
+    {"smollm2-135m": {"dim": 576}, "llama-3.2-1b": {"dim": 2048}, "llama-3-8b": {"dim": 4096}})
 
 
 async def prepare_bench(device: Device, name: str, shape: dict, rng: np.random.Generator) -> runner.Prepared:

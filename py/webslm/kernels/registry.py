@@ -57,6 +57,10 @@ class KernelSpec:
 # Prelude files holding one `enable` directive -> the WGSL extension they enable.
 ENABLE_FILES = {"enable_subgroups.wgsl": "subgroups", "enable_f16.wgsl": "f16"}
 
+# Per quantized encoding, the files with its scale helpers: scale_at (quant_scales.wgsl) and,
+# for q4, min_at (quant_mins.wgsl). The kernel declares SCALE_F16 and the scales/mins bindings.
+QUANT_SOURCES = {"q4": ("quant_scales.wgsl", "quant_mins.wgsl"), "q8": ("quant_scales.wgsl",)}
+
 KERNELS: dict[str, KernelSpec] = {}
 
 

@@ -17,10 +17,10 @@ from ..cpu.layers import rope_tables
 from ..webgpu.interface import Device
 from . import runner
 from .golden import F32_TINY, GoldenContext, GoldenResult, compare_bound, gamma, golden, label
-from .norm import WORKGROUP_SIZES, check_binding_size, fit_workgroup
 from .registry import CompiledKernel, KernelSpec, compile_kernel, register
 
 CONVENTIONS = {"rotate-half": 0, "adjacent-pair": 1}   # -> the ADJACENT override
+WORKGROUP_SIZES = runner.LAYER_WORKGROUP_SIZES
 
 # Bindings: params, table (read) -> qk (updated in place; run_once takes its initial content).
 register(KernelSpec("rope", ("rope.wgsl",), "rope", ("uniform", "read-only-storage", "storage"),
@@ -59,15 +59,13 @@ def plan_rope(limits: dict[str, int], tokens: int, heads: int, head_dim: int, ro
         raise ValueError(f"positions {start}..{start + tokens - 1} need table rows up to {start + tokens}, "
                          f"but the table has {table_rows} (position >= capacity)")
     half = rotary_dim // 2
-    check_binding_size(limits, f"rope table [{table_rows}, {half}] (cos, sin)", table_rows * half * 8)
-    check_binding_size(limits, f"qk [{tokens}, {token_stride}] f32",
+    runner.check_binding_size(limits, f"rope table [{table_rows}, {half}] (cos, sin)", table_rows * half * 8)
+    runner.check_binding_size(limits, f"qk [{tokens}, {token_stride}] f32",
                        ((tokens - 1) * token_stride + heads * head_dim) * 4)
     pairs = tokens * heads * half
-    wg = workgroup or fit_workgroup(limits, 256)
-    if wg not in WORKGROUP_SIZES:
-        raise ValueError(f"workgroup {wg} is not one of {WORKGROUP_SIZES}")
+    wg = runner.layer_workgroup(limits, workgroup, 256)
     groups = -(-pairs // wg)
-    if groups * wg >= 2 ** 32:
+    if groups * wg >= runner.U32_LIMIT:
         raise ValueError(f"{pairs} pairs overflow the u32 invocation index")
     grid = runner.workgroup_grid(groups, limits["maxComputeWorkgroupsPerDimension"])
     params = runner.params_words(tokens, heads, head_dim, half, start, token_stride)
@@ -192,8 +190,7 @@ def rope_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list[R
 @golden("rope")
 async def golden_rope(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
-    default = fit_workgroup(ctx.device.limits, 256)
-    sizes = [default] if ctx.quick else [s for s in WORKGROUP_SIZES if s <= default]
+    sizes = ctx.workgroups()
     tables = {}
     for case in rope_cases(ctx.rng, ctx.quick, ctx.model):
         key = (case.table_rows, case.rotary_dim, case.base, case.position_offset)

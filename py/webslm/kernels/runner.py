@@ -11,12 +11,16 @@ tests rely on:
 
 Bindings follow the kernel's spec in order: "uniform" takes `params`, each
 "read-only-storage" takes the next input, each "storage" the next output.
+
+Also the host-side checks every family shares: the workgroup size a device admits
+(`largest_workgroup`, `fit_workgroup`), a buffer's fit in one binding (`check_binding_size`),
+the 2-D grid (`workgroup_grid`), and the benchmark shapes per model and phase (`bench_shapes`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -24,6 +28,8 @@ from ..webgpu.interface import BufferBinding, BufferUsage, Device, Dispatch
 from .registry import CompiledKernel
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
+U32_LIMIT = 2 ** 32
+LAYER_WORKGROUP_SIZES = (64, 128, 256)   # the WG allowlist of the layer ops (norm, rope, swiglu, embed)
 
 
 class KernelRunError(RuntimeError):
@@ -44,7 +50,7 @@ def params_words(*values: int | float) -> np.ndarray:
         if isinstance(value, (float, np.floating)):
             words[i] = np.array(value, np.float32).view(np.uint32)
         else:
-            if not 0 <= int(value) < 2 ** 32:
+            if not 0 <= int(value) < U32_LIMIT:
                 raise ValueError(f"uniform word {i} = {value} does not fit in u32")
             words[i] = int(value)
     return words
@@ -59,6 +65,64 @@ def workgroup_grid(groups: int, max_per_dimension: int) -> tuple[int, int, int]:
     if height > max_per_dimension:
         raise ValueError(f"{groups} workgroups exceed a {max_per_dimension}^2 grid")
     return (max_per_dimension, height, 1)
+
+
+def max_invocations(limits: dict[str, int]) -> int:
+    """The most invocations a 1-D workgroup may have on this device."""
+    return min(limits["maxComputeInvocationsPerWorkgroup"], limits["maxComputeWorkgroupSizeX"])
+
+
+def largest_workgroup(limits: dict[str, int], sizes: Sequence[int], wanted: int,
+                      storage: Callable[[int], int] | None = None) -> int | None:
+    """The largest allowlisted size (of `sizes`) <= wanted that the device admits: invocations
+    per workgroup, its x dimension and, when `storage(size)` gives the workgroup memory a size
+    needs, maxComputeWorkgroupStorageSize. None when no size fits (callers raise their own
+    error). Compatibility-mode devices allow 128 invocations and 16 KiB, so 256 steps down."""
+    ceiling = min(wanted, max_invocations(limits))
+    fitting = [size for size in sizes if size <= ceiling
+               and (storage is None or storage(size) <= limits["maxComputeWorkgroupStorageSize"])]
+    return max(fitting, default=None)
+
+
+def fit_workgroup(limits: dict[str, int], wanted: int, bytes_per_lane: int = 0,
+                  sizes: Sequence[int] = LAYER_WORKGROUP_SIZES) -> int:
+    """largest_workgroup for the layer ops: wanted is raised to the smallest size, workgroup
+    memory is bytes_per_lane * WG, and no fitting size is a ValueError."""
+    size = largest_workgroup(limits, sizes, max(wanted, sizes[0]),
+                             (lambda wg: wg * bytes_per_lane) if bytes_per_lane else None)
+    if size is None:
+        raise ValueError(f"no workgroup size of {tuple(sizes)} fits this device "
+                         f"({max_invocations(limits)} invocations)")
+    return size
+
+
+def layer_workgroup(limits: dict[str, int], workgroup: int | None, wanted: int, bytes_per_lane: int = 0,
+                    sizes: Sequence[int] = LAYER_WORKGROUP_SIZES) -> int:
+    """The WG of a layer-op launch: `workgroup` when the caller gives one (it must be
+    allowlisted), else fit_workgroup(limits, wanted, bytes_per_lane)."""
+    wg = workgroup or fit_workgroup(limits, wanted, bytes_per_lane, sizes)
+    if wg not in sizes:
+        raise ValueError(f"workgroup {wg} is not one of {tuple(sizes)}")
+    return wg
+
+
+def check_binding_size(limits: dict[str, int], what: str, nbytes: int) -> None:
+    """A buffer the kernel binds whole must fit maxStorageBufferBindingSize, and every element
+    index must fit the u32 arithmetic of the WGSL (offsets past 2^32 would wrap)."""
+    if nbytes >= U32_LIMIT:
+        raise ValueError(f"{what} needs {nbytes} bytes: its offsets overflow u32 (2^32)")
+    if nbytes > limits["maxStorageBufferBindingSize"]:
+        raise ValueError(f"{what} needs {nbytes} bytes, more than this device's "
+                         f"maxStorageBufferBindingSize ({limits['maxStorageBufferBindingSize']})")
+
+
+BENCH_PHASES = (("decode", 1), ("prefill", 512))   # (phase, tokens) of the benchmark shapes
+
+
+def bench_shapes(per_model: dict[str, dict]) -> dict[str, dict]:
+    """A family's BENCH_SHAPES: "<model> <phase>" -> {"tokens": ..., **the model's sizes}."""
+    return {f"{model} {phase}": {"tokens": tokens, **sizes}
+            for model, sizes in per_model.items() for phase, tokens in BENCH_PHASES}
 
 
 def _as_bytes_array(a: np.ndarray) -> np.ndarray:

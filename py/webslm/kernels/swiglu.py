@@ -12,8 +12,9 @@ import numpy as np
 from ..webgpu.interface import Device
 from . import runner
 from .golden import F32_TINY, F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, golden, label
-from .norm import WORKGROUP_SIZES, check_binding_size, fit_workgroup
 from .registry import CompiledKernel, KernelSpec, compile_kernel, register
+
+WORKGROUP_SIZES = runner.LAYER_WORKGROUP_SIZES
 
 # Bindings: params, h (read) -> out.
 register(
@@ -43,11 +44,9 @@ def plan_swiglu(limits: dict[str, int], tokens: int, ffn: int, kernel: str | Non
         raise ValueError(f"swiglu_vec4 needs ffn % 4 == 0 (vec4 rows), got ffn={ffn}")
     if kernel not in ("swiglu", "swiglu_vec4"):
         raise ValueError(f"no swiglu kernel named {kernel!r}")
-    check_binding_size(limits, f"h [{tokens}, {2 * ffn}] f32", tokens * 2 * ffn * 4)
+    runner.check_binding_size(limits, f"h [{tokens}, {2 * ffn}] f32", tokens * 2 * ffn * 4)
     per_invocation = 4 if kernel == "swiglu_vec4" else 1
-    wg = workgroup or fit_workgroup(limits, 256)
-    if wg not in WORKGROUP_SIZES:
-        raise ValueError(f"workgroup {wg} is not one of {WORKGROUP_SIZES}")
+    wg = runner.layer_workgroup(limits, workgroup, 256)
     groups = -(-tokens * ffn // (per_invocation * wg))
     grid = runner.workgroup_grid(groups, limits["maxComputeWorkgroupsPerDimension"])
     return SwigluPlan(kernel, {"WG": wg}, runner.params_words(tokens, ffn), grid)
@@ -143,8 +142,7 @@ def swiglu_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list
 @golden("swiglu")
 async def golden_swiglu(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
-    default = fit_workgroup(ctx.device.limits, 256)
-    sizes = [default] if ctx.quick else [s for s in WORKGROUP_SIZES if s <= default]
+    sizes = ctx.workgroups()
     for case, h in swiglu_cases(ctx.rng, ctx.quick, ctx.model):
         ffn = h.shape[1] // 2
         for spec in ctx.variants("swiglu"):
@@ -160,11 +158,8 @@ async def golden_swiglu(ctx: GoldenContext) -> list[GoldenResult]:
 # -- benchmark hook -----------------------------------------------------------------------------
 
 BENCH_KERNELS = ("swiglu", "swiglu_vec4")
-BENCH_SHAPES: dict[str, dict] = {
-    f"{model} {phase}": {"tokens": tokens, "ffn": ffn}
-    for model, ffn in (("smollm2-135m", 1536), ("llama-3.2-1b", 8192), ("llama-3-8b", 14336))
-    for phase, tokens in (("decode", 1), ("prefill", 512))
-}
+BENCH_SHAPES: dict[str, dict] = runner.bench_shapes(
+    {"smollm2-135m": {"ffn": 1536}, "llama-3.2-1b": {"ffn": 8192}, "llama-3-8b": {"ffn": 14336}})
 
 
 async def prepare_bench(device: Device, name: str, shape: dict, rng: np.random.Generator) -> runner.Prepared:
