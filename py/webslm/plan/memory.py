@@ -1,0 +1,591 @@
+"""The deterministic memory planner: every byte a model will own, decided before any is asked for.
+
+Design report, "KV Cache, Deterministic Memory Planning, and Binding Strategy" and admission
+step 3: admission derives one immutable allocation graph from the validated manifest, a plain
+dict of WebGPU limits (camelCase, as webgpu/interface.py spells them) and a PlanPolicy, and
+nothing else. The planner knows no GPU object; the same inputs give byte-identical canonical
+JSON and the same `plan.hash` in CPython and in Pyodide.
+
+What a plan holds (MemoryPlan; `as_dict()` is its JSON):
+
+    buffers    each GPU buffer to create: stable name, part, size, usage flags
+    regions    each range of a buffer the engine binds or copies: name, buffer, offset, size,
+               alignment (minStorageBufferOffsetAlignment, or the uniform one), binding kind,
+               and when it is live: the whole session, or an interval [first producer step,
+               last consumer step] of one schedule
+    schedules  the named steps of one decode step (T = 1) and of one prefill chunk (T = the
+               policy's chunk), with the layer loop's bounds and each dispatch's params slot
+    proofs     one record per pair of regions that share bytes: which is read last when
+               (last consumer), which is written first when (producer), the shared bytes and
+               the reason ("intervals disjoint: e_i < b_j", or two schedules that never run
+               in one submit); proof.verify() re-checks each from the regions' own data
+    splits     tensors too large for one binding, and how they are split (strategy
+               "split-rows": row ranges, aligned to whole rows and to the offset alignment)
+    gpu_bytes  owned GPU bytes by part: weights, metadata, kv, arena, scratch, logits,
+               staging, readback, reserve (each part is the sum of its buffers' sizes)
+    cpu_bytes  artifact, repack, upload, readback, shadow, runtime
+    required_limits   the limits this plan needs (admission requests exactly these)
+
+The parts. weights: every tensor part as the artifact stores it (q4/q8 codes, scales and mins,
+f16/f32 data), each at a 256-aligned offset, bound as its own range, packed in file order into
+buffers of at most maxBufferSize. metadata: the params uniforms (one slot per dispatch of each
+schedule) and the RoPE (cos, sin) table. kv: per layer a K and a V region
+[n_kv_heads][capacity][head_dim] (docs/kernels.md, kv_cache.py), so the KV bytes are exactly
+L x C x H_kv x D_h x 2 x B (design report formula, batch 1); alignment gaps between regions are
+counted in the part's buffer bytes, not hidden in the formula. arena: the activations of one
+step. scratch: attention split-K partials and logits-reduction partials. logits: the [V] f32
+row and the [2k + 1] u32 top-k result. staging: one upload chunk. readback: the result words
+and one full logits row (the sampler may need all logits, sampler.needs_full_logits).
+reserve ("reserve-v1"): max(64 MiB, 15% of the owned bytes), headroom for what the plan cannot
+measure: pipelines, bind groups, command buffers and the driver's own allocations.
+
+Liveness and aliasing. Temporaries of the arena, scratch and logits buffers get intervals over
+a schedule's steps; placement is first fit, largest first, where a region may not touch the
+bytes of any region whose interval overlaps its own in the same schedule. Whenever two regions
+end up sharing bytes the planner writes the proof record; a region live for the whole session
+(weights, KV, params, staging, readback) never shares a byte.
+
+Binding limits. A weight part larger than min(maxStorageBufferBindingSize, maxBufferSize) is
+split by rows: every part of that tensor (codes, scales, mins) into the same row ranges, each
+piece its own binding; the row count of a piece is a multiple of the smallest row count whose
+bytes in every part, and in the output row (4 bytes per row), are multiples of the offset
+alignment, so pieces lie back to back and each piece's output range is bindable too. Pieces
+that do not fit in one buffer continue in the next. Anything no strategy covers (one aligned
+row group over the limit, a layer's KV cache over the binding limit, an activation over it)
+is rejected with PlanRejected(code, where, sentence) before anything is allocated.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+from ..errors import CodedError
+from .proof import plan_hash
+
+MiB = 1 << 20
+RESERVE_POLICIES = ("reserve-v1",)
+KV_DTYPES = {"f32": 4, "f16": 2}
+FEATURE_LEVELS = ("core", "compatibility")          # webgpu/interface.py FEATURE_LEVELS
+WEIGHT_ALIGNMENT = 256                               # docs/slm-format.md: every part 256-aligned
+# GPUBufferUsage flags, the WebGPU specification's values (as webgpu/interface.py BufferUsage).
+USAGE = {"MAP_READ": 0x1, "MAP_WRITE": 0x2, "COPY_SRC": 0x4, "COPY_DST": 0x8, "UNIFORM": 0x40, "STORAGE": 0x80}
+# The largest params block a kernel declares: attention's 11 u32 words (kernels/attention.py
+# plan_decode), padded to 16 bytes by runner.params_words -> 48; 64 leaves room for 16 words.
+PARAMS_BYTES = 64
+# Decode attention (kernels/attention.py plan_decode): up to SINGLE_PASS_MAX keys take one pass
+# (scratch of 4 + 2 f32 still bound); past it no chunk is shorter than MIN_CHUNK, so a context
+# of C keys needs at most ceil(C / MIN_CHUNK) chunks of partials.
+SINGLE_PASS_MAX, MIN_CHUNK = 256, 64
+# Logits reductions (kernels/logits.py default_chunk / plan): top-k pass 1 takes chunks of
+# round_up(isqrt(V k) + 1, LOAD) logits; argmax aims for ARGMAX_GROUPS workgroups.
+LOGITS_LOAD, ARGMAX_GROUPS, MAX_TOP_K = 512, 256, 256
+
+# WebGPU's default limits (the specification's tables; compatibility mode per its proposal).
+# For memory the two feature levels are the same: 128 MiB bindings, 256 MiB buffers.
+SPEC_DEFAULT_LIMITS = {
+    "core": {"maxStorageBufferBindingSize": 128 * MiB, "maxBufferSize": 256 * MiB,
+             "minStorageBufferOffsetAlignment": 256, "minUniformBufferOffsetAlignment": 256,
+             "maxUniformBufferBindingSize": 65536},
+    "compatibility": {"maxStorageBufferBindingSize": 128 * MiB, "maxBufferSize": 256 * MiB,
+                      "minStorageBufferOffsetAlignment": 256, "minUniformBufferOffsetAlignment": 256,
+                      "maxUniformBufferBindingSize": 16384},
+}
+REQUIRED_LIMITS = tuple(SPEC_DEFAULT_LIMITS["core"])
+
+
+class PlanRejected(CodedError):
+    """No plan exists for this model, these limits and this policy. Codes: missing-limit,
+    bad-limit, bad-policy, bad-manifest, no-split, kv-layout, kv-too-large, too-large."""
+
+
+# -- the inputs ---------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PlanPolicy:
+    context_capacity: int | None = None      # tokens; None: min(context_length, 2048)
+    kv_dtype: str = "f32"                    # "f32" (tier A) or "f16" (tier B)
+    prefill_chunk: int = 64                  # tokens per prefill submit
+    top_k_capacity: int = 64                 # largest k the logits reduction returns
+    upload_chunk: int = 4 * MiB              # bytes per bounded upload
+    reserve: str = "reserve-v1"
+    feature_level: str = "core"
+
+
+def _fail(code: str, where: str, sentence: str):
+    raise PlanRejected(code, where, sentence)
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_limits(limits: Mapping[str, int]) -> dict[str, int]:
+    """The five limits a plan depends on, checked; other keys are ignored (and not hashed)."""
+    used = {}
+    for key in REQUIRED_LIMITS:
+        if key not in limits:
+            _fail("missing-limit", key, f"the limits do not state {key}, which the plan depends on")
+        value = limits[key]
+        if not _is_int(value) or value < 4:
+            _fail("bad-limit", key, f"{key} must be an integer >= 4, not {value!r}")
+        used[key] = int(value)
+    for key in ("minStorageBufferOffsetAlignment", "minUniformBufferOffsetAlignment"):
+        if used[key] & (used[key] - 1):
+            _fail("bad-limit", key, f"{key} {used[key]} is not a power of two")
+    return used
+
+
+def _resolve_policy(policy: PlanPolicy, arch) -> dict[str, Any]:
+    capacity = min(arch.context_length, 2048) if policy.context_capacity is None else policy.context_capacity
+    checks = [
+        (_is_int(capacity) and 1 <= capacity <= arch.context_length, "context_capacity",
+         f"must be in 1..context_length ({arch.context_length}), not {capacity!r}"),
+        (policy.kv_dtype in KV_DTYPES, "kv_dtype", f"must be one of {sorted(KV_DTYPES)}, not {policy.kv_dtype!r}"),
+        (_is_int(policy.prefill_chunk) and 1 <= policy.prefill_chunk, "prefill_chunk",
+         f"must be a positive integer, not {policy.prefill_chunk!r}"),
+        (_is_int(policy.top_k_capacity) and 1 <= policy.top_k_capacity <= MAX_TOP_K, "top_k_capacity",
+         f"must be in 1..{MAX_TOP_K} (kernels/logits.py MAX_K), not {policy.top_k_capacity!r}"),
+        (_is_int(policy.upload_chunk) and policy.upload_chunk >= 4 and policy.upload_chunk % 4 == 0,
+         "upload_chunk", f"must be a positive multiple of 4 bytes, not {policy.upload_chunk!r}"),
+        (policy.reserve in RESERVE_POLICIES, "reserve", f"must be one of {RESERVE_POLICIES}, not {policy.reserve!r}"),
+        (policy.feature_level in FEATURE_LEVELS, "feature_level",
+         f"must be one of {FEATURE_LEVELS}, not {policy.feature_level!r}"),
+    ]
+    for ok, field, sentence in checks:
+        if not ok:
+            _fail("bad-policy", field, f"{field} {sentence}")
+    return {"context_capacity": capacity, "kv_dtype": policy.kv_dtype,
+            # a chunk never exceeds the cache; k never exceeds the vocabulary (logits.plan refuses k > V)
+            "prefill_chunk": min(policy.prefill_chunk, capacity),
+            "top_k_capacity": min(policy.top_k_capacity, arch.vocab),
+            "upload_chunk": policy.upload_chunk, "reserve": policy.reserve,
+            "feature_level": policy.feature_level}
+
+
+# -- the plan's records ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Buffer:
+    name: str
+    part: str
+    size: int
+    usage: tuple[str, ...]
+    usage_bits: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    name: str
+    part: str
+    buffer: str
+    offset: int
+    size: int
+    alignment: int
+    binding: str                      # "read-only-storage" | "storage" | "uniform" | "copy"
+    schedule: str | None = None       # None: live for the whole session
+    interval: tuple[int, int] | None = None
+    source: Mapping[str, Any] | None = None   # weights: tensor, part, file_offset, length, rows
+    slots: int | None = None          # uniforms: slot count, stride and bound size
+    slot_stride: int | None = None
+    binding_size: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MemoryPlan:
+    """The immutable plan; `as_dict()` is its content (JSON data) and `hash` the sha256 of its
+    canonical JSON (proof.canonical_json). Two plans are the same plan when their hashes are."""
+    data: Mapping[str, Any]
+
+    def as_dict(self) -> dict:
+        import copy
+        return copy.deepcopy(dict(self.data))
+
+    hash = property(lambda self: self.data["hash"])
+    gpu_bytes = property(lambda self: dict(self.data["gpu_bytes"]))
+    cpu_bytes = property(lambda self: dict(self.data["cpu_bytes"]))
+    total_gpu_bytes = property(lambda self: self.data["total_gpu_bytes"])
+    total_cpu_bytes = property(lambda self: self.data["total_cpu_bytes"])
+    required_limits = property(lambda self: dict(self.data["required_limits"]))
+    splits = property(lambda self: list(self.data["splits"]))
+    proofs = property(lambda self: list(self.data["proofs"]))
+    kv = property(lambda self: dict(self.data["kv"]))
+    unmeasured = property(lambda self: self.data["unmeasured"])
+
+    @property
+    def buffers(self) -> list[Buffer]:
+        return [Buffer(**{**b, "usage": tuple(b["usage"])}) for b in self.data["buffers"]]
+
+    @property
+    def regions(self) -> list[Region]:
+        return [Region(**{**r, "interval": tuple(r["interval"]) if r["interval"] else None})
+                for r in self.data["regions"]]
+
+    def canonical_json(self) -> str:
+        from .proof import canonical_json
+        return canonical_json(self.as_dict())
+
+
+class _Packer:
+    """Regions packed next-fit, in the order given, into buffers of at most `cap` bytes."""
+
+    def __init__(self, prefix: str, part: str, usage: tuple[str, ...], cap: int):
+        self.prefix, self.part, self.usage, self.cap = prefix, part, usage, cap
+        self.names: list[str] = []
+        self.sizes: list[int] = []
+        self.regions: list[Region] = []
+
+    def add(self, name: str, size: int, alignment: int, binding: str, **fields) -> Region:
+        if size > self.cap:
+            _fail("too-large", name, f"{name} needs {size} bytes in one buffer, more than maxBufferSize {self.cap}")
+        offset = _align(self.sizes[-1], alignment) if self.sizes else 0
+        if not self.sizes or offset + size > self.cap:
+            self.names.append(f"{self.prefix}.{len(self.sizes)}")
+            self.sizes.append(0)
+            offset = 0
+        region = Region(name, self.part, self.names[-1], offset, size, alignment, binding, **fields)
+        self.sizes[-1] = offset + size
+        self.regions.append(region)
+        return region
+
+    def buffers(self) -> list[Buffer]:
+        bits = sum(USAGE[u] for u in self.usage)
+        return [Buffer(name, self.part, size, self.usage, bits) for name, size in zip(self.names, self.sizes)]
+
+
+# -- the schedules: the steps of one decode step and one prefill chunk ---------------------------
+
+# Steps in execution order. The "layer." steps are the layer body: they run once per layer, in
+# order, on the same regions (a temporary inside the body is re-made by every layer).
+STEPS = ("upload", "embed",
+         "layer.attn_norm", "layer.qkv", "layer.rope", "layer.kv_append", "layer.attention",
+         "layer.o_proj", "layer.ffn_norm", "layer.gate_up", "layer.swiglu", "layer.down",
+         "final_norm", "lm_head", "logits_reduce", "readback")
+LAYER_LOOP = (STEPS.index("layer.attn_norm"), STEPS.index("layer.down"))
+SCHEDULES = ("decode", "prefill")          # separate submits: never both in flight
+
+
+def _temporaries(arch, schedule: str, tokens: int, capacity: int, k: int) -> list[tuple]:
+    """(name, part, producer step, last consumer step, bytes) of every temporary of a schedule.
+
+    Activations are f32 rows of T tokens. x, the residual stream, is carried through the loop
+    (o_proj and down add into it), so it lives from embed to the final norm. The final norm
+    and the LM head see only the last token: one row of logits per submit."""
+    t, d, f = tokens, arch.hidden, arch.ffn
+    h, kv, e, v = arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.vocab
+    rows = [
+        ("token_ids", "arena", "upload", "embed", 4 * t),
+        ("x", "arena", "embed", "final_norm", 4 * t * d),
+        ("attn_in", "arena", "layer.attn_norm", "layer.qkv", 4 * t * d),
+        ("qkv", "arena", "layer.qkv", "layer.attention", 4 * t * (h + 2 * kv) * e),   # RoPE in place
+        ("attn_out", "arena", "layer.attention", "layer.o_proj", 4 * t * h * e),
+        ("ffn_in", "arena", "layer.ffn_norm", "layer.gate_up", 4 * t * d),
+        ("gate_up", "arena", "layer.gate_up", "layer.swiglu", 4 * t * 2 * f),
+        ("ffn_act", "arena", "layer.swiglu", "layer.down", 4 * t * f),
+        ("final_in", "arena", "final_norm", "lm_head", 4 * d),
+        ("logits_partials", "scratch", "logits_reduce", "logits_reduce", 4 * _logits_partials_words(v, k)),
+        ("logits", "logits", "lm_head", "readback", 4 * v),
+        ("logits_result", "logits", "logits_reduce", "readback", 4 * (2 * k + 1)),
+    ]
+    if schedule == "decode":     # prefill attention keeps its running softmax in workgroup memory
+        chunks = -(-capacity // MIN_CHUNK) if capacity > SINGLE_PASS_MAX else 0
+        rows += [("attn_acc", "scratch", "layer.attention", "layer.attention", 4 * max(4, h * chunks * e)),
+                 ("attn_ml", "scratch", "layer.attention", "layer.attention", 4 * max(2, h * chunks * 2))]
+    return rows
+
+
+def _logits_partials_words(vocab: int, k: int) -> int:
+    """Words of the pass-1 partials [2 G k + G] (kernels/logits.py LogitsPlan.partials_words),
+    the most any k' <= k needs with the host's default chunk, or argmax's (G <= ARGMAX_GROUPS)."""
+    most = 3 * min(ARGMAX_GROUPS, vocab)
+    for kk in range(1, k + 1):
+        chunk = min(_align(math.isqrt(vocab * kk) + 1, LOGITS_LOAD), _align(vocab, LOGITS_LOAD))
+        most = max(most, (2 * kk + 1) * -(-vocab // chunk))
+    return most
+
+
+def _place(temps: list[tuple], alignment: int) -> tuple[list[tuple[str, int]], list[dict]]:
+    """First fit, largest first: each temporary goes to the lowest aligned offset where it
+    touches no temporary of its schedule whose interval overlaps its own. Then every pair that
+    shares bytes anyway gets its proof record. temps: (name, schedule, (b, e), size)."""
+    placed: list[tuple[str, str, tuple[int, int], int, int]] = []
+    for name, schedule, (b, e), size in sorted(temps, key=lambda t: (-t[3], t[1], t[0])):
+        live = sorted((o, o + s) for _, sc, (pb, pe), s, o in placed
+                      if sc == schedule and not (pe < b or e < pb))
+        offset = 0
+        for start, end in live:
+            if start >= offset + size:
+                break
+            if end > offset:
+                offset = _align(end, alignment)
+        placed.append((name, schedule, (b, e), size, offset))
+    proofs = []
+    for i, (n1, s1, iv1, z1, o1) in enumerate(placed):
+        for n2, s2, iv2, z2, o2 in placed[i + 1:]:
+            start, end = max(o1, o2), min(o1 + z1, o2 + z2)
+            if end <= start:
+                continue
+            if s1 != s2:
+                (a, sa), (c, sc) = sorted(((n1, s1), (n2, s2)))
+                proofs.append({"first": a, "then": c, "offset": start, "size": end - start,
+                               "last_consumer": None, "producer": None,
+                               "reason": f"schedules exclusive: {sa} / {sc}"})
+                continue
+            (fa, ivf), (th, ivt) = sorted(((n1, iv1), (n2, iv2)), key=lambda x: x[1])
+            proofs.append({"first": fa, "then": th, "offset": start, "size": end - start,
+                           "last_consumer": STEPS[ivf[1]], "producer": STEPS[ivt[0]],
+                           "reason": f"intervals disjoint: {ivf[1]} < {ivt[0]}"})
+    return [(name, offset) for name, _, _, _, offset in placed], proofs
+
+
+# -- weights, and the split-rows strategy -------------------------------------------------------
+
+def _tensors_in_file_order(manifest) -> list:
+    """The tensor table ordered by where each tensor sits in the file, whatever the order of the
+    mapping: the plan must not depend on a dict's iteration order."""
+    return sorted(manifest.tensors.values(), key=lambda t: (min(o for _, o, _ in t.parts), t.name))
+
+
+def _split_rows(info, limit: int, w_align: int, s_align: int) -> int | None:
+    """Rows per piece when some part of `info` exceeds one binding, None when none does.
+
+    A piece's row count is a multiple of `unit`, the fewest rows whose bytes are a multiple of
+    the weight alignment in every part and of the storage alignment in the output row (4 bytes
+    a row), so the pieces of a part lie back to back at aligned offsets and the rows a piece
+    produces can be bound as their own range of the output."""
+    lengths = {part: length for part, _, length in info.parts}
+    if all(_align(length, 4) <= limit for length in lengths.values()):
+        return None
+    rows = info.rows
+    for part, length in lengths.items():
+        if length % rows:
+            _fail("bad-manifest", info.name, f"part {part} ({length} bytes) is not {rows} equal rows")
+    row_bytes = [length // rows for length in lengths.values()]
+    unit = math.lcm(*(w_align // math.gcd(w_align, rb) for rb in row_bytes), s_align // math.gcd(s_align, 4))
+    per_piece = (limit // max(row_bytes)) // unit * unit
+    if per_piece == 0:
+        what = (f"a single row of {max(row_bytes)} bytes" if rows == 1 else
+                f"{unit} rows (the fewest that keep a split aligned) take {unit * max(row_bytes)} bytes, which")
+        _fail("no-split", info.name, f"{what} exceeds the binding limit {limit}: no split strategy applies")
+    return min(per_piece, rows)
+
+
+def _weights(manifest, limits, w_align: int, s_align: int) -> tuple[_Packer, list[dict]]:
+    limit = min(limits["maxStorageBufferBindingSize"], limits["maxBufferSize"])
+    packer = _Packer("weights", "weights", ("STORAGE", "COPY_DST"), limits["maxBufferSize"])
+    splits = []
+    for info in _tensors_in_file_order(manifest):
+        per_piece = _split_rows(info, limit, w_align, s_align)
+        if per_piece is None:
+            for part, file_offset, length in info.parts:
+                packer.add(f"w.{info.name}.{part}", _align(length, 4), w_align, "read-only-storage",
+                           source={"tensor": info.name, "part": part, "file_offset": file_offset,
+                                   "length": length, "rows": [0, info.rows]})
+            continue
+        cuts = list(range(0, info.rows, per_piece)) + [info.rows]
+        pieces = {}
+        for part, file_offset, length in info.parts:          # part by part, pieces in row order
+            row_bytes, names = length // info.rows, []
+            for a, z in zip(cuts, cuts[1:]):
+                name = f"w.{info.name}.{part}[{a}:{z}]"
+                packer.add(name, _align((z - a) * row_bytes, 4), w_align, "read-only-storage",
+                           source={"tensor": info.name, "part": part, "file_offset": file_offset + a * row_bytes,
+                                   "length": (z - a) * row_bytes, "rows": [a, z]})
+                names.append(name)
+            pieces[part] = names
+        biggest = max(info.parts, key=lambda p: p[2])
+        splits.append({"tensor": info.name, "strategy": "split-rows", "rows": info.rows,
+                       "rows_per_piece": per_piece, "pieces": pieces,
+                       "part_lengths": {part: length for part, _, length in info.parts},
+                       "buffers": sorted({r.buffer for r in packer.regions if r.source["tensor"] == info.name}),
+                       "reason": f"part {biggest[0]} of {biggest[2]} bytes exceeds the binding limit {limit}"})
+    return packer, splits
+
+
+def _kv(arch, limits, resolved, s_align: int) -> tuple[_Packer, dict]:
+    """Per layer a K and a V region [n_kv_heads][capacity][head_dim] (kernels/kv_cache.py KvLayout).
+    The attention kernels bind a layer's cache whole, so there is no split strategy for it."""
+    c, kvh, e = resolved["context_capacity"], arch.n_kv_heads, arch.head_dim
+    b = KV_DTYPES[resolved["kv_dtype"]]
+    if e % 4 or e > 256:
+        _fail("kv-layout", "head_dim", f"head_dim {e} must be a multiple of 4 and at most 256: the attention "
+                                       f"kernels read cache rows as vec4 (docs/kernels.md)")
+    region = kvh * c * e * b
+    limit = min(limits["maxStorageBufferBindingSize"], limits["maxBufferSize"])
+    if region > limit or kvh * c * e >= 2 ** 32:
+        fits = min(limit // (kvh * e * b), (2 ** 32 - 1) // (kvh * e))
+        _fail("kv-too-large", "kv", f"one layer's K cache ({kvh} x {c} x {e} x {b} = {region} bytes) exceeds the "
+                                    f"binding limit {limit} (or u32 offsets), and attention binds a layer's cache "
+                                    f"whole; a context capacity of at most {fits} tokens fits"
+                                    + (", or an f16 cache" if b == 4 else ""))
+    packer = _Packer("kv", "kv", ("STORAGE",), limits["maxBufferSize"])
+    for layer in range(arch.n_layers):
+        for which in ("k", "v"):
+            packer.add(f"kv.L{layer}.{which}", region, s_align, "storage")
+    facts = {"layers": arch.n_layers, "capacity": c, "n_kv_heads": kvh, "head_dim": e, "element_bytes": b,
+             "dtype": resolved["kv_dtype"], "layout": "[n_kv_heads][capacity][head_dim] per layer, K and V",
+             "formula_bytes": arch.n_layers * c * kvh * e * 2 * b}
+    return packer, facts
+
+
+def _dispatches(arch, splits: list[dict]) -> list[str]:
+    """The params slot of every dispatch of one schedule, in order. A split tensor's matrix
+    product runs once per piece, each with its own params."""
+    pieces = {s["tensor"]: len(next(iter(s["pieces"].values()))) for s in splits}
+
+    def per(tensor: str, label: str) -> list[str]:
+        n = pieces.get(tensor, 1)
+        return [label] if n == 1 else [f"{label}#{i}" for i in range(n)]
+
+    head = "token_embd" if arch.tied_output else "output"
+    names = per("token_embd", "embed")
+    for i in range(arch.n_layers):
+        b = f"blk.{i}."
+        names += [f"L{i}.attn_norm", *per(b + "attn_q", f"L{i}.q"), *per(b + "attn_k", f"L{i}.k"),
+                  *per(b + "attn_v", f"L{i}.v"), f"L{i}.rope", f"L{i}.kv_append", f"L{i}.attention",
+                  *per(b + "attn_output", f"L{i}.o_proj"), f"L{i}.ffn_norm", *per(b + "ffn_gate", f"L{i}.gate"),
+                  *per(b + "ffn_up", f"L{i}.up"), f"L{i}.swiglu", *per(b + "ffn_down", f"L{i}.down")]
+    return names + ["final_norm", *per(head, "lm_head"), "logits_reduce"]
+
+
+# -- the planner ---------------------------------------------------------------------------------
+
+UNMEASURED = ("Not counted: shader modules, compiled pipelines, bind groups, command encoders and "
+              "buffers, the browser's staging copies of writeBuffer, and the driver's own allocations. "
+              "WebGPU reports none of them; the reserve is the headroom for them, and admission's "
+              "out-of-memory scopes catch what it does not cover.")
+
+
+def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPolicy()) -> MemoryPlan:
+    """The MemoryPlan of `manifest` (a ValidatedModelManifest, or anything with .architecture
+    and .tensors; a Model or ValidatedModel is accepted too) under `limits` and `policy`.
+    Raises PlanRejected when no plan fits."""
+    manifest = getattr(manifest, "manifest", manifest)
+    arch = manifest.architecture
+    used = _check_limits(limits)
+    resolved = _resolve_policy(policy, arch)
+    s_align, u_align = used["minStorageBufferOffsetAlignment"], used["minUniformBufferOffsetAlignment"]
+    w_align = max(WEIGHT_ALIGNMENT, s_align)
+    binding = min(used["maxStorageBufferBindingSize"], used["maxBufferSize"])
+
+    weights, splits = _weights(manifest, used, w_align, s_align)
+    kv, kv_facts = _kv(arch, used, resolved, s_align)
+
+    # metadata: one params slot per dispatch of each schedule (the host writes a submit's slots
+    # before it), and the RoPE (cos, sin) table [capacity][rotary_dim / 2][2] f32 (kernels/rope.py).
+    dispatches = _dispatches(arch, splits)
+    stride = _align(PARAMS_BYTES, u_align)
+    if PARAMS_BYTES > used["maxUniformBufferBindingSize"]:
+        _fail("too-large", "params", f"a {PARAMS_BYTES}-byte params block exceeds maxUniformBufferBindingSize")
+    params = _Packer("params", "metadata", ("UNIFORM", "COPY_DST"), used["maxBufferSize"])
+    for schedule in SCHEDULES:
+        params.add(f"params.{schedule}", len(dispatches) * stride, u_align, "uniform",
+                   slots=len(dispatches), slot_stride=stride, binding_size=PARAMS_BYTES)
+    rope = _Packer("rope", "metadata", ("STORAGE", "COPY_DST"), used["maxBufferSize"])
+    table = resolved["context_capacity"] * (arch.rope.rotary_dim // 2) * 8
+    _check_bound("rope_table", max(4, table), binding, "a smaller context capacity")
+    rope.add("rope_table", max(4, table), s_align, "read-only-storage")
+
+    # arena, scratch, logits: the temporaries of both schedules, placed with liveness.
+    tokens = {"decode": 1, "prefill": resolved["prefill_chunk"]}
+    by_part: dict[str, list[tuple]] = {"arena": [], "scratch": [], "logits": []}
+    for schedule in SCHEDULES:
+        for name, part, producer, consumer, size in _temporaries(
+                arch, schedule, tokens[schedule], resolved["context_capacity"], resolved["top_k_capacity"]):
+            _check_bound(f"{schedule}.{name}", size, binding,
+                         "a smaller prefill chunk" if part == "arena" else "a smaller context capacity or k")
+            by_part[part].append((f"{schedule}.{name}", schedule,
+                                  (STEPS.index(producer), STEPS.index(consumer)), _align(size, 4)))
+    usage = {"arena": ("STORAGE", "COPY_DST"), "scratch": ("STORAGE",), "logits": ("STORAGE", "COPY_SRC")}
+    planned, proofs = [], []
+    for part, temps in by_part.items():
+        offsets, part_proofs = _place(temps, s_align)
+        where = dict(offsets)
+        packer = _Packer(part, part, usage[part], used["maxBufferSize"])
+        packer.names, packer.sizes = [f"{part}.0"], [max(where[n] + s for n, _, _, s in temps)]
+        if packer.sizes[0] > used["maxBufferSize"]:
+            _fail("too-large", part, f"the {part} needs {packer.sizes[0]} bytes, more than maxBufferSize "
+                                     f"{used['maxBufferSize']}; a smaller prefill chunk needs less")
+        packer.regions = [Region(n, part, f"{part}.0", where[n], s, s_align, "storage", schedule=sc, interval=iv)
+                          for n, sc, iv, s in temps]
+        planned.append(packer)
+        proofs += [{**p, "buffer": f"{part}.0"} for p in part_proofs]
+
+    # staging (one bounded upload chunk) and readback (the result words and one logits row).
+    staging = _Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])
+    if resolved["upload_chunk"] > used["maxBufferSize"]:
+        _fail("too-large", "upload_chunk", f"an upload chunk of {resolved['upload_chunk']} bytes exceeds maxBufferSize")
+    staging.add("staging.upload", resolved["upload_chunk"], 4, "copy")
+    readback = _Packer("readback", "readback", ("MAP_READ", "COPY_DST"), used["maxBufferSize"])
+    readback.add("readback.result", 4 * (2 * resolved["top_k_capacity"] + 1), 8, "copy")
+    readback.add("readback.logits", 4 * arch.vocab, 8, "copy")
+
+    packers = [weights, params, rope, kv, *planned, staging, readback]
+    buffers = [b for p in packers for b in p.buffers()]
+    regions = [r for p in packers for r in p.regions]
+    gpu = {part: 0 for part in ("weights", "metadata", "kv", "arena", "scratch", "logits", "staging", "readback")}
+    for b in buffers:
+        gpu[b.part] += b.size
+    owned = sum(gpu.values())
+    gpu["reserve"] = max(64 * MiB, -(-owned * 15 // 100))      # reserve-v1: max(64 MiB, 15% of owned)
+
+    last_end = max(o + n for t in manifest.tensors.values() for _, o, n in t.parts)
+    cpu = {"artifact": last_end + 32,          # the validated file stays in memory (its trailer ends it)
+           "repack": 0,                        # parts are bound exactly as stored
+           "upload": resolved["upload_chunk"],
+           "readback": 4 * (2 * resolved["top_k_capacity"] + 1) + 4 * arch.vocab,
+           "shadow": 0,                        # KV is rebuilt by replaying tokens, never mirrored
+           "runtime": 4 * resolved["context_capacity"] + 4 * arch.vocab}   # token history + one logits row
+    storage_bindings = [r.size for r in regions if r.binding in ("storage", "read-only-storage")]
+    identity = getattr(manifest, "identity", None)
+    data = {
+        "planner": "webslm-memory-plan-v1",
+        "model": {"artifact_sha256": getattr(identity, "artifact_sha256", None),
+                  "layout_hash": getattr(identity, "layout_hash", None)},
+        "limits": used,
+        "policy": resolved,
+        "required_limits": {"maxBufferSize": max(b.size for b in buffers),
+                            "maxStorageBufferBindingSize": max(storage_bindings),
+                            "maxUniformBufferBindingSize": PARAMS_BYTES,
+                            "minStorageBufferOffsetAlignment": s_align,
+                            "minUniformBufferOffsetAlignment": u_align},
+        "schedules": {s: {"tokens": tokens[s], "steps": list(STEPS), "layer_loop": list(LAYER_LOOP),
+                          "layers": arch.n_layers, "dispatches": dispatches} for s in SCHEDULES},
+        "exclusive_schedules": [list(SCHEDULES)],
+        "buffers": [_as_json(b) for b in buffers],
+        "regions": [_as_json(r) for r in regions],
+        "proofs": sorted(proofs, key=lambda p: (p["buffer"], p["first"], p["then"])),
+        "splits": splits,
+        "kv": kv_facts,
+        "weights_payload_bytes": sum(n for t in manifest.tensors.values() for _, _, n in t.parts),
+        "gpu_bytes": gpu,
+        "total_gpu_bytes": sum(gpu.values()),
+        "cpu_bytes": cpu,
+        "total_cpu_bytes": sum(cpu.values()),
+        "unmeasured": UNMEASURED,
+    }
+    data["hash"] = plan_hash(data)
+    return MemoryPlan(data)
+
+
+def _check_bound(name: str, size: int, limit: int, remedy: str) -> None:
+    if size > limit:
+        _fail("too-large", name, f"{name} needs one binding of {size} bytes, more than the binding limit "
+                                 f"{limit}, and no split strategy applies to it; {remedy} would fit")
+
+
+def _as_json(record) -> dict:
+    """A record as plain JSON data: tuples become lists, mappings dicts."""
+    out = {}
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        if isinstance(value, tuple):
+            value = list(value)
+        elif isinstance(value, Mapping):
+            value = {k: list(v) if isinstance(v, tuple) else v for k, v in value.items()}
+        out[field.name] = value
+    return out
