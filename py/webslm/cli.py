@@ -4,6 +4,7 @@
     webslm validate FILE
     webslm inspect FILE
     webslm generate --model FILE --prompt TEXT [--chat] --backend cpu [--max-tokens N] [--seed S | --greedy] [--json]
+    webslm admit --model FILE --backend native [--feature-level auto|core|compatibility] [--fault NAME] [--json]
 """
 from __future__ import annotations
 
@@ -154,6 +155,53 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_admit(args) -> int:
+    """Admission on the native GPU: the tier and the receipt, or the stage and code that failed."""
+    import asyncio
+    import json
+    from .admission.admit import AdmissionFailure, AdmissionPolicy, admit
+    from .admission.receipt import render_text
+    from .admission.tracked import Faults
+    artifact, status = _open(args.model)
+    if artifact is None:
+        return status
+    from .model import Model
+    try:
+        from .webgpu.native import NativeGpu
+        gpu = NativeGpu()
+    except ImportError:
+        gpu = None                          # no wgpu: admission fails at its entry point
+    policy = AdmissionPolicy(feature_level=args.feature_level, min_tier=args.min_tier)
+
+    async def run():
+        session = await admit(gpu, Model(artifact), policy, faults=Faults.named(args.fault))
+        try:
+            return session.receipt, {"tier": session.tier, "features": list(session.features),
+                                     "self_test_cases": session.self_test["cases"],
+                                     "plan_hash": getattr(session.plan, "hash", None),
+                                     "seconds": session.seconds}
+        finally:
+            session.destroy()
+    try:
+        receipt, details = asyncio.run(run())
+    except AdmissionFailure as failure:
+        if args.json:
+            print(json.dumps({"admitted": False, "stage": failure.stage, "code": failure.code,
+                              "sentence": failure.sentence, "leaked_buffers": failure.leaked_buffers,
+                              "receipt": failure.receipt.as_dict()}, indent=1))
+        else:
+            print(f"not admitted: {failure.code} at stage {failure.stage}: {failure.sentence}", file=sys.stderr)
+            print(render_text(failure.receipt))
+        return 1
+    if args.json:
+        print(json.dumps({"admitted": True, **details, "receipt": receipt.as_dict()}, indent=1))
+    else:
+        print(f"admitted: tier {details['tier']} ({', '.join(details['features']) or 'f32 baseline'}), "
+              f"{details['self_test_cases']} self-tests passed")
+        print(render_text(receipt))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="webslm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -189,6 +237,17 @@ def main(argv=None) -> int:
     generate.add_argument("--stop", action="append", default=[], help="a stop sequence (repeatable)")
     generate.add_argument("--json", action="store_true", help="print token ids and timings as JSON")
     generate.set_defaults(run=cmd_generate)
+
+    admit = sub.add_parser("admit", help="admit a model on the GPU: self-tests, tier and capability receipt")
+    admit.add_argument("--model", required=True)
+    admit.add_argument("--backend", choices=["native"], default="native")
+    admit.add_argument("--feature-level", choices=["auto", "core", "compatibility"], default="auto")
+    admit.add_argument("--min-tier", choices=["A", "B", "C"], default="A")
+    admit.add_argument("--fault", default=None, help="inject a named fault (tests): "
+                       "missing-feature, limit-too-small, allocation-failure, compile-failure, "
+                       "self-test-mismatch, device-lost, cancel")
+    admit.add_argument("--json", action="store_true")
+    admit.set_defaults(run=cmd_admit)
 
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,344 @@
+"""Admission `tiny-gpu-admission-v1`: the one way a model gets onto a GPU.
+
+A model may run on a GPU only after this transaction has proved, on this device, that it
+fits and computes correctly. It is the design report's 16 steps (../shared/seeds/
+webgpu-backend-design-report.txt, "Admission"), grouped into named stages; a failure at any
+stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
+
+    entry-point   1  the WebGPU entry point exists (navigator.gpu / wgpu-native)
+    artifact      2  the model is a validated artifact (webslm.open_model / the worker's loader)
+    derive        3  requirements and the pipeline set, from the manifest alone
+    adapter       4-5  one adapter of the policy's feature level; a fallback only if allowed
+    tier          6  features and limits compared; the tier chosen; the memory plan made for
+                     these limits (a tensor too large for a binding is split or rejected)
+    device        7  a device with exactly the chosen features and the plan's limits
+    handlers      8  device.lost and uncaptured-error handlers and the epoch, at once
+    allocate      9-10  error scopes pushed; every planned buffer created, weights uploaded in
+                     bounded chunks (no probing loops); the scopes popped and checked here,
+                     then pushed again around compilation and the self-tests
+    compile       11  every mandatory pipeline compiled asynchronously from trusted WGSL
+    self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle
+    scopes        14  the error scopes popped: any captured or uncaptured error rejects
+    publish       15  atomic: epoch current, device alive, every resource present
+                  16  the privacy-minimized receipt (admission/receipt.py)
+
+Between stages a checkpoint notices cancellation (the caller's `Cancel`) and device loss
+(the lost promise), so neither can be missed while a long step runs.
+
+Where this departs from the report, and why:
+- Tier choice: every kernel has a tier-A variant, so "the lowest tier that satisfies the
+  model" would always be A and never use f16 or subgroups. We take the highest tier the
+  adapter offers among those the policy allows (`AdmissionPolicy.tiers`), and
+  `min_tier` rejects adapters below what a policy demands. The self-tests then run every
+  variant the device was created for, so a broken subgroup path fails admission.
+- Step 2 is done before admission (the validator streams the file); admission checks that
+  it receives a validated model and does not re-validate bytes.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import Any
+
+from ..errors import CodedError
+from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
+from .tracked import Faults, TrackedDevice
+
+PROTOCOL = "tiny-gpu-admission-v1"
+STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
+          "allocate", "compile", "self-test", "scopes", "publish")
+TIER_ORDER = ("A", "B", "C")
+TIER_FEATURE = {"B": "shader-f16", "C": "subgroups"}
+UPLOAD_CHUNK = 8 << 20          # bytes per writeBuffer while uploading weights
+
+
+class AdmissionFailure(CodedError):
+    """Admission stopped at `stage` for `code`; nothing it allocated is left."""
+
+    def __init__(self, stage: str, code: str, sentence: str):
+        super().__init__(code, stage, sentence)
+        self.stage = stage
+        self.receipt = None          # the failure receipt, attached before it is raised
+        self.leaked_buffers = 0      # buffers still alive after cleanup (must be 0)
+
+
+class Cancel:
+    """The caller's cancellation flag, checked at every stage boundary."""
+
+    def __init__(self):
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+@dataclasses.dataclass(frozen=True)
+class AdmissionPolicy:
+    feature_level: str = "auto"             # "auto" | "core" | "compatibility"
+    tiers: tuple[str, ...] = ("A", "B", "C")  # tiers the policy allows
+    min_tier: str = "A"                     # reject an adapter that cannot reach this tier
+    allow_fallback: bool = True             # a software adapter (SwiftShader) may be admitted
+    self_test_size: str = "quick"
+    context: int | None = None              # KV capacity in tokens (None: the planner's default)
+    kv_dtype: str | None = None             # "f32" | "f16" (None: f16 when the tier has it)
+
+
+@dataclasses.dataclass
+class AdmittedGpuSession:
+    """What admission publishes: the device, its tier, the plan, the live resources."""
+    device: TrackedDevice
+    tier: str
+    features: tuple[str, ...]
+    feature_level: str
+    plan: Any
+    buffers: dict[str, Any]
+    pipelines: dict[tuple, Any]
+    self_test: dict
+    receipt: Any
+    seconds: dict[str, float]
+    epoch: int
+
+    def destroy(self) -> None:
+        for buffer in self.buffers.values():
+            self.device.destroy_buffer(buffer)
+        self.buffers.clear()
+        self.device.destroy()
+
+
+_epochs = iter(range(1, 1 << 62))
+
+
+def choose_tier(offered: frozenset[str], policy: AdmissionPolicy) -> tuple[str, tuple[str, ...]]:
+    """(tier, features to request): the highest allowed tier whose features the adapter has.
+    B needs shader-f16, C needs subgroups; C also takes shader-f16 when it is there."""
+    features = tuple(sorted(TIER_FEATURE[t] for t in ("B", "C")
+                            if t in policy.tiers and TIER_FEATURE[t] in offered))
+    tier = "C" if "subgroups" in features else "B" if "shader-f16" in features else "A"
+    return tier, features
+
+
+async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolicy(), *,
+                faults: Faults = Faults(), cancel: Cancel | None = None,
+                user_agent: str = "native", on_stage=None) -> AdmittedGpuSession:
+    """Run the transaction; return the published session or raise AdmissionFailure."""
+    run = _Admission(gpu, model, policy, faults, cancel or Cancel(), user_agent, on_stage)
+    return await run.run()
+
+
+class _Admission:
+    def __init__(self, gpu, model, policy, faults, cancel, user_agent, on_stage):
+        self.gpu, self.model, self.policy, self.faults = gpu, model, policy, faults
+        self.cancel, self.user_agent, self.on_stage = cancel, user_agent, on_stage
+        self.stage = "entry-point"
+        self.device: TrackedDevice | None = None
+        self.adapter = None
+        self.buffers: dict[str, Any] = {}
+        self.lost_task = None
+        self.errors: list = []
+        self.scopes_pushed = 0
+        self.seconds: dict[str, float] = {}
+        self.tier, self.features, self.plan = None, (), None
+        self.device_limits: dict[str, int] = {}   # what the device was created with (for the receipt)
+
+    # -- the transaction ---------------------------------------------------------------------
+    async def run(self) -> AdmittedGpuSession:
+        try:
+            return await self._stages()
+        except AdmissionFailure as failure:
+            failure.leaked_buffers = await self._release()
+            failure.receipt = self._receipt(failure.code, failure.stage)
+            raise
+        except Exception as exc:           # a bug or an unexpected platform error: still typed
+            failure = AdmissionFailure(self.stage, "internal-error", f"{type(exc).__name__}: {exc}")
+            failure.leaked_buffers = await self._release()
+            failure.receipt = self._receipt(failure.code, failure.stage)
+            raise failure from exc
+
+    async def _stages(self) -> AdmittedGpuSession:
+        from .. import gpu_smoke
+        from ..kernels import golden
+        from . import pipelines as pipeline_set
+
+        await self._enter("entry-point")
+        if self.gpu is None:
+            self._fail("no-webgpu", "this environment has no WebGPU entry point (navigator.gpu is "
+                                    "missing): the model runs on the CPU path")
+
+        await self._enter("artifact")
+        identity = getattr(self.model, "identity", None)
+        if identity is None or not hasattr(self.model, "manifest"):
+            self._fail("not-validated", "admission takes only a validated model (webslm.open_model)")
+
+        await self._enter("derive")
+        required = pipeline_set.requirements(self.model.manifest)
+
+        await self._enter("adapter")
+        self.adapter = await gpu_smoke.choose_adapter(self.gpu, self.policy.feature_level)
+        if self.adapter is None:
+            self._fail("no-adapter", "the browser offers no WebGPU adapter")
+        summary = self.adapter.summary()
+        if summary.is_fallback and not self.policy.allow_fallback:
+            self._fail("fallback-disallowed", "only a software fallback adapter is available and the "
+                                              "policy does not admit one")
+
+        await self._enter("tier")
+        offered = frozenset(self.adapter.features) - self.faults.hide_features
+        limits = {**self.adapter.limits, **self.faults.limit_overrides}
+        self.tier, self.features = choose_tier(offered, self.policy)
+        min_tier = max(self.policy.min_tier, self.faults.require_tier or "A", key=TIER_ORDER.index)
+        if TIER_ORDER.index(self.tier) < TIER_ORDER.index(min_tier):
+            needed = [TIER_FEATURE[t] for t in TIER_ORDER[1:TIER_ORDER.index(min_tier) + 1]]
+            self._fail("missing-feature", f"the policy needs tier {min_tier} "
+                                          f"({', '.join(needed)}); the adapter offers tier {self.tier}")
+        self.plan = self._plan(limits)
+        device_limits = pipeline_set.device_limits(self.plan, limits, self.adapter.feature_level)
+
+        await self._enter("device")
+        try:
+            inner = await self.adapter.request_device(self.features, device_limits)
+        except DeviceRequestError as exc:
+            self._fail("device-request-failed", f"the adapter refused the device: {exc}")
+        self.device = TrackedDevice(inner, self.faults)
+        self.device_limits = dict(self.device.limits)
+
+        await self._enter("handlers")
+        self.lost_task = asyncio.ensure_future(self.device.lost())
+        self.device.on_uncaptured_error(self.errors.append)
+        epoch = next(_epochs)
+
+        await self._enter("allocate")
+        self._push_scopes()
+        await self._allocate()
+        allocation_errors = await self._pop_scopes()     # an allocation failure is named here,
+        if allocation_errors:                            # not after minutes of self-tests
+            kind = allocation_errors[0].kind
+            self._fail("out-of-memory" if kind == "out-of-memory" else "allocation-failed",
+                       f"creating the planned buffers failed ({kind} error)")
+        self._push_scopes()                              # compile and self-test run in scopes too
+
+        await self._enter("compile")
+        pipelines = {}
+        try:
+            for name, overrides in pipeline_set.pipelines(self.model, self.device, required):
+                pipelines[(name, tuple(sorted(overrides.items())))] = await pipeline_set.compile(
+                    self.device, name, overrides)
+                await self._checkpoint()
+        except PipelineError as exc:
+            self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
+
+        await self._enter("self-test")
+        report = await golden.run_all(self.device, self.policy.self_test_size)
+        if not report["passed"]:
+            first = report["failed"][0] if report["failed"] else {}
+            self._fail("self-test-failed", f"{len(report['failed'])} of {report['cases']} kernel self-tests "
+                                           f"disagree with the CPU oracle (first: {first.get('kernel')} on "
+                                           f"{first.get('case')})")
+        self_test = {"cases": report["cases"], "families": sorted(report["families"]),
+                     "size": report["size"]}
+
+        await self._enter("scopes")
+        captured = await self._pop_scopes() + self.errors
+        if captured:
+            kind = "out-of-memory" if any(e.kind == "out-of-memory" for e in captured) else "gpu-error"
+            self._fail(kind, f"the GPU reported {len(captured)} error(s) during admission "
+                             f"({captured[0].kind})")
+
+        await self._enter("publish")
+        missing = [name for name, buffer in self.buffers.items() if buffer is None]
+        if missing:
+            self._fail("resource-missing", f"planned buffers missing: {missing[:3]}")
+        session = AdmittedGpuSession(
+            device=self.device, tier=self.tier, features=self.features,
+            feature_level=self.adapter.feature_level, plan=self.plan, buffers=self.buffers,
+            pipelines=pipelines, self_test=self_test, receipt=self._receipt("admitted", None),
+            seconds=self.seconds, epoch=epoch)
+        self.device = None          # ownership moves to the session: nothing to release
+        return session
+
+    # -- stages' helpers ---------------------------------------------------------------------
+    async def _enter(self, stage: str) -> None:
+        """Close the previous stage's clock, then run the checkpoint for the new one."""
+        now = time.perf_counter()
+        if hasattr(self, "_stage_started"):
+            self.seconds[self.stage] = round(now - self._stage_started, 4)
+        self._stage_started = now
+        self.stage = stage
+        if self.on_stage is not None:
+            self.on_stage(stage)
+        if self.faults.cancel_at == stage:
+            self.cancel.cancel()
+        if self.faults.lose_device_at == stage and self.device is not None:
+            self.device.inner.destroy()           # as a driver reset would
+        await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        if self.cancel.cancelled:
+            self._fail("cancelled", "admission was cancelled")
+        if self.lost_task is not None:
+            if not self.lost_task.done():
+                await asyncio.sleep(0)            # let a pending lost notification arrive
+            if self.faults.lose_device_at == self.stage and not self.lost_task.done():
+                await asyncio.wait([self.lost_task], timeout=1.0)
+            if self.lost_task.done():
+                self._fail("device-lost", "the GPU device was lost during admission")
+
+    def _push_scopes(self) -> None:
+        for scope in ("out-of-memory", "validation"):
+            self.device.push_error_scope(scope)
+            self.scopes_pushed += 1
+
+    async def _pop_scopes(self) -> list:
+        captured = []
+        while self.scopes_pushed:
+            error = await self.device.pop_error_scope()
+            self.scopes_pushed -= 1
+            if error is not None:
+                captured.append(error)
+        return captured
+
+    def _fail(self, code: str, sentence: str):
+        raise AdmissionFailure(self.stage, code, sentence)
+
+    def _plan(self, limits: dict[str, int]):
+        from ..plan import PlanPolicy, PlanRejected, plan_memory
+        kv_dtype = self.policy.kv_dtype or ("f16" if "shader-f16" in self.features else "f32")
+        settings = {"kv_dtype": kv_dtype}
+        if self.policy.context:
+            settings["context"] = self.policy.context
+        try:
+            return plan_memory(self.model.manifest, limits, PlanPolicy(**settings))
+        except PlanRejected as exc:
+            self._fail("limit-too-small", f"the model does not fit this adapter's limits: {exc.sentence}")
+
+    async def _allocate(self) -> None:
+        from . import pipelines as pipeline_set
+        for name, size, usage, contents in pipeline_set.planned_buffers(self.plan):
+            buffer = self.device.create_buffer(size, usage, name)
+            self.buffers[name] = buffer
+            for offset, chunk in pipeline_set.contents_chunks(self.model, contents, UPLOAD_CHUNK):
+                self.device.write_buffer(buffer, offset, chunk)
+            await self._checkpoint()
+
+    async def _release(self) -> int:
+        """Destroy what this admission created; return how many buffers are still alive."""
+        if self.device is None:
+            return 0
+        for buffer in self.buffers.values():
+            self.device.destroy_buffer(buffer)
+        self.buffers.clear()
+        leaked = len(self.device.live_buffers)
+        self.device.destroy()
+        if self.lost_task is not None and not self.lost_task.done():
+            self.lost_task.cancel()
+        self.device = None
+        return leaked
+
+    def _receipt(self, outcome: str, stage: str | None):
+        from .receipt import build_receipt
+        summary = self.adapter.summary() if self.adapter is not None else None
+        return build_receipt(
+            adapter=summary, user_agent=self.user_agent, requested_features=self.features,
+            limits=self.device_limits, outcome=outcome,
+            model=self.model if getattr(self.model, "identity", None) is not None else None,
+            failure_stage=stage, feature_level=summary.feature_level if summary else None)

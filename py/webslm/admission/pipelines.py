@@ -1,0 +1,145 @@
+"""What admission derives from a manifest and a memory plan: the pipeline set, the device
+limits to request, and the buffers to create with their contents.
+
+Everything here is a pure function of (manifest, plan, device features and limits), so two
+admissions of the same model on the same device compile the same pipelines and create the
+same buffers in the same order.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+import numpy as np
+
+from ..webgpu.interface import BufferUsage
+from ..kernels.registry import compile_kernel
+
+# Limits the kernels want beyond the plan's, capped by the adapter: workgroup memory for the
+# large GEMM tile (24 KiB) and the attention tiles, 256 invocations for the 256-wide variants.
+KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 32768, "maxComputeInvocationsPerWorkgroup": 256,
+                 "maxComputeWorkgroupSizeX": 256}
+
+
+@dataclasses.dataclass(frozen=True)
+class Requirements:
+    """What the model needs from the kernel library, from its manifest alone."""
+    matrices: tuple          # distinct (encoding, block, zero, scale_type, cols) of mat-vec weights
+    embedding: tuple         # (encoding, block, zero, scale_type) of token_embd
+    hidden: int
+    ffn: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    eps: float
+
+
+def _config(info) -> tuple:
+    q = info.quant
+    return (info.encoding, q.block_elements if q else None,
+            q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None)
+
+
+def requirements(manifest) -> Requirements:
+    a = manifest.architecture
+    matrices = sorted({_config(info) + (info.shape[-1],) for name, info in manifest.tensors.items()
+                       if len(info.shape) == 2 and name != "token_embd"}
+                      | ({_config(manifest.tensors["token_embd"]) + (a.hidden,)} if a.tied_output else set()),
+                      key=repr)
+    return Requirements(tuple(matrices), _config(manifest.tensors["token_embd"]), a.hidden, a.ffn,
+                        a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, float(a.norm_eps))
+
+
+def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "core") -> dict[str, int]:
+    """Exactly the limits to request: those where the plan needs more than WebGPU's default
+    (a request below the default would be raised to it anyway), and the kernels' wishes the
+    adapter allows."""
+    from ..plan import SPEC_DEFAULT_LIMITS
+    defaults = SPEC_DEFAULT_LIMITS["compatibility" if feature_level == "compatibility" else "core"]
+    wanted = {name: value for name, value in plan.required_limits.items()
+              if name.startswith("max") and value > defaults.get(name, 0)}
+    for name, value in KERNEL_LIMITS.items():
+        wanted[name] = max(min(value, adapter_limits.get(name, value)), wanted.get(name, 0))
+    return wanted
+
+
+def pipelines(model, device, required: Requirements) -> list[tuple[str, dict]]:
+    """Every mandatory (kernel, overrides) for this model on this device, decode and prefill."""
+    from ..kernels import attention, embed, gemm, kv_cache, logits, matvec, norm, rope, swiglu
+    from ..kernels.weights import Weights
+    limits = device.limits
+    chosen: list[tuple[str, dict]] = []
+
+    def add(name: str, overrides: dict) -> None:
+        if (name, overrides) not in chosen:
+            chosen.append((name, dict(overrides)))
+
+    for encoding, block, zero, scale_type, cols in required.matrices:
+        weights = Weights(encoding, 64, cols, {}, block, zero, scale_type)
+        add(*matvec.choose_kernel(device, weights))
+        g = gemm.plan(limits, weights, 64)
+        add(g.kernel, g.overrides)
+    for residual in (False, True):
+        for tokens in (1, 64):
+            p = norm.plan_norm(limits, tokens, required.hidden, required.eps, residual=residual)
+            add(p.kernel, p.overrides)
+    add("rope", rope.plan_rope(limits, 1, required.heads + required.kv_heads, required.head_dim,
+                               required.head_dim, 0, 1, "rotate-half").overrides)
+    for tokens in (1, 64):
+        p = swiglu.plan_swiglu(limits, tokens, required.ffn)
+        add(p.kernel, p.overrides)
+    p = embed.plan_embed(limits, np.zeros(1, np.uint32), embed.model_embedding(model))
+    add(p.kernel, p.overrides)
+    for dtype in (["f16"] if "shader-f16" in device.features else []) + ["f32"]:
+        shape = attention.AttentionShape(required.heads, required.kv_heads, required.head_dim, 256, dtype)
+        p = kv_cache.plan_append(limits, shape.layout, 0, 1)
+        add(p.kernel, p.overrides)
+        d = attention.plan_decode(limits, shape, 255)
+        add(d.chunk_pass.kernel, d.chunk_pass.overrides)
+        if d.combine is not None:
+            add(d.combine.kernel, d.combine.overrides)
+        short = attention.plan_decode(limits, shape, 3)
+        add(short.chunk_pass.kernel, short.chunk_pass.overrides)
+        pre = attention.plan_prefill(limits, shape, 0, 64)
+        add(pre.dispatch.kernel, pre.dispatch.overrides)
+    for op, k in (("argmax", 1), ("topk", 64)):
+        choice = logits.choose(device, op, k)
+        add(choice.partial, choice.overrides)
+        add(choice.merge, choice.overrides)
+    return chosen
+
+
+async def compile(device, name: str, overrides: dict):
+    return await compile_kernel(device, name, **overrides)
+
+
+def planned_buffers(plan) -> Iterator[tuple[str, int, int, list]]:
+    """(name, size, usage bits, weight regions to upload) per planned buffer, in plan order.
+    Buffers that receive uploads also get COPY_DST."""
+    regions_by_buffer: dict[str, list] = {}
+    for region in plan.regions:
+        if region.source:
+            regions_by_buffer.setdefault(region.buffer, []).append(region)
+    for buffer in plan.buffers:
+        contents = regions_by_buffer.get(buffer.name, [])
+        usage = buffer.usage_bits | (BufferUsage.COPY_DST if contents else 0)
+        yield buffer.name, -(-buffer.size // 4) * 4, usage, contents
+
+
+def contents_chunks(model, regions: list, chunk: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(buffer offset, bytes) pieces of at most `chunk` bytes for each weight region, read
+    from the validated artifact without copying (the last piece of a region padded to 4)."""
+    manifest = model.manifest
+    for region in regions:
+        source = region.source
+        info = manifest.tensors[source["tensor"]]
+        part_offset = next(offset for part, offset, _ in info.parts if part == source["part"])
+        view = model.tensor_parts(source["tensor"])[source["part"]]
+        start = source["file_offset"] - part_offset
+        data = np.frombuffer(view, np.uint8)[start:start + source["length"]]
+        for begin in range(0, data.size, chunk):
+            piece = data[begin:begin + chunk]
+            if piece.size % 4:
+                piece = np.concatenate([piece, np.zeros(4 - piece.size % 4, np.uint8)])
+            yield region.offset + begin, piece
