@@ -75,9 +75,37 @@ async function loadDefaultModel(client) {
   }
 }
 
+// Admission: the worker proves on this GPU that the model fits and computes correctly
+// (webslm.admission); the badge says which engine will answer, and why.
+async function admitModel(client) {
+  const onStage = (e) => { $("admission-state").textContent = `Admitting the model on the GPU: ${e.detail.stage}…`; };
+  client.addEventListener("admission-stage", onStage);
+  try {
+    const result = await client.request("admit", { featureLevel: "auto", fault: null });
+    const badge = $("engine-badge");
+    if (result.admitted) {
+      const label = ["GPU", ...result.features.map((f) => (f === "shader-f16" ? "f16" : f))].join(" · ");
+      badge.textContent = result.features.length ? label : "GPU · f32";
+      badge.className = "badge ok";
+      $("admission-state").textContent = `Admitted at tier ${result.tier} in ${result.seconds.toFixed(1)} s: ${result.self_test_cases} kernel self-tests agree with the CPU oracle.`;
+    } else {
+      badge.textContent = "CPU";
+      badge.className = "badge bad";
+      $("admission-state").textContent = `The GPU was not admitted (${result.code} at ${result.stage}): ${result.sentence}`;
+    }
+    $("receipt").textContent = result.receipt_text;
+    return result;
+  } catch (error) {
+    $("admission-state").textContent = `Admission could not run: ${error.message}`;
+    return { error: error.message };
+  } finally {
+    client.removeEventListener("admission-stage", onStage);
+  }
+}
+
 async function main() {
   const client = new WorkerClient(new URL("./worker/worker.mjs", import.meta.url));
-  window.webslm = { client, status: null, gpu: null, model: null };
+  window.webslm = { client, status: null, gpu: null, model: null, admission: null };
   client.addEventListener("booting", (e) => { $("engine-state").textContent = `Loading ${e.detail.stage}…`; });
   try {
     await client.ready;
@@ -110,6 +138,12 @@ async function main() {
     window.webslm.gpu = { error: error.message };
     $("gpu-summary").textContent = `GPU check failed: ${error.message}`;
     $("gpu-summary").className = "bad";
+  }
+  if (window.webslm.model && !window.webslm.model.error && !window.webslm.model.absent) {
+    window.webslm.admission = await admitModel(client);
+  } else {
+    $("admission-state").textContent = "No model to admit.";
+    window.webslm.admission = { admitted: false, code: "no-model" };
   }
 }
 

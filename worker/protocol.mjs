@@ -40,6 +40,12 @@ export const REQUESTS = Object.freeze({
     size: (v) => ["quick", "full"].includes(v) || "must be quick or full",
     withModel: (v) => typeof v === "boolean" || "must be a boolean",
   },
+  // GPU admission of the loaded model (webslm.admission); fault: null, or a named fault case
+  // the tests inject (checked in Python against webslm.admission.tracked.NAMED_FAULTS)
+  admit: {
+    featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
+    fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
+  },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (webslm.worker_api.Generation); here only their shape
   generate: {

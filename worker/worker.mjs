@@ -76,6 +76,11 @@ const HANDLERS = {
     if (withModel && !model?.model) throw new RequestFailure(ERROR_CODES.failed, "kernel-golden: no model is loaded");
     return JSON.parse(await api.kernel_golden(featureLevel, size, withModel ? model : null));
   },
+  admit: async ({ featureLevel, fault }, { api, model }) => {
+    if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
+    const onStage = (stage) => postMessage(event("admission-stage", { stage }));
+    return JSON.parse(await api.admit(model, featureLevel, fault, navigator.userAgent, onStage));
+  },
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
@@ -131,6 +136,7 @@ async function loadModel({ url }, context) {
     }
     const outcome = JSON.parse(loader.finish());
     if (outcome.error) throw reject(outcome.error);
+    context.model?.release();     // the previous model's GPU buffers go now, not at GC
     context.model?.destroy();
     context.model = loader;   // the previous model, if any, is released
     return { ...outcome.model, url, total_seconds: Math.round(performance.now() - started) / 1000 };

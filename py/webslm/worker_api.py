@@ -60,6 +60,47 @@ async def kernel_golden(feature_level: str, size: str, loader) -> str:
     return json.dumps(report)
 
 
+async def admit(loader, feature_level: str, fault: str | None, user_agent: str, on_stage) -> str:
+    """GPU admission of the loaded model on this browser's adapter. On success the session is
+    kept on the loader (replacing, and destroying, an earlier one) for the GPU engine; the
+    reply is JSON: the tier and receipt, or the stage, code and sentence that failed."""
+    from .admission.admit import AdmissionFailure, AdmissionPolicy
+    from .admission.admit import admit as run_admission
+    from .admission.receipt import render_text
+    from .admission.tracked import Faults
+    from .model import Model
+    faults = Faults.named(fault)           # ValueError for an unknown name: a "failed" reply
+    gpu = None
+    import js
+    if getattr(js.navigator, "gpu", None) is not None:
+        from .webgpu.browser import BrowserGpu
+        gpu = BrowserGpu()
+    model = loader.semantic = loader.semantic or Model(loader.model)
+    stages = []
+
+    def stage_seen(stage: str) -> None:
+        stages.append(stage)
+        on_stage(stage)
+    started = time.perf_counter()
+    try:
+        session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level), faults=faults,
+                                      user_agent=user_agent, on_stage=stage_seen)
+    except AdmissionFailure as failure:
+        return json.dumps({"admitted": False, "stage": failure.stage, "code": failure.code,
+                           "sentence": failure.sentence, "leaked_buffers": failure.leaked_buffers,
+                           "stages": stages, "seconds": round(time.perf_counter() - started, 3),
+                           "receipt": failure.receipt.as_dict(), "receipt_text": render_text(failure.receipt)})
+    if getattr(loader, "gpu_session", None) is not None:
+        loader.gpu_session.destroy()
+    loader.gpu_session = session
+    return json.dumps({"admitted": True, "tier": session.tier, "features": list(session.features),
+                       "feature_level": session.feature_level, "stages": stages,
+                       "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
+                       "gpu_bytes": session.plan.total_gpu_bytes, "stage_seconds": session.seconds,
+                       "seconds": round(time.perf_counter() - started, 3),
+                       "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt)})
+
+
 class ModelLoader:
     """Validates a .slm as the worker streams it in; the worker keeps the model it returns.
 
@@ -74,6 +115,13 @@ class ModelLoader:
         self.model = None            # the ValidatedModel, once finish() accepted the file
         self.semantic = None         # webslm.Model over it, made on the first generation
         self.backend = None          # the CPU backend (weights dequantized once), likewise
+        self.gpu_session = None      # the admitted GPU session (webslm.admission), if any
+
+    def release(self) -> None:
+        """Free the GPU session deterministically (a model switch, or the loader dropped)."""
+        if self.gpu_session is not None:
+            self.gpu_session.destroy()
+            self.gpu_session = None
 
     def feed(self, chunk) -> str | None:
         started = time.perf_counter()

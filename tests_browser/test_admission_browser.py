@@ -1,0 +1,57 @@
+"""GPU admission in every browser row: the page admits the default model and shows its tier
+and receipt (or, in WebKitGTK, fails at the entry point and says so); in Chromium every
+fault case fails at its stage and leaves nothing allocated."""
+from __future__ import annotations
+
+import pytest
+
+EXPECTED_TIER = {"chromium": "C", "chromium-compat": "A", "firefox": "B"}
+FAULTS = {   # the same table as tests/test_admission.py
+    "missing-feature": ("tier", "missing-feature"),
+    "limit-too-small": ("tier", "limit-too-small"),
+    "allocation-failure": ("allocate", "allocation-failed"),
+    "compile-failure": ("compile", "pipeline-failed"),
+    "self-test-mismatch": ("self-test", "self-test-failed"),
+    "device-lost": ("compile", "device-lost"),
+    "cancel": ("allocate", "cancelled"),
+}
+FORBIDDEN = ("description", "vendor", "architecture", "driver", "prompt", "token")
+
+
+def _admission(booted) -> dict:
+    return booted.wait_for("window.webslm.admission", timeout_s=900)
+
+
+def test_the_page_admits_the_default_model_or_says_why_not(booted):
+    result = _admission(booted)
+    badge = booted.row.eval("document.getElementById('engine-badge').textContent")
+    state = booted.row.eval("document.getElementById('admission-state').textContent")
+    receipt_text = booted.row.eval("document.getElementById('receipt').textContent")
+    booted.record(admission={k: result.get(k) for k in ("admitted", "tier", "stage", "code", "seconds", "features")})
+    print(f"\n{booted.row.name}: {badge} | {state}")
+    assert "error" not in result, result
+    assert "Capability receipt" in receipt_text
+    receipt = result["receipt"]
+    assert not any(word in key for key in receipt for word in FORBIDDEN)
+    if booted.row.name == "webkit":
+        assert (result["stage"], result["code"]) == ("entry-point", "no-webgpu")
+        assert badge == "CPU" and "no-webgpu" in state
+        return
+    assert result["admitted"], result
+    assert result["tier"] == EXPECTED_TIER[booted.row.name]
+    assert result["stages"][-1] == "publish"
+    assert badge.startswith("GPU")
+    assert receipt["outcome_code"] == "admitted"
+    assert receipt["browser_engine_major_bucket"].split("-")[0] in ("chromium", "firefox")
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_fault_cases_in_chromium(booted, fault):
+    if booted.row.name != "chromium":
+        pytest.skip("fault injection runs in the Chromium row (natively too: tests/test_admission.py)")
+    _admission(booted)                    # the page's own admission first: one at a time
+    result = booted.request("admit", {"featureLevel": "core", "fault": fault}, timeout_s=900)
+    assert not result["admitted"], result
+    assert (result["stage"], result["code"]) == FAULTS[fault], result
+    assert result["leaked_buffers"] == 0
+    assert result["receipt"]["failure_stage"] == result["stage"]
