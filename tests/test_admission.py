@@ -11,21 +11,12 @@ import pytest
 import webslm
 from webslm.admission.admit import STAGES, AdmissionFailure, AdmissionPolicy, admit, choose_tier
 from webslm.admission.receipt import check_privacy
-from webslm.admission.tracked import NAMED_FAULTS, Faults
+from webslm.admission.tracked import FAULT_OUTCOMES, NAMED_FAULTS, Faults
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLM = ROOT / ".assets/site/models/smollm2-135m-instruct-q4.slm"
 
-# fault case -> (stage, code) it must end at
-EXPECTED = {
-    "missing-feature": ("tier", "missing-feature"),
-    "limit-too-small": ("tier", "limit-too-small"),
-    "allocation-failure": ("allocate", "allocation-failed"),
-    "compile-failure": ("compile", "pipeline-failed"),
-    "self-test-mismatch": ("self-test", "self-test-failed"),
-    "device-lost": ("compile", "device-lost"),
-    "cancel": ("allocate", "cancelled"),
-}
+EXPECTED = FAULT_OUTCOMES
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from webslm.admission.tracked import FAULT_OUTCOMES
+
 EXPECTED_TIER = {"chromium": "C", "chromium-compat": "A", "firefox": "B"}
-FAULTS = {   # the same table as tests/test_admission.py
-    "missing-feature": ("tier", "missing-feature"),
-    "limit-too-small": ("tier", "limit-too-small"),
-    "allocation-failure": ("allocate", "allocation-failed"),
-    "compile-failure": ("compile", "pipeline-failed"),
-    "self-test-mismatch": ("self-test", "self-test-failed"),
-    "device-lost": ("compile", "device-lost"),
-    "cancel": ("allocate", "cancelled"),
-}
+FAULTS = FAULT_OUTCOMES
 FORBIDDEN = ("description", "vendor", "architecture", "driver", "prompt", "token")
 
 

@@ -93,7 +93,7 @@ class AdmittedGpuSession:
     feature_level: str
     plan: Any
     buffers: dict[str, Any]
-    pipelines: dict[tuple, Any]
+    pipelines: dict[str, Any]      # PipelineKey digest -> compiled kernel (admission/pipeline_key.py)
     self_test: dict
     receipt: Any
     seconds: dict[str, float]
@@ -158,7 +158,9 @@ class _Admission:
     async def _stages(self) -> AdmittedGpuSession:
         from .. import gpu_smoke
         from ..kernels import golden
+        from ..kernels.registry import KERNELS
         from . import pipelines as pipeline_set
+        from .pipeline_key import pipeline_key
 
         await self._enter("entry-point")
         if self.gpu is None:
@@ -218,11 +220,12 @@ class _Admission:
         self._push_scopes()                              # compile and self-test run in scopes too
 
         await self._enter("compile")
-        pipelines = {}
+        pipelines = {}                   # PipelineKey digest -> compiled kernel
+        key_facts = self._pipeline_key_facts()
         try:
             for name, overrides in pipeline_set.pipelines(self.model, self.device, required):
-                pipelines[(name, tuple(sorted(overrides.items())))] = await pipeline_set.compile(
-                    self.device, name, overrides)
+                key = pipeline_key(KERNELS[name], overrides, **key_facts)
+                pipelines[key.digest()] = await pipeline_set.compile(self.device, name, overrides)
                 await self._checkpoint()
         except PipelineError as exc:
             self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
@@ -282,6 +285,21 @@ class _Admission:
                 await asyncio.wait([self.lost_task], timeout=1.0)
             if self.lost_task.done():
                 self._fail("device-lost", "the GPU device was lost during admission")
+
+    def _pipeline_key_facts(self) -> dict:
+        """Everything but the kernel that goes into each PipelineKey on this device."""
+        from .pipeline_key import native_backend_class, tensor_layout_profile_hash
+        from .receipt import browser_engine_bucket
+        native = self.user_agent in (None, "native")
+        api = None
+        if native:      # "llvmpipe (LLVM 15) (Vulkan, CPU)": the coarse API only, kept local
+            api = self.adapter.summary().description.rsplit("(", 1)[-1].split(",")[0]
+        return {"device_features": self.features, "device_limits": self.device_limits,
+                "feature_level": self.adapter.feature_level,
+                "browser_bucket": browser_engine_bucket(None if native else self.user_agent),
+                "backend_class": native_backend_class(api),
+                "tensor_layout_hash": tensor_layout_profile_hash(self.model.manifest.tensors.values()),
+                "implicit_enables": frozenset(self.device.implicit_wgsl_enables)}
 
     def _push_scopes(self) -> None:
         for scope in ("out-of-memory", "validation"):

@@ -58,8 +58,18 @@ class Faults:
         return cases[name]
 
 
-NAMED_FAULTS = ("missing-feature", "limit-too-small", "allocation-failure", "compile-failure",
-                "self-test-mismatch", "device-lost", "cancel")
+# Each named fault and the (stage, code) admission must end with: the contract the native and
+# browser tests hold every implementation to.
+FAULT_OUTCOMES = {
+    "missing-feature": ("tier", "missing-feature"),
+    "limit-too-small": ("tier", "limit-too-small"),
+    "allocation-failure": ("allocate", "allocation-failed"),
+    "compile-failure": ("compile", "pipeline-failed"),
+    "self-test-mismatch": ("self-test", "self-test-failed"),
+    "device-lost": ("compile", "device-lost"),
+    "cancel": ("allocate", "cancelled"),
+}
+NAMED_FAULTS = tuple(FAULT_OUTCOMES)
 
 
 class TrackedDevice(Device):
