@@ -36,7 +36,7 @@ import sys
 from typing import Any, Iterable, Mapping
 
 from ..errors import CodedError
-from ..webgpu.interface import FEATURE_LEVELS, AdapterSummary
+from ..webgpu.interface import FEATURE_LEVELS, WEBGPU_FEATURES, AdapterSummary
 
 BACKEND_PROTOCOL_VERSION = "tiny-gpu-admission-v1"
 OUTCOME_ADMITTED = "admitted"
@@ -45,16 +45,8 @@ OUTCOME_ADMITTED = "admitted"
 # False)`, the form meant for anything that leaves it (the report: "not transmitted by default").
 LOCAL_ONLY_FIELDS = ("model_artifact_hash",)
 
-# The WebGPU feature names a receipt may record (GPUFeatureName). Admission requests only a few
-# of them; a name outside this list would be non-standard, hence a fingerprint, and is refused.
-WEBGPU_FEATURES = (
-    "core-features-and-limits", "depth-clip-control", "depth32float-stencil8",
-    "texture-compression-bc", "texture-compression-bc-sliced-3d", "texture-compression-etc2",
-    "texture-compression-astc", "texture-compression-astc-sliced-3d", "timestamp-query",
-    "indirect-first-instance", "shader-f16", "rg11b10ufloat-renderable", "bgra8unorm-storage",
-    "float32-filterable", "float32-blendable", "clip-distances", "dual-source-blending",
-    "subgroups", "texture-formats-tier1", "texture-formats-tier2", "primitive-index",
-)
+# A receipt may record only standard feature names (webgpu/interface.py WEBGPU_FEATURES): a
+# name outside that list would be non-standard, hence a fingerprint, and is refused.
 
 OS_FAMILIES = ("linux", "windows", "macos", "android", "ios", "other")
 

@@ -37,6 +37,17 @@ class BufferUsage:
     STORAGE = 0x0080
 
 
+# The feature names WebGPU standardizes (GPUFeatureName), in the specification's order. Native
+# extras are never exposed (native.py), and a receipt may record only these.
+WEBGPU_FEATURES = (
+    "core-features-and-limits", "depth-clip-control", "depth32float-stencil8",
+    "texture-compression-bc", "texture-compression-bc-sliced-3d", "texture-compression-etc2",
+    "texture-compression-astc", "texture-compression-astc-sliced-3d", "timestamp-query",
+    "indirect-first-instance", "shader-f16", "rg11b10ufloat-renderable", "bgra8unorm-storage",
+    "float32-filterable", "float32-blendable", "clip-distances", "dual-source-blending",
+    "subgroups", "texture-formats-tier1", "texture-formats-tier2", "primitive-index",
+)
+
 BINDING_KINDS = ("uniform", "read-only-storage", "storage")
 ERROR_FILTERS = ("validation", "out-of-memory", "internal")
 FEATURE_LEVELS = ("core", "compatibility")

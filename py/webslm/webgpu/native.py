@@ -23,6 +23,7 @@ import wgpu
 
 from .interface import (Adapter, AdapterSummary, BufferBinding, BufferUsage, Copy, Device,
                         DeviceLost, DeviceRequestError, Dispatch, Gpu, GpuError, PipelineError,
+                        WEBGPU_FEATURES,
                         align_up, as_upload, check_binding_kinds, check_error_filter,
                         check_feature_level)
 
@@ -30,14 +31,7 @@ log = logging.getLogger(__name__)
 
 # The features WebGPU standardizes; wgpu-native's own extras are left out of summaries and
 # can never be requested, so a native run cannot depend on something no browser offers.
-STANDARD_FEATURES = frozenset({
-    "core-features-and-limits", "depth-clip-control", "depth32float-stencil8",
-    "texture-compression-bc", "texture-compression-bc-sliced-3d", "texture-compression-etc2",
-    "texture-compression-astc", "texture-compression-astc-sliced-3d", "timestamp-query",
-    "indirect-first-instance", "shader-f16", "rg11b10ufloat-renderable", "bgra8unorm-storage",
-    "float32-filterable", "float32-blendable", "clip-distances", "dual-source-blending",
-    "subgroups", "primitive-index", "texture-formats-tier1", "texture-formats-tier2",
-})
+STANDARD_FEATURES = frozenset(WEBGPU_FEATURES)
 _NATIVE_FEATURE_NAMES = {"subgroup": "subgroups"}
 _WEB_FEATURE_NAMES = {web: native for native, web in _NATIVE_FEATURE_NAMES.items()}
 
