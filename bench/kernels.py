@@ -40,7 +40,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
 from webslm.kernels import FAMILY_MODULES, runner  # noqa: E402
-from webslm.kernels.registry import KERNELS, compile_kernel  # noqa: E402
+from webslm.kernels.registry import KERNEL_FEATURES, compile_kernel  # noqa: E402
 from webslm.webgpu.native import NativeGpu  # noqa: E402
 
 MiB = 1 << 20
@@ -55,7 +55,7 @@ async def open_device(gpu):
     adapter = await gpu.request_adapter("core")
     if adapter is None:
         raise SystemExit("no native WebGPU adapter")
-    features = sorted({"shader-f16", "subgroups"} & adapter.features)
+    features = sorted(KERNEL_FEATURES & adapter.features)
     wanted = ("maxStorageBufferBindingSize", "maxBufferSize", "maxComputeWorkgroupStorageSize",
               "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX")
     limits = {name: adapter.limits[name] for name in wanted if name in adapter.limits}
@@ -169,15 +169,12 @@ async def bench_family(device, module, quick: bool, copy_gbps: float, only: set[
 
 
 def bench_names(module) -> list:
-    """The variants a family benchmarks: its BENCH_NAMES or BENCH_KERNELS if it states them,
-    else every registered kernel from its own shader file that this family module defines
-    (None: the shape names its kernel)."""
+    """The variants a family benchmarks (its BENCH_NAMES or BENCH_KERNELS); [None] when each
+    shape names its own kernel (gemm's shape["kernel"])."""
     for attribute in ("BENCH_NAMES", "BENCH_KERNELS"):
         if hasattr(module, attribute):
             return list(getattr(module, attribute))
-    family = module.__name__.rsplit(".", 1)[1]
-    names = [name for name in KERNELS if name.startswith(family) or name.startswith(f"rms_{family}")]
-    return names or [None]
+    return [None]
 
 
 def _size(buffer) -> int:

@@ -50,7 +50,8 @@ def native_device(native_gpu):
     among those kernels use, so that every kernel variant (tiers A, B and C) can run."""
     import asyncio
     adapter = asyncio.run(native_gpu.request_adapter("core"))
-    features = sorted({"shader-f16", "subgroups"} & adapter.features)
+    from webslm.kernels.registry import KERNEL_FEATURES
+    features = sorted(KERNEL_FEATURES & adapter.features)
     device = asyncio.run(adapter.request_device(features=features))
     yield device
     device.destroy()

@@ -15,12 +15,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
 from webslm.kernels import golden  # noqa: E402
+from webslm.kernels.registry import KERNEL_FEATURES  # noqa: E402
 from webslm.webgpu.native import NativeGpu  # noqa: E402
 
 
 async def main(args) -> dict:
     adapter = await NativeGpu().request_adapter("core")
-    device = await adapter.request_device(features=sorted({"shader-f16", "subgroups"} & adapter.features))
+    device = await adapter.request_device(features=sorted(KERNEL_FEATURES & adapter.features))
     model = None
     if args.model:
         import webslm

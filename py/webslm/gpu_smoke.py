@@ -18,6 +18,7 @@ import numpy as np
 from . import shader_bundle
 from .kernels.probe import check_matvec, probe_matvec
 from .kernels.registry import KERNELS, compile_kernel
+from .kernels.runner import largest_workgroup, max_invocations
 from .webgpu.interface import Adapter, Device, Gpu
 
 # (rows, cols, workgroup size, data): odd tails, a row shorter than the workgroup, a
@@ -61,13 +62,11 @@ def tier_for(features: frozenset[str] | set[str]) -> str:
 
 
 def fit_workgroup(wanted: int, limits: dict[str, int]) -> int:
-    """The largest allowlisted workgroup size <= wanted that the device's limits admit.
-    (Compatibility-mode devices default to 128 invocations, so 256 must step down.)"""
-    ceiling = min(wanted, limits["maxComputeInvocationsPerWorkgroup"], limits["maxComputeWorkgroupSizeX"])
-    fitting = [size for size in KERNELS["probe_matvec_f32"].overrides["WG"] if size <= ceiling]
-    if not fitting:
-        raise ValueError(f"no probe_matvec_f32 workgroup size fits {ceiling} invocations")
-    return max(fitting)
+    """The largest allowlisted probe workgroup size <= wanted that the device admits."""
+    size = largest_workgroup(limits, KERNELS["probe_matvec_f32"].overrides["WG"], wanted)
+    if size is None:
+        raise ValueError(f"no probe_matvec_f32 workgroup size fits {max_invocations(limits)} invocations")
+    return size
 
 
 async def run_matvec_cases(device: Device, seed: int = 0) -> list[dict]:

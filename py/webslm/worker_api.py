@@ -39,7 +39,8 @@ async def kernel_golden(feature_level: str, size: str, loader) -> str:
     adapter = await gpu_smoke.choose_adapter(BrowserGpu(), feature_level)
     if adapter is None:
         return json.dumps({"outcome": "no-webgpu-adapter"})
-    features = sorted({"shader-f16", "subgroups"} & adapter.features)
+    from .kernels.registry import KERNEL_FEATURES
+    features = sorted(KERNEL_FEATURES & adapter.features)
     device = await adapter.request_device(features=features)
     errors = []
     device.on_uncaptured_error(errors.append)

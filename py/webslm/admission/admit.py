@@ -14,7 +14,7 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
     device        7  a device with exactly the chosen features and the plan's limits
     handlers      8  device.lost and uncaptured-error handlers and the epoch, at once
     allocate      9-10  error scopes pushed; every planned buffer created, weights uploaded in
-                     bounded chunks (no probing loops); the scopes popped and checked here,
+                     the plan's bounded chunks (no probing loops); the scopes popped and checked here,
                      then pushed again around compilation and the self-tests
     compile       11  every mandatory pipeline compiled asynchronously from trusted WGSL
     self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle
@@ -45,12 +45,10 @@ from ..errors import CodedError
 from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
 from .tracked import Faults, TrackedDevice
 
-PROTOCOL = "tiny-gpu-admission-v1"
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
           "allocate", "compile", "self-test", "scopes", "publish")
 TIER_ORDER = ("A", "B", "C")
 TIER_FEATURE = {"B": "shader-f16", "C": "subgroups"}
-UPLOAD_CHUNK = 8 << 20          # bytes per writeBuffer while uploading weights
 
 
 class AdmissionFailure(CodedError):
@@ -114,8 +112,8 @@ def choose_tier(offered: frozenset[str], policy: AdmissionPolicy) -> tuple[str, 
     B needs shader-f16, C needs subgroups; C also takes shader-f16 when it is there."""
     features = tuple(sorted(TIER_FEATURE[t] for t in ("B", "C")
                             if t in policy.tiers and TIER_FEATURE[t] in offered))
-    tier = "C" if "subgroups" in features else "B" if "shader-f16" in features else "A"
-    return tier, features
+    from ..gpu_smoke import tier_for
+    return tier_for(features), features
 
 
 async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolicy(), *,
@@ -138,6 +136,7 @@ class _Admission:
         self.errors: list = []
         self.scopes_pushed = 0
         self.seconds: dict[str, float] = {}
+        self.stage_started: float | None = None
         self.tier, self.features, self.plan = None, (), None
         self.device_limits: dict[str, int] = {}   # what the device was created with (for the receipt)
 
@@ -263,9 +262,9 @@ class _Admission:
     async def _enter(self, stage: str) -> None:
         """Close the previous stage's clock, then run the checkpoint for the new one."""
         now = time.perf_counter()
-        if hasattr(self, "_stage_started"):
-            self.seconds[self.stage] = round(now - self._stage_started, 4)
-        self._stage_started = now
+        if self.stage_started is not None:
+            self.seconds[self.stage] = round(now - self.stage_started, 4)
+        self.stage_started = now
         self.stage = stage
         if self.on_stage is not None:
             self.on_stage(stage)
@@ -334,7 +333,7 @@ class _Admission:
         for name, size, usage, contents in pipeline_set.planned_buffers(self.plan):
             buffer = self.device.create_buffer(size, usage, name)
             self.buffers[name] = buffer
-            for offset, chunk in pipeline_set.contents_chunks(self.model, contents, UPLOAD_CHUNK):
+            for offset, chunk in pipeline_set.contents_chunks(self.model, contents, self.plan.upload_chunk):
                 self.device.write_buffer(buffer, offset, chunk)
             await self._checkpoint()
 

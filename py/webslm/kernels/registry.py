@@ -54,6 +54,10 @@ class KernelSpec:
                          if ENABLE_FILES.get(name) not in implicit_enables)
 
 
+# The optional device features any kernel may require (KernelSpec.requires): a device created
+# with those of them its adapter offers can run every variant of every tier.
+KERNEL_FEATURES = frozenset({"shader-f16", "subgroups"})
+
 # Prelude files holding one `enable` directive -> the WGSL extension they enable.
 ENABLE_FILES = {"enable_subgroups.wgsl": "subgroups", "enable_f16.wgsl": "f16"}
 

@@ -214,6 +214,7 @@ class MemoryPlan:
     splits = property(lambda self: list(self.data["splits"]))
     proofs = property(lambda self: list(self.data["proofs"]))
     kv = property(lambda self: dict(self.data["kv"]))
+    upload_chunk = property(lambda self: self.data["policy"]["upload_chunk"])
     unmeasured = property(lambda self: self.data["unmeasured"])
 
     @property
