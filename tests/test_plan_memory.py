@@ -185,8 +185,29 @@ def test_fixture_model_plans_and_verifies(fixture_plan):
     names = {r.name for r in plan.regions}
     assert {"w.token_embd.codes", "w.output.mins", "kv.L1.v", "decode.qkv", "prefill.gate_up",
             "decode.attn_acc", "params.decode", "rope_table", "readback.result"} <= names
-    same = [q for q in plan.proofs if q["reason"].startswith("intervals disjoint")]
-    assert same and all(q["last_consumer"] and q["producer"] for q in same)
+    # Each temporary has its own buffer (WebGPU usage scopes), shared by the two schedules.
+    shared = [q for q in plan.proofs if q["reason"].startswith("schedules exclusive")]
+    assert shared and all(q["first"].split(".", 1)[1] == q["then"].split(".", 1)[1] for q in shared)
+    verify(same_schedule_sharing(plan.as_dict()))       # the verifier still proves interval sharing
+
+
+def same_schedule_sharing(d: dict) -> dict:
+    """The plan with prefill.attn_out moved onto prefill.attn_in's bytes and the interval proof a
+    planner would write for it (attn_in is last read at layer.qkv, attn_out made at attention)."""
+    a, o = region(d, "prefill.attn_in"), region(d, "prefill.attn_out")
+    o["buffer"], o["offset"] = a["buffer"], a["offset"]
+    d["proofs"] = [q for q in d["proofs"] if "prefill.attn_out" not in (q["first"], q["then"])]   # moved away
+    d["proofs"].append({"first": "prefill.attn_in", "then": "prefill.attn_out", "offset": a["offset"],
+                        "size": min(a["size"], o["size"]), "last_consumer": "layer.qkv",
+                        "producer": "layer.attention", "buffer": a["buffer"],
+                        "reason": f"intervals disjoint: {a['interval'][1]} < {o['interval'][0]}"})
+    decode = region(d, "decode.attn_in")         # in that buffer too: the schedules' own proof
+    d["proofs"].append({"first": "decode.attn_in", "then": "prefill.attn_out", "offset": decode["offset"],
+                        "size": min(decode["size"], o["size"]), "last_consumer": None, "producer": None,
+                        "buffer": a["buffer"], "reason": "schedules exclusive: decode / prefill"})
+    from webslm.plan.proof import plan_hash
+    d["hash"] = plan_hash(d)
+    return d
 
 
 def test_removed_proof_is_overlap_without_proof(fixture_plan):
@@ -196,7 +217,7 @@ def test_removed_proof_is_overlap_without_proof(fixture_plan):
 
 
 def test_proof_with_overlapping_intervals_is_rejected(fixture_plan):
-    d = fixture_plan[1].as_dict()
+    d = same_schedule_sharing(fixture_plan[1].as_dict())
     proof = next(q for q in d["proofs"] if q["first"] == "prefill.attn_in" and q["then"] == "prefill.attn_out")
     # attn_out is now said to be written at the qkv step, while attn_in is still read there;
     # the proof is updated to match, so only the overlap itself is left to catch.
@@ -206,7 +227,7 @@ def test_proof_with_overlapping_intervals_is_rejected(fixture_plan):
 
 
 def test_proof_with_wrong_steps_or_bytes_is_rejected(fixture_plan):
-    d = fixture_plan[1].as_dict()
+    d = same_schedule_sharing(fixture_plan[1].as_dict())
     next(q for q in d["proofs"] if q["last_consumer"])["last_consumer"] = "lm_head"
     expect(d, "bad-proof", "last consumer")
     d = fixture_plan[1].as_dict()

@@ -66,6 +66,22 @@ export async function readBuffer(device, buffer, offset, size) {
   }
 }
 
+// Map a range of a MAP_READ buffer that earlier submits filled, copy it out, unmap.
+export async function readMapped(buffer, offset, size) {
+  await buffer.mapAsync(GPUMapMode.READ, offset, size);
+  try {
+    return new Uint8Array(buffer.getMappedRange(offset, size).slice(0));
+  } finally {
+    buffer.unmap();
+  }
+}
+
+// The engine's hot path: submit a recorded list, then read the result range back.
+export async function submitAndRead(device, dispatches, copies, buffer, offset, size) {
+  submit(device, dispatches, copies);
+  return readMapped(buffer, offset, size);
+}
+
 export function createBindGroupLayout(device, kinds, label) {
   const entries = kinds.map((type, binding) => ({ binding, visibility: GPUShaderStage.COMPUTE, buffer: { type } }));
   return device.createBindGroupLayout({ entries, label });

@@ -96,6 +96,7 @@ class AdmittedGpuSession:
     receipt: Any
     seconds: dict[str, float]
     epoch: int
+    kernels: dict = dataclasses.field(default_factory=dict)   # (name, sorted overrides) -> the same kernels
 
     def destroy(self) -> None:
         for buffer in self.buffers.values():
@@ -219,12 +220,13 @@ class _Admission:
         self._push_scopes()                              # compile and self-test run in scopes too
 
         await self._enter("compile")
-        pipelines = {}                   # PipelineKey digest -> compiled kernel
+        pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
         key_facts = self._pipeline_key_facts()
         try:
             for name, overrides in pipeline_set.pipelines(self.model, self.device, required):
                 key = pipeline_key(KERNELS[name], overrides, **key_facts)
-                pipelines[key.digest()] = await pipeline_set.compile(self.device, name, overrides)
+                compiled = await pipeline_set.compile(self.device, name, overrides)
+                pipelines[key.digest()] = kernels[(name, tuple(sorted(overrides.items())))] = compiled
                 await self._checkpoint()
         except PipelineError as exc:
             self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
@@ -254,7 +256,7 @@ class _Admission:
             device=self.device, tier=self.tier, features=self.features,
             feature_level=self.adapter.feature_level, plan=self.plan, buffers=self.buffers,
             pipelines=pipelines, self_test=self_test, receipt=self._receipt("admitted", None),
-            seconds=self.seconds, epoch=epoch)
+            seconds=self.seconds, epoch=epoch, kernels=kernels)
         self.device = None          # ownership moves to the session: nothing to release
         return session
 
@@ -322,7 +324,7 @@ class _Admission:
         kv_dtype = self.policy.kv_dtype or ("f16" if "shader-f16" in self.features else "f32")
         settings = {"kv_dtype": kv_dtype}
         if self.policy.context:
-            settings["context"] = self.policy.context
+            settings["context_capacity"] = self.policy.context
         try:
             return plan_memory(self.model.manifest, limits, PlanPolicy(**settings))
         except PlanRejected as exc:

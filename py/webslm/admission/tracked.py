@@ -153,3 +153,12 @@ class TrackedDevice(Device):
     # work
     def submit(self, dispatches, copies=()) -> None:
         self.inner.submit(dispatches, copies)
+
+    def record(self, dispatches, copies=()):
+        return self.inner.record(dispatches, copies)
+
+    async def run(self, recording, writes=(), read=None):
+        return await self.inner.run(recording, writes, read)
+
+    async def read_mapped(self, buffer, offset: int, size: int) -> bytes:
+        return await self.inner.read_mapped(buffer, offset, size)

@@ -270,24 +270,34 @@ LAYER_LOOP = (STEPS.index("layer.attn_norm"), STEPS.index("layer.down"))
 SCHEDULES = ("decode", "prefill")          # separate submits: never both in flight
 
 
-def _temporaries(arch, schedule: str, tokens: int, capacity: int, k: int) -> list[tuple]:
+def _temporaries(arch, schedule: str, tokens: int, capacity: int, k: int, s_align: int) -> list[tuple]:
     """(name, part, producer step, last consumer step, bytes) of every temporary of a schedule.
 
-    Activations are f32 rows of T tokens. x, the residual stream, is carried through the loop
-    (o_proj and down add into it), so it lives from embed to the final norm. The final norm
-    and the LM head see only the last token: one row of logits per submit."""
+    Activations are f32 rows of T tokens, laid out as the GPU executor (backends/gpu) binds
+    them. x, the residual stream, lives from embed to the final norm; `delta` holds what
+    o_proj and down produce until the next residual norm adds it into x, across the layer
+    loop. qkv is planar, q [T, H E] | k [T, K E] | v [T, K E], each section at an aligned
+    offset so it can be bound alone (RoPE in place, kv_append reads k and v rows). gate_up is
+    [T, 2 F'] with F' = F rounded up to a whole alignment unit, so the up projection's output
+    columns start at an aligned offset; ffn_act is [T, F'] (down masks the padding). The final
+    norm runs on all T rows; its last row is copied to last_row for the LM head: one row of
+    logits per submit."""
     t, d, f = tokens, arch.hidden, arch.ffn
     h, kv, e, v = arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.vocab
+    f_pad = _align(f, s_align // 4)
+    qkv = _align(4 * t * h * e, s_align) + _align(4 * t * kv * e, s_align) + 4 * t * kv * e
     rows = [
         ("token_ids", "arena", "upload", "embed", 4 * t),
         ("x", "arena", "embed", "final_norm", 4 * t * d),
+        ("delta", "arena", "embed", "final_norm", 4 * t * d),      # crosses the loop: surrounds it
         ("attn_in", "arena", "layer.attn_norm", "layer.qkv", 4 * t * d),
-        ("qkv", "arena", "layer.qkv", "layer.attention", 4 * t * (h + 2 * kv) * e),   # RoPE in place
+        ("qkv", "arena", "layer.qkv", "layer.attention", qkv),   # RoPE in place
         ("attn_out", "arena", "layer.attention", "layer.o_proj", 4 * t * h * e),
         ("ffn_in", "arena", "layer.ffn_norm", "layer.gate_up", 4 * t * d),
-        ("gate_up", "arena", "layer.gate_up", "layer.swiglu", 4 * t * 2 * f),
-        ("ffn_act", "arena", "layer.swiglu", "layer.down", 4 * t * f),
-        ("final_in", "arena", "final_norm", "lm_head", 4 * d),
+        ("gate_up", "arena", "layer.gate_up", "layer.swiglu", 4 * t * 2 * f_pad),
+        ("ffn_act", "arena", "layer.swiglu", "layer.down", 4 * t * f_pad),
+        ("final_in", "arena", "final_norm", "lm_head", 4 * t * d),
+        ("last_row", "arena", "final_norm", "lm_head", 4 * d),
         ("logits_partials", "scratch", "logits_reduce", "logits_reduce", 4 * _logits_partials_words(v, k)),
         ("logits", "logits", "lm_head", "readback", 4 * v),
         ("logits_result", "logits", "logits_reduce", "readback", 4 * (2 * k + 1)),
@@ -496,25 +506,34 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     by_part: dict[str, list[tuple]] = {"arena": [], "scratch": [], "logits": []}
     for schedule in SCHEDULES:
         for name, part, producer, consumer, size in _temporaries(
-                arch, schedule, tokens[schedule], resolved["context_capacity"], resolved["top_k_capacity"]):
+                arch, schedule, tokens[schedule], resolved["context_capacity"], resolved["top_k_capacity"],
+                s_align):
             _check_bound(f"{schedule}.{name}", size, binding,
                          "a smaller prefill chunk" if part == "arena" else "a smaller context capacity or k")
             by_part[part].append((f"{schedule}.{name}", schedule,
                                   (STEPS.index(producer), STEPS.index(consumer)), _align(size, 4)))
-    usage = {"arena": ("STORAGE", "COPY_DST"), "scratch": ("STORAGE",), "logits": ("STORAGE", "COPY_SRC")}
+    usage = {"arena": ("STORAGE", "COPY_DST", "COPY_SRC"), "scratch": ("STORAGE",), "logits": ("STORAGE", "COPY_SRC")}
+    # One buffer per temporary name: WebGPU's usage-scope rule makes a dispatch that binds one
+    # buffer both read-only and writable invalid, whatever the ranges, and almost every kernel
+    # reads one activation and writes another. Within a buffer the decode and prefill regions
+    # of that name share bytes (the schedules never run in one submit), proved as such.
     planned, proofs = [], []
     for part, temps in by_part.items():
-        offsets, part_proofs = _place(temps, s_align)
-        where = dict(offsets)
         packer = _Packer(part, part, usage[part], used["maxBufferSize"])
-        packer.names, packer.sizes = [f"{part}.0"], [max(where[n] + s for n, _, _, s in temps)]
-        if packer.sizes[0] > used["maxBufferSize"]:
-            _fail("too-large", part, f"the {part} needs {packer.sizes[0]} bytes, more than maxBufferSize "
-                                     f"{used['maxBufferSize']}; a smaller prefill chunk needs less")
-        packer.regions = [Region(n, part, f"{part}.0", where[n], s, s_align, "storage", schedule=sc, interval=iv)
-                          for n, sc, iv, s in temps]
+        for base in sorted({n.split(".", 1)[1] for n, _, _, _ in temps}):
+            group = [t for t in temps if t[0].split(".", 1)[1] == base]
+            offsets, group_proofs = _place(group, s_align)
+            where, buffer = dict(offsets), f"{part}.{base}"
+            size = max(where[n] + z for n, _, _, z in group)
+            if size > used["maxBufferSize"]:
+                _fail("too-large", buffer, f"{buffer} needs {size} bytes, more than maxBufferSize "
+                                           f"{used['maxBufferSize']}; a smaller prefill chunk needs less")
+            packer.names.append(buffer)
+            packer.sizes.append(size)
+            packer.regions += [Region(n, part, buffer, where[n], z, s_align, "storage", schedule=sc, interval=iv)
+                               for n, sc, iv, z in group]
+            proofs += [{**p, "buffer": buffer} for p in group_proofs]
         planned.append(packer)
-        proofs += [{**p, "buffer": f"{part}.0"} for p in part_proofs]
 
     # staging (one bounded upload chunk) and readback (the result words and one logits row).
     staging = _Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])

@@ -19,7 +19,7 @@ import webslm_bridge as bridge  # registered by worker/worker.mjs
 from pyodide.ffi import JsException, create_proxy, to_js
 
 from .interface import (Adapter, AdapterSummary, BufferBinding, Copy, Device, DeviceLost,
-                        DeviceRequestError, Dispatch, Gpu, GpuError, PipelineError, as_upload,
+                        DeviceRequestError, Dispatch, Gpu, GpuError, PipelineError, Recording, as_upload,
                         check_binding_kinds, check_error_filter, check_feature_level)
 
 
@@ -117,6 +117,10 @@ class BrowserDevice(Device):
         data = await bridge.readBuffer(self._device, buffer, int(offset), int(size))
         return data.to_bytes()
 
+    async def read_mapped(self, buffer: Any, offset: int, size: int) -> bytes:
+        data = await bridge.readMapped(buffer, int(offset), int(size))
+        return data.to_bytes()
+
     def destroy_buffer(self, buffer: Any) -> None:
         buffer.destroy()
 
@@ -153,8 +157,28 @@ class BrowserDevice(Device):
 
     # -- work --------------------------------------------------------------------------
     def submit(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
-        bridge.submit(
-            self._device,
-            _js([[d.pipeline, list(d.bind_groups), *d.grid] for d in dispatches]),
-            _js([[c.source, c.source_offset, c.destination, c.destination_offset, c.size]
-                 for c in copies]))
+        bridge.submit(self._device, *_command_lists(dispatches, copies))
+
+    def record(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> Recording:
+        """The lists converted to JS once; run() then replays them in one bridge call."""
+        return Recording(tuple(dispatches), tuple(copies), _command_lists(dispatches, copies))
+
+    async def run(self, recording: Recording, writes=(), read=None) -> bytes | None:
+        """Per step: one writeBuffer call per write, one call that submits the recorded lists
+        (and maps the readback range), and one conversion of the bytes: 4 FFI calls for the
+        engine's decode step (params and the token id, submit and read, to_bytes)."""
+        for buffer, offset, data in writes:
+            bridge.writeBuffer(self._device.queue, buffer, int(offset), as_upload(data))
+        handle = recording.handle or _command_lists(recording.dispatches, recording.copies)
+        if read is None:
+            bridge.submit(self._device, *handle)
+            return None
+        buffer, offset, size = read
+        data = await bridge.submitAndRead(self._device, handle[0], handle[1], buffer, int(offset), int(size))
+        return data.to_bytes()
+
+
+def _command_lists(dispatches: Sequence[Dispatch], copies: Sequence[Copy]) -> tuple[Any, Any]:
+    """The bridge's JS arrays: [pipeline, [group...], x, y, z] and [src, off, dst, off, size]."""
+    return (_js([[d.pipeline, list(d.bind_groups), *d.grid] for d in dispatches]),
+            _js([[c.source, c.source_offset, c.destination, c.destination_offset, c.size] for c in copies]))

@@ -95,6 +95,16 @@ class Copy:
 
 
 @dataclasses.dataclass(frozen=True)
+class Recording:
+    """A command list recorded once and submitted many times (the engine's decode step).
+    `handle` is the implementation's prebuilt form (the browser keeps a JS array, so a
+    replay costs one FFI call instead of one per dispatch); None where the lists suffice."""
+    dispatches: tuple[Dispatch, ...]
+    copies: tuple[Copy, ...]
+    handle: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
 class AdapterSummary:
     """What an adapter offers, as plain data (goes to logs, tests and the status page)."""
     feature_level: str
@@ -181,6 +191,27 @@ class Device(abc.ABC):
     @abc.abstractmethod
     def submit(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> None:
         """One command encoder: one compute pass with every dispatch in order, then the copies."""
+
+    def record(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> Recording:
+        """Prepare a command list for repeated submission by run()."""
+        return Recording(tuple(dispatches), tuple(copies))
+
+    async def run(self, recording: Recording, writes: Sequence[tuple[Any, int, np.ndarray]] = (),
+                  read: tuple[Any, int, int] | None = None) -> bytes | None:
+        """One step of the hot path: queue the writes (buffer, offset, array), submit the
+        recording, and when `read` = (MAP_READ buffer, offset, size) is given, map that range
+        once the GPU is done and return its bytes. Raises RuntimeError when the readback
+        cannot complete (a lost device); GPU errors go to scopes / the uncaptured callback."""
+        for buffer, offset, data in writes:
+            self.write_buffer(buffer, offset, data)
+        self.submit(recording.dispatches, recording.copies)
+        if read is None:
+            return None
+        return await self.read_mapped(*read)
+
+    @abc.abstractmethod
+    async def read_mapped(self, buffer: Any, offset: int, size: int) -> bytes:
+        """Map a range of a MAP_READ buffer (after the submits that fill it), copy it out, unmap."""
 
 
 class Gpu(abc.ABC):

@@ -197,6 +197,15 @@ class NativeDevice(Device):
             staging.unmap()
             staging.destroy()
 
+    async def read_mapped(self, buffer: Any, offset: int, size: int) -> bytes:
+        if isinstance(buffer, Invalid) or self._lost_info is not None:
+            raise RuntimeError("read_mapped: the device is lost or the buffer invalid")
+        await buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
+        try:
+            return bytes(buffer.read_mapped(int(offset), int(size)))
+        finally:
+            buffer.unmap()
+
     def destroy_buffer(self, buffer: Any) -> None:
         if not isinstance(buffer, Invalid):
             buffer.destroy()
