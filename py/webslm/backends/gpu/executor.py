@@ -1,0 +1,247 @@
+"""GpuBackend: the admitted session driven as the engine's backend (backends/scores.Backend).
+
+Everything per model is done once in `build`: the kernels the forward pass needs (admission
+compiled most of them), the RoPE table upload, and the decode step's dispatch lists recorded
+(forward.py). Then
+
+    decode_one(token)  one write of the position slots and the token id, one submit of the
+                       recorded list, one readback of a few words (argmax, top-k) or of the
+                       logits row when the sampler needs it: device.run(), one call
+    prefill(ids)       chunks of at most the plan's prefill_chunk tokens, each one submit
+                       with no readback; the last chunk is followed by the LM head and the
+                       readback. The KV cache stays on the GPU throughout.
+
+Cancellation and loss. Work is tagged with the generation epoch the engine passes in; the
+backend asks `current_epoch()` (set by the engine) before encoding, before each submit and
+after completion, and raises BackendCancelled instead of returning stale scores. A lost
+device, an uncaptured GPU error, NaN logits or a failed readback raise BackendLost: the
+engine then moves to the CPU path. Nothing here retries or restarts.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import numpy as np
+
+from ...kernels.rope import rope_table
+from ...webgpu.interface import Copy
+from ..scores import BackendCancelled, BackendLost, Scores, Want
+from .forward import POSITION_SLOTS, Forward
+
+
+class GpuBackendError(ValueError):
+    """A request the model cannot serve (a token out of range, the context full)."""
+
+
+class GpuBackend:
+    kind = "gpu"
+
+    def __init__(self, session, model, forward: Forward):
+        self.session, self.model, self.forward = session, model, forward
+        self.device = session.device
+        self.vocab = model.architecture.vocab
+        self.capacity = forward.capacity
+        self.top_k = forward.top_k
+        self.position = 0
+        self.sequence = 0                        # submissions so far (tags every result)
+        self.current_epoch: Callable[[], int] | None = None
+        self._errors: list = []
+        self._lost = None
+        self._recordings: dict = {}
+        self._released = False
+        self.device.on_uncaptured_error(self._errors.append)
+
+    # -- building ------------------------------------------------------------------------------
+    @classmethod
+    async def build(cls, session, model) -> "GpuBackend":
+        """Compile what admission did not, upload the RoPE table, record the decode steps.
+        A GPU error on the way is BackendLost("build-failed"); the session is then destroyed."""
+        device = session.device
+        device.push_error_scope("validation")
+        try:
+            forward = Forward(session, model)
+            backend = cls(session, model, forward)
+            backend._lost = asyncio.ensure_future(device.lost())
+            a = model.architecture
+            table = rope_table(forward.capacity, a.rope.rotary_dim, a.rope.base, a.rope.position_offset)
+            device.write_buffer(forward.regions.buffer("rope_table"), forward.regions.offset("rope_table"),
+                                table.reshape(-1))
+            for op, k in (("argmax", 1), ("top-k", forward.top_k), ("full", 0)):
+                await backend._decode_recording(False, op, k)
+                if forward.decode_combine_grid is not None:
+                    await backend._decode_recording(True, op, k)
+        except Exception:
+            await device.pop_error_scope()
+            session.destroy()
+            raise
+        error = await device.pop_error_scope()
+        if error is not None:
+            session.destroy()
+            raise BackendLost("build-failed", "gpu", f"recording the forward pass failed: {error.kind} error")
+        return backend
+
+    async def _decode_recording(self, long_attention: bool, op: str, k: int):
+        key = ("decode", long_attention, op, k)
+        if key not in self._recordings:
+            body_key = ("decode-body", long_attention)
+            if body_key not in self._recordings:
+                self._recordings[body_key] = await self.forward.body("decode", 1, 0, long_attention)
+            row = self.forward.regions.bind("decode.final_in")
+            tail = await self.forward.head("decode", row, op, k)
+            self._recordings[key] = self.device.record(self._recordings[body_key] + tail, self._readback_copies("decode", op, k))
+            self.device.write_buffer(*self.forward.tables["decode"].write())   # the static slots, once
+        return self._recordings[key]
+
+    async def _prefill_recordings(self, tokens: int, start: int, last: bool, op: str, k: int):
+        """(body, head or None) for a chunk of `tokens`; lists cached per chunk size, params
+        rewritten per chunk."""
+        key = ("prefill", tokens, last)
+        if key not in self._recordings:
+            body = await self.forward.body("prefill", tokens, start, final=last)
+            copies = []
+            if last:      # the head reads the last row, copied out of final_in after the pass
+                r = self.forward.regions
+                row_bytes = 4 * self.model.architecture.hidden
+                copies.append(Copy(r.buffer("prefill.final_in"), r.offset("prefill.final_in") + (tokens - 1) * row_bytes,
+                                   r.buffer("prefill.last_row"), r.offset("prefill.last_row"), row_bytes))
+            self._recordings[key] = self.device.record(body, copies)
+        head = None
+        if last:
+            head_key = ("prefill-head", op, k)
+            if head_key not in self._recordings:
+                tail = await self.forward.head("prefill", self.forward.regions.bind("prefill.last_row"), op, k)
+                self._recordings[head_key] = self.device.record(tail, self._readback_copies("prefill", op, k))
+            head = self._recordings[head_key]
+        return self._recordings[key], head
+
+    def _readback_copies(self, schedule: str, op: str, k: int) -> list[Copy]:
+        r = self.forward.regions
+        if op == "full":
+            source, size, target = f"{schedule}.logits", 4 * self.vocab, "readback.logits"
+        else:
+            source, size, target = f"{schedule}.logits_result", self.forward.result_layout(op, k).result_bytes, "readback.result"
+        return [Copy(r.buffer(source), r.offset(source), r.buffer(target), r.offset(target), size)]
+
+    # -- the backend surface ---------------------------------------------------------------------
+    async def prefill(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
+        ids = self._checked(ids)
+        self._check_epoch(epoch)
+        op, k = self._op(want)
+        forward = self.forward
+        for begin in range(0, len(ids), forward.chunk):
+            chunk = ids[begin:begin + forward.chunk]
+            last = begin + forward.chunk >= len(ids)
+            body, head = await self._prefill_recordings(len(chunk), self.position, last, op, k)
+            forward.set_params("prefill", forward.launches("prefill", len(chunk), self.position))
+            self._check_epoch(epoch)                       # before submit
+            r = forward.regions
+            writes = [forward.tables["prefill"].write(),
+                      (r.buffer("prefill.token_ids"), r.offset("prefill.token_ids"), np.asarray(chunk, np.uint32))]
+            await self._run(body, writes)
+            self.position += len(chunk)
+            if not last:
+                await asyncio.sleep(0)                     # let a cancel in between be seen
+        raw = await self._run(head, [], self._read(op, k))
+        return self._scores(raw, op, k, epoch)
+
+    async def decode_one(self, token: int, want: Want, epoch: int = 0) -> Scores:
+        (token,) = self._checked([token])
+        self._check_epoch(epoch)
+        op, k = self._op(want)
+        forward, position = self.forward, self.position
+        launches = forward.position_launches("decode", 1, position)
+        forward.set_params("decode", launches)
+        long_attention = forward.decode_combine_grid is not None and position + 1 > forward.decode_chunk
+        recording = await self._decode_recording(long_attention, op, k)
+        r = forward.regions
+        writes = [forward.tables["decode"].write(0, len(POSITION_SLOTS)),
+                  (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
+        self._check_epoch(epoch)                           # before submit
+        raw = await self._run(recording, writes, self._read(op, k))
+        self.position += 1
+        return self._scores(raw, op, k, epoch)
+
+    async def rebuild(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
+        self._checked(ids)
+        self.reset()
+        return await self.prefill(ids, want, epoch)
+
+    def reset(self) -> None:
+        self.position = 0       # the cache rows past the position are never read
+
+    def release(self) -> None:
+        """Destroy every buffer and the device (idempotent)."""
+        if self._released:
+            return
+        self._released = True
+        self._recordings.clear()
+        if self._lost is not None and not self._lost.done():
+            self._lost.cancel()
+        self.session.destroy()
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _op(self, want: Want) -> tuple[str, int]:
+        if want.kind == "argmax":
+            return "argmax", 1
+        if want.kind == "top-k":
+            if want.k > self.top_k:
+                return "full", 0
+            return "top-k", self.top_k          # the canonical top-K contains any smaller one
+        return "full", 0
+
+    def _read(self, op: str, k: int) -> tuple:
+        r = self.forward.regions
+        name = "readback.logits" if op == "full" else "readback.result"
+        size = 4 * self.vocab if op == "full" else self.forward.result_layout(op, k).result_bytes
+        return r.buffer(name), r.offset(name), size
+
+    def _checked(self, ids) -> list[int]:
+        if self._released:
+            raise GpuBackendError("the GPU backend was released")
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise GpuBackendError("at least one token is needed")
+        if any(not 0 <= t < self.vocab for t in ids):
+            raise GpuBackendError(f"token id out of range [0, {self.vocab})")
+        if self.position + len(ids) > self.capacity:
+            raise GpuBackendError(f"position {self.position + len(ids) - 1} is past the GPU context "
+                                  f"capacity {self.capacity}")
+        return ids
+
+    def _check_epoch(self, epoch: int) -> None:
+        if self.current_epoch is not None and epoch != self.current_epoch():
+            raise BackendCancelled("stale-epoch", "epoch", f"generation {epoch} was cancelled")
+        self._check_alive()
+
+    def _check_alive(self) -> None:
+        if self._lost is not None and self._lost.done():
+            raise BackendLost("device-lost", "gpu", "the GPU device was lost")
+        if self._errors:
+            raise BackendLost("gpu-error", "gpu", f"the GPU reported a {self._errors[0].kind} error: {self._errors[0].message[:300]}")
+
+    async def _run(self, recording, writes, read=None):
+        self.sequence += 1
+        try:
+            raw = await self.device.run(recording, writes, read)
+        except Exception as exc:
+            await asyncio.sleep(0)                # let the lost notification land
+            self._check_alive()
+            raise BackendLost("readback-failed", "gpu", f"the GPU step failed: {exc}") from exc
+        if read is not None:
+            await asyncio.sleep(0)
+        self._check_alive()
+        return raw
+
+    def _scores(self, raw: bytes, op: str, k: int, epoch: int) -> Scores:
+        if self.current_epoch is not None and epoch != self.current_epoch():
+            raise BackendCancelled("stale-epoch", "epoch", f"generation {epoch} was cancelled")   # after completion
+        if op == "full":
+            logits = np.frombuffer(raw, np.float32, self.vocab).copy()
+            if not np.isfinite(logits).all():
+                raise BackendLost("gpu-error", "logits", "the GPU produced non-finite logits")
+            return Scores(self.position, epoch, self.sequence, logits=logits)
+        result = self.forward.result_layout(op, k).decode(np.frombuffer(raw, np.uint32))
+        if result.nan_count:
+            raise BackendLost("gpu-error", "logits", f"the GPU produced {result.nan_count} NaN logits")
+        return Scores(self.position, epoch, self.sequence, ids=result.indices, values=result.values.copy())
