@@ -55,3 +55,19 @@ def native_device(native_gpu):
     device = asyncio.run(adapter.request_device(features=features))
     yield device
     device.destroy()
+
+
+@pytest.fixture(scope="session")
+def gpu_slm_path(tmp_path_factory):
+    """A tiny model the GPU forward pass can run (bench/synthetic_model.py --shape tiny:
+    random weights, q4/q8 like SmolLM2, f32 norms, no biases). The fixture model has q/k/v
+    biases and f16 norms, which admission refuses for the GPU (admission/pipelines.unsupported)."""
+    import importlib.util
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "synthetic_model.py"
+    spec = importlib.util.spec_from_file_location("synthetic_model", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path_factory.mktemp("gpu_model") / "tiny.slm"
+    module.write_synthetic(path, "tiny")
+    return path

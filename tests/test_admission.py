@@ -92,14 +92,25 @@ def test_fault_names_are_checked():
         Faults.named("meteor-strike")
 
 
-def test_cli_admit_prints_the_receipt_or_the_failing_stage(native_gpu, fixture_slm_path):
-    ok = subprocess.run([sys.executable, "-m", "webslm.cli", "admit", "--model", str(fixture_slm_path),
+def test_cli_admit_prints_the_receipt_or_the_failing_stage(native_gpu, gpu_slm_path, fixture_slm_path):
+    ok = subprocess.run([sys.executable, "-m", "webslm.cli", "admit", "--model", str(gpu_slm_path),
                          "--backend", "native", "--json"], capture_output=True, text=True, timeout=600)
     assert ok.returncode == 0, ok.stderr
     report = json.loads(ok.stdout)
     assert report["admitted"] and report["receipt"]["outcome_code"] == "admitted"
-    bad = subprocess.run([sys.executable, "-m", "webslm.cli", "admit", "--model", str(fixture_slm_path),
+    bad = subprocess.run([sys.executable, "-m", "webslm.cli", "admit", "--model", str(gpu_slm_path),
                           "--fault", "compile-failure"], capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1
     assert "not admitted: pipeline-failed at stage compile" in bad.stderr
     assert "Traceback" not in bad.stderr + bad.stdout
+
+
+def test_a_model_the_gpu_path_cannot_run_is_refused_before_any_gpu_work(native_gpu, fixture_slm_path):
+    """The fixture has q/k/v biases and f16 norms: refused at "derive", before an adapter is
+    even requested, with the reason in the sentence (the engine then serves it on the CPU)."""
+    out = subprocess.run([sys.executable, "-m", "webslm.cli", "admit", "--model", str(fixture_slm_path),
+                          "--json"], capture_output=True, text=True, timeout=600)
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and not report["admitted"]
+    assert (report["stage"], report["code"]) == ("derive", "unsupported-model")
+    assert "biases" in report["sentence"]

@@ -19,12 +19,15 @@ def open_model(source):
 
 
 def __getattr__(name):
-    """webslm.Sampler, webslm.SamplerSettings, webslm.Ledger: the semantic host's entry points,
-    imported on first use so that `import webslm` stays light."""
+    """webslm.Sampler, webslm.SamplerSettings, webslm.Ledger (the semantic host's entry points)
+    and webslm.Engine, imported on first use so that `import webslm` stays light."""
     if name in ("Sampler", "SamplerSettings"):
         from .semantic import sampler
         return getattr(sampler, name)
     if name == "Ledger":
         from .semantic.ledger import Ledger
         return Ledger
+    if name == "Engine":
+        from .engine import Engine
+        return Engine
     raise AttributeError(f"module 'webslm' has no attribute {name!r}")

@@ -3,7 +3,8 @@
     webslm convert SRC -o OUT.slm [--quant q4|q8|f16|f32] [--group N]
     webslm validate FILE
     webslm inspect FILE
-    webslm generate --model FILE --prompt TEXT [--chat] --backend cpu [--max-tokens N] [--seed S | --greedy] [--json]
+    webslm generate --model FILE --prompt TEXT [--chat] [--backend native|cpu] [--max-tokens N] [--seed S | --greedy] [--json]
+    webslm conformance --model FILE [--backend native|cpu] [--tokens N] [--prompt TEXT] [--json]
     webslm admit --model FILE --backend native [--feature-level auto|core|compatibility] [--fault NAME] [--json]
 """
 from __future__ import annotations
@@ -109,13 +110,26 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def _native_gpu():
+    """wgpu-native's entry point, or None when PyPI wgpu is not installed (the engine then
+    reports no-webgpu and answers on the CPU path)."""
+    try:
+        from .webgpu.native import NativeGpu
+    except ImportError:
+        return None
+    return NativeGpu()
+
+
 def cmd_generate(args) -> int:
+    """Stream committed text through the Engine: on the GPU with --backend native when
+    admission allows it (continuing on the CPU if the device is lost), else on the CPU."""
+    import asyncio
     import json
-    from .cpu import CpuBackend
     from .cpu.backend import CpuBackendError
-    from .generate import Timings, generate, prompt_ids
+    from .engine import Engine
+    from .errors import CodedError
+    from .generate import prompt_ids
     from .model import Model
-    from .semantic.ledger import Ledger
     from .semantic.sampler import SamplerSettings
 
     artifact, status = _open(args.model)
@@ -128,31 +142,117 @@ def cmd_generate(args) -> int:
         top_k=defaults["top_k"], top_p=defaults["top_p"], min_p=defaults["min_p"],
         repetition_penalty=defaults["repetition_penalty"], max_tokens=args.max_tokens,
         seed=args.seed, stop=tuple(args.stop))
-    backend = CpuBackend(model)
     ids = prompt_ids(model, args.prompt, args.chat, args.system)
-    timings, pieces = Timings(), []
-    ledger = Ledger()
+    events: list[dict] = []
+    engine = Engine(model, gpu=_native_gpu() if args.backend == "native" else None, on_event=events.append)
+    pieces: list[str] = []
+
+    async def run():
+        await engine.load()
+        if args.backend == "native" and engine.backend_kind != "gpu":
+            why = engine.cpu_reason or {}
+            print(f"webslm generate: on the CPU path: {why.get('code')} at {why.get('stage')}: "
+                  f"{why.get('sentence')}", file=sys.stderr)
+        finish = None
+        try:
+            async for delta in engine.generate(ids, settings):
+                if args.json:
+                    pieces.append(delta.text)
+                else:
+                    print(delta.text, end="", flush=True)
+                finish = delta.finish_reason
+            return finish, engine.backend_kind
+        finally:
+            await engine.unload()
+
     try:
-        for delta in generate(model, backend, ids, settings, ledger=ledger, timings=timings):
-            if args.json:
-                pieces.append(delta.text)
-            else:
-                print(delta.text, end="", flush=True)
-            finish = delta.finish_reason
-    except CpuBackendError as exc:
+        finish, backend = asyncio.run(run())
+    except (CpuBackendError, CodedError) as exc:
         print(f"webslm generate: {exc}", file=sys.stderr)
         return 2
+    timings = engine.last_timings
     if args.json:
         print(json.dumps({
             "text": "".join(pieces), "finish_reason": finish, "prompt_ids": ids,
-            "token_ids": list(ledger.committed_ids),
+            "token_ids": list(engine.ledger.committed_ids),
             "timings": {**vars(timings),
                         "prefill_tokens_per_s": timings.prompt_tokens / max(timings.prefill_seconds, 1e-9),
                         "decode_tokens_per_s": timings.generated_tokens / max(timings.decode_seconds, 1e-9)},
+            "backend": backend, "events": events,
         }))
     else:
         print()
     return 0
+
+
+def cmd_conformance(args) -> int:
+    """Teacher-forced top-1 agreement of a backend with the CPU oracle (engine/conformance.py).
+    Exit 0 when it passes, 1 when it does not, 2 when it could not run."""
+    import asyncio
+    import json
+    import math
+    from .admission.admit import AdmissionFailure
+    from .backends.cpu_path import CpuPath
+    from .backends.scores import BackendLost
+    from .engine.conformance import MARGIN_TOLERANCE, conformance
+    from .engine.engine import EngineError, admit_and_build
+    from .model import Model
+
+    artifact, status = _open(args.model)
+    if artifact is None:
+        return status
+    model = Model(artifact)
+    ids = model.tokenizer.encode(args.prompt)
+    tolerance = MARGIN_TOLERANCE if args.margin_tolerance is None else args.margin_tolerance
+
+    async def run():
+        if args.backend == "cpu":
+            backend = CpuPath(model)
+        else:
+            try:
+                backend, _ = await admit_and_build(_native_gpu(), model, None, None)
+            except (EngineError, AdmissionFailure, BackendLost):
+                raise
+            except Exception as exc:             # noqa: BLE001 - the executor failed to build
+                raise EngineError("gpu-backend-failed", "GpuBackend.build",
+                                  f"the GPU executor could not be built: {type(exc).__name__}: {exc}") from exc
+        try:
+            return await conformance(model, backend, ids, tokens=args.tokens,
+                                     margin_tolerance=tolerance)
+        finally:
+            backend.release()
+
+    try:
+        report = asyncio.run(run())
+    except EngineError as exc:                   # no GPU executor, or it failed to build
+        print(f"webslm conformance: {exc.sentence} ({exc.code})", file=sys.stderr)
+        return 2
+    except AdmissionFailure as failure:
+        print(f"webslm conformance: not admitted: {failure.code} at stage {failure.stage}: "
+              f"{failure.sentence}", file=sys.stderr)
+        return 2
+    except BackendLost as lost:
+        print(f"webslm conformance: the device was lost: {lost.code}: {lost.sentence}", file=sys.stderr)
+        return 2
+    except ValueError as exc:                    # a prompt that leaves no room in the context
+        print(f"webslm conformance: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        finite = lambda x: x if math.isfinite(x) else None     # noqa: E731 - JSON has no inf
+        report["max_abs_logit_error"] = finite(report["max_abs_logit_error"])
+        for p in report["per_position"]:
+            p["max_abs_error"] = finite(p["max_abs_error"])
+        print(json.dumps(report))
+    else:
+        print(f"{report['backend']} vs CPU oracle: {report['positions']} positions after a "
+              f"{report['prompt_tokens']}-token prompt, top-1 agreement {report['top1_agreement']:.1%}, "
+              f"max |logit error| {report['max_abs_logit_error']:.3g}")
+        for d in report["disagreements"]:
+            print(f"  position {d['position']}: oracle {d['oracle_token']}, backend {d['backend_token']}, "
+                  f"oracle margin {d['margin']:.4g}")
+        verdict = "passed" if report["passed"] else "FAILED"
+        print(f"{verdict}: every disagreement must have an oracle margin below {report['margin_tolerance']}")
+    return 0 if report["passed"] else 1
 
 
 def cmd_admit(args) -> int:
@@ -228,7 +328,8 @@ def main(argv=None) -> int:
     generate.add_argument("--prompt", required=True)
     generate.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     generate.add_argument("--system", default=None, help="system message (with --chat; default: the template's)")
-    generate.add_argument("--backend", choices=["cpu"], default="cpu")
+    generate.add_argument("--backend", choices=["native", "cpu"], default="cpu",
+                          help="native: the GPU through wgpu-native when admitted, else the CPU path")
     generate.add_argument("--max-tokens", type=int, default=256)
     pick = generate.add_mutually_exclusive_group()
     pick.add_argument("--greedy", action="store_true", help="always the most likely token")
@@ -237,6 +338,17 @@ def main(argv=None) -> int:
     generate.add_argument("--stop", action="append", default=[], help="a stop sequence (repeatable)")
     generate.add_argument("--json", action="store_true", help="print token ids and timings as JSON")
     generate.set_defaults(run=cmd_generate)
+
+    conform = sub.add_parser("conformance", help="teacher-forced top-1 agreement of a backend with the CPU oracle")
+    conform.add_argument("--model", required=True)
+    conform.add_argument("--backend", choices=["native", "cpu"], default="native")
+    conform.add_argument("--tokens", type=int, default=128, help="positions to compare (capped by the context)")
+    conform.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
+    conform.add_argument("--margin-tolerance", type=float, default=None,
+                         help="excuse a disagreement where the oracle's top-2 margin is below this "
+                              "(default: engine/conformance.py MARGIN_TOLERANCE)")
+    conform.add_argument("--json", action="store_true")
+    conform.set_defaults(run=cmd_conformance)
 
     admit = sub.add_parser("admit", help="admit a model on the GPU: self-tests, tier and capability receipt")
     admit.add_argument("--model", required=True)

@@ -173,6 +173,9 @@ class _Admission:
             self._fail("not-validated", "admission takes only a validated model (webslm.open_model)")
 
         await self._enter("derive")
+        reason = pipeline_set.unsupported(self.model.manifest)
+        if reason:
+            self._fail("unsupported-model", f"the GPU path cannot run this model: {reason}")
         required = pipeline_set.requirements(self.model.manifest)
 
         await self._enter("adapter")

@@ -41,6 +41,21 @@ def _config(info) -> tuple:
             q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None)
 
 
+def unsupported(manifest) -> str | None:
+    """Why the GPU forward pass (backends/gpu/forward.py) cannot run this model, or None.
+    Its layer kernels take f32 norm weights and add no projection biases; such a model is
+    served by the CPU path, which supports the whole format."""
+    a = manifest.architecture
+    if a.qkv_bias:
+        return "the model has q/k/v projection biases, which the GPU forward pass does not add"
+    for name, info in manifest.tensors.items():
+        if name.endswith("norm") and info.encoding != "f32":
+            return f"{name} is stored as {info.encoding}; the GPU norm kernels read f32 weights"
+    if a.hidden % 4 or a.ffn % 4:
+        return f"hidden {a.hidden} and ffn {a.ffn} must be multiples of 4 (vec4 activation rows)"
+    return None
+
+
 def requirements(manifest) -> Requirements:
     a = manifest.architecture
     matrices = sorted({_config(info) + (info.shape[-1],) for name, info in manifest.tensors.items()

@@ -113,7 +113,8 @@ class Forward:
         a, limits = self.arch, self.limits
         convention, rotary = a.rope.convention, a.rope.rotary_dim
         out = {}
-        for slot, heads in (("rope_q", a.n_heads), ("rope_k", a.n_kv_heads)):
+        q_heads = a.n_heads + a.n_kv_heads if self.rope_fused(schedule) else a.n_heads
+        for slot, heads in (("rope_q", q_heads), ("rope_k", a.n_kv_heads)):
             p = rope.plan_rope(limits, tokens, heads, a.head_dim, rotary, start, self.capacity, convention)
             out[slot] = Launch("rope", p.overrides, p.params, p.grid)
         p = kv_cache.plan_append(limits, self.shape.layout, start, tokens)
@@ -178,6 +179,12 @@ class Forward:
         for slot, launch in launches.items():
             table.set(slot, launch.params)
 
+    def rope_fused(self, schedule: str) -> bool:
+        """Decode rotates q and k in one launch when k follows q without an alignment gap
+        (a multiple-of-64 q width, as in most models): 1 dispatch a layer instead of 2."""
+        _, k_at, _ = self.qkv_offsets(schedule)
+        return schedule == "decode" and k_at == 4 * self.arch.n_heads * self.arch.head_dim
+
     # -- regions of a step ------------------------------------------------------------------------
     def qkv_offsets(self, schedule: str) -> tuple[int, int, int]:
         """Byte offsets of q, k and v in the qkv region (sections sized for the schedule's T)."""
@@ -228,8 +235,11 @@ class Forward:
                 await add("attn_norm_res", [vector(r, b + "attn_norm"), delta], [r.bind(s("attn_in")), x])
             for kind, at in (("q", q_at), ("k", k_at), ("v", v_at)):
                 await matmul(kind, i, r.bind(s("attn_in")), s("qkv"), at)
-            await add("rope_q", [r.bind("rope_table")], [qkv_out["q"]])
-            await add("rope_k", [r.bind("rope_table")], [qkv_out["k"]])
+            if self.rope_fused(schedule):
+                await add("rope_q", [r.bind("rope_table")], [r.bind(s("qkv"), q_at, v_at - q_at)])
+            else:
+                await add("rope_q", [r.bind("rope_table")], [qkv_out["q"]])
+                await add("rope_k", [r.bind("rope_table")], [qkv_out["k"]])
             caches = [r.bind(f"kv.L{i}.k"), r.bind(f"kv.L{i}.v")]
             await add("kv_append", [qkv_out["k"], qkv_out["v"]], caches)
             attn_out = r.bind(s("attn_out"))

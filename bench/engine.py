@@ -1,0 +1,151 @@
+"""Engine decode and prefill speed on a native WebGPU adapter (wgpu-native), with the copy
+roofline measured on the same device in the same run.
+
+    PYTHONPATH=py python bench/engine.py --model FILE.slm [--model ...] [--out FILE]
+
+Per model:
+- admission (cold: compile, upload, self-tests) and the executor's build, in seconds;
+- prefill: a prompt of --prompt-tokens random ids (seeded), time until its argmax is read;
+- decode: --new-tokens greedy steps (GPU argmax, 12 bytes read back each), tokens/s and the
+  median step;
+- repeat 1 is cold (first use of the recorded lists); the figures are the median of the
+  warm repeats after it, each preceded by reset();
+- roofline: weight bytes per token (every weight is read once a step) / the copy kernel's
+  bandwidth (bytes read + written) on this device = the decode tokens/s a bandwidth-bound
+  engine would reach; `of_roofline` = measured / that;
+- host: per decode step, the Python time to refresh the position params and to encode the
+  recorded dispatches without submitting (what the CPU spends per token besides waiting).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from kernels import copy_roofline  # noqa: E402  (bench/kernels.py)
+
+import webslm  # noqa: E402
+from webslm.admission.admit import AdmissionPolicy, admit  # noqa: E402
+from webslm.backends.gpu import GpuBackend  # noqa: E402
+from webslm.backends.scores import Want  # noqa: E402
+from webslm.webgpu.native import NativeGpu  # noqa: E402
+
+ARGMAX = Want("argmax")
+
+
+async def one_run(backend, prompt: list[int], new_tokens: int) -> dict:
+    backend.reset()
+    started = time.perf_counter()
+    scores = await backend.prefill(prompt, ARGMAX)
+    prefill = time.perf_counter() - started
+    steps = []
+    token = int(scores.ids[0])
+    tokens = [token]
+    for _ in range(new_tokens):
+        began = time.perf_counter()
+        scores = await backend.decode_one(token, ARGMAX)
+        steps.append(time.perf_counter() - began)
+        token = int(scores.ids[0])
+        tokens.append(token)
+    return {"prefill_s": prefill, "decode_s": sum(steps), "step_median_ms": statistics.median(steps) * 1e3,
+            "tokens": tokens}
+
+
+def host_costs(backend, rounds: int = 50) -> dict:
+    """Python time per decode step outside the GPU: params refresh, and encoding the
+    recorded list without submitting it (native replay path)."""
+    forward = backend.forward
+    started = time.perf_counter()
+    for position in range(rounds):
+        forward.set_params("decode", forward.position_launches("decode", 1, position % forward.capacity))
+    params = (time.perf_counter() - started) / rounds
+    recording = backend._recordings[("decode", False, "argmax", 1)]
+    device = getattr(backend.device, "inner", backend.device)
+    from wgpu.backends.wgpu_native._ffi import ffi, lib
+    started = time.perf_counter()
+    for _ in range(rounds):
+        encoder = device._device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        for pipeline, group, x, y, z in recording.handle:
+            lib.wgpuComputePassEncoderSetPipeline(compute._internal, pipeline)
+            lib.wgpuComputePassEncoderSetBindGroup(compute._internal, 0, group, 0, ffi.NULL)
+            lib.wgpuComputePassEncoderDispatchWorkgroups(compute._internal, x, y, z)
+        compute.end()
+        encoder.finish()
+    encode = (time.perf_counter() - started) / rounds
+    return {"params_ms": params * 1e3, "encode_ms": encode * 1e3, "dispatches": len(recording.dispatches)}
+
+
+async def bench_model(path: str, args) -> dict:
+    model = webslm.open_model(path)
+    a = model.architecture
+    started = time.perf_counter()
+    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context))
+    admitted = time.perf_counter() - started
+    started = time.perf_counter()
+    backend = await GpuBackend.build(session, model)
+    built = time.perf_counter() - started
+    try:
+        copy = await copy_roofline(session.device, False)
+        rng = np.random.default_rng(0)
+        prompt = [int(t) for t in rng.integers(0, a.vocab, args.prompt_tokens)]
+        runs = [await one_run(backend, prompt, args.new_tokens) for _ in range(args.repeats)]
+        warm = runs[1:] or runs
+        weight_bytes = session.plan.as_dict()["weights_payload_bytes"]
+        decode_tps = statistics.median(args.new_tokens / r["decode_s"] for r in warm)
+        roofline_tps = copy["gbps"] * 1e9 / weight_bytes
+        return {
+            "model": pathlib.Path(path).name, "layers": a.n_layers, "hidden": a.hidden, "vocab": a.vocab,
+            "tier": session.tier, "kv_dtype": session.plan.kv["dtype"], "context": backend.capacity,
+            "admission_s": round(admitted, 3), "build_s": round(built, 3),
+            "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
+            "prefill_tokens_per_s": statistics.median(args.prompt_tokens / r["prefill_s"] for r in warm),
+            "prefill_cold_s": runs[0]["prefill_s"],
+            "decode_tokens_per_s": decode_tps, "decode_cold_tokens_per_s": args.new_tokens / runs[0]["decode_s"],
+            "step_median_ms": statistics.median(r["step_median_ms"] for r in warm),
+            "weight_bytes_per_token": weight_bytes, "copy_gbps": copy["gbps"],
+            "roofline_tokens_per_s": roofline_tps, "of_roofline": decode_tps / roofline_tps,
+            "same_tokens_every_run": all(r["tokens"] == runs[0]["tokens"] for r in runs),
+            "host": host_costs(backend),
+        }
+    finally:
+        backend.release()
+
+
+async def main(args) -> dict:
+    adapter = await NativeGpu().request_adapter("core")
+    summary = adapter.summary()
+    report = {"adapter": summary.description, "host": platform.platform(), "date": time.strftime("%Y-%m-%d"),
+              "rows": []}
+    print(f"adapter: {summary.description}", flush=True)
+    for path in args.model:
+        row = await bench_model(path, args)
+        report["rows"].append(row)
+        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s, "
+              f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}), "
+              f"step {row['step_median_ms']:.2f} ms, roofline {row['roofline_tokens_per_s']:.0f} tok/s "
+              f"({row['of_roofline']:.2f}), host params {row['host']['params_ms']:.3f} ms + encode "
+              f"{row['host']['encode_ms']:.3f} ms for {row['host']['dispatches']} dispatches, "
+              f"admission {row['admission_s']} s", flush=True)
+        if args.out:
+            pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", action="append", required=True, help=".slm file (repeatable)")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")
+    parser.add_argument("--out")
+    asyncio.run(main(parser.parse_args()))

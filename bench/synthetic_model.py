@@ -1,0 +1,268 @@
+"""Write a .slm artifact with RANDOM weights of a given shape, fast, for GPU speed benchmarks.
+
+    .venv/bin/python bench/synthetic_model.py --shape llama1b --out /tmp/llama1b-synthetic.slm
+    .venv/bin/python bench/synthetic_model.py --shape smollm2 --out /tmp/smollm2-synthetic.slm
+    .venv/bin/python bench/synthetic_model.py --shape tiny --out /tmp/tiny.slm   # tests
+
+Shapes (`SHAPES`):
+    llama1b   Llama-3.2-1B: 16 layers, hidden 2048, ffn 8192, 32 heads / 8 KV heads, head_dim 64,
+              vocab 128256, context 131072, RoPE base 500000, tied output
+    smollm2   SmolLM2-135M: 30 layers, hidden 576, ffn 1536, 9 heads / 3 KV heads, head_dim 64,
+              vocab 49152, context 8192, RoPE base 100000, tied output
+    tiny      2 layers, hidden 48, ffn 80, 4 heads / 2 KV heads, head_dim 12, vocab 320, context 64:
+              48 and 80 are not multiples of 32, so every quantized row ends in a partial block
+
+Encodings, those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every layer matrix
+q4 (block 32, zero "min", f16 scales and mins), token_embd q8 (block 32, f16 scales), norm
+vectors f32, output tied to the embedding. RoPE is "rotate-half" with scaling null: format v1
+has no RoPE scaling, so llama1b lacks Llama 3's llama3 frequency scaling (irrelevant to speed;
+stated in the manifest's source.notes).
+
+Weights are made directly in the encoded form, never quantized from floats: codes are random
+bytes (q8: every int8 -128..127; q4: two uniform nibbles per byte) with the padding codes past
+`cols` zeroed as the validator requires; per-block scales are small positive f16 and q4 mins
+are -7.5 x scale (jittered), so a q4 block decodes to roughly uniform values around zero with
+standard deviation ~ 1/sqrt(cols), q8 embeddings to ~ 2/sqrt(hidden). Norm weights 1 +- 0.05.
+Each tensor has its own generator (SEED, CRC-32 of the name): the file is a pure function of
+(shape, seed, context length), and adding a tensor moves no other.
+
+Memory stays bounded: webslm.artifact.writer.write_slm needs every tensor's sha256 before the
+payload (the table precedes it), so it reads each tensor's parts twice (once to hash, once to
+write). The parts given to it are a lazy mapping that generates a tensor's parts on first access
+and keeps only the most recent tensor, so the writer's two passes generate each tensor twice
+and at most one tensor (llama1b's embedding: 279 MB) is held at a time.
+
+Tokenizer: the fixture's byte-level BPE (webslm.fixture: 256 byte tokens, 40 merges, ChatML
+specials <|endoftext|> <|im_start|> <|im_end|>, ChatML template) followed by placeholder tokens
+so that every id below vocab has a token (the format allows len(tokens) < vocab, but sampling
+from random logits reaches every id and the stream decoder needs a token for each): placeholder
+i is "Ġ" + a lowercase pseudo-word, so random output decodes to space-separated words.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import itertools
+import os
+import pathlib
+import resource
+import sys
+import time
+import zlib
+from collections.abc import Mapping
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if importlib.util.find_spec("webslm") is None:   # a checkout without the package installed
+    sys.path.insert(0, str(ROOT / "py"))
+
+from webslm import fixture  # noqa: E402
+from webslm.artifact import format as fmt  # noqa: E402
+from webslm.artifact.writer import TensorRecord, canonical_json, quant_descriptor, write_slm  # noqa: E402
+
+GENERATOR = "webslm.synthetic v1"
+SEED = 20261201
+BLOCK = 32
+
+SHAPES = {
+    "llama1b": {"n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "head_dim": 64, "hidden": 2048,
+                "ffn": 8192, "vocab": 128256, "context_length": 131072, "rope_base": 500000.0,
+                "notes": ["Llama-3.2-1B's shape; its llama3 RoPE scaling (factor 32, low 1, high 4, "
+                          "original 8192) is dropped: format v1 has no RoPE scaling"]},
+    "smollm2": {"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64, "hidden": 576,
+                "ffn": 1536, "vocab": 49152, "context_length": 8192, "rope_base": 100000.0,
+                "notes": ["SmolLM2-135M's shape"]},
+    "tiny": {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 12, "hidden": 48,
+             "ffn": 80, "vocab": 320, "context_length": 64, "rope_base": 10000.0,
+             "notes": ["a tiny shape for tests; rows end in partial blocks"]},
+}
+
+
+def architecture(shape: str, context_length: int | None = None) -> dict:
+    s = SHAPES[shape]
+    return {
+        "family": "llama",
+        "n_layers": s["n_layers"], "n_heads": s["n_heads"], "n_kv_heads": s["n_kv_heads"],
+        "head_dim": s["head_dim"], "hidden": s["hidden"], "ffn": s["ffn"], "vocab": s["vocab"],
+        "context_length": context_length or s["context_length"],
+        "norm_eps": 1e-05, "tied_output": True, "qkv_bias": False,
+        "rope": {"base": s["rope_base"], "rotary_dim": s["head_dim"], "convention": "rotate-half",
+                 "position_offset": 0, "scaling": None},
+    }
+
+
+# -- tokenizer -----------------------------------------------------------------------------------
+
+def _pseudo_words():
+    """'aaa', 'aab', ..., 'zzz', 'aaaa', ...: lowercase words of 3 letters and more, in order."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    for length in itertools.count(3):
+        for word in itertools.product(letters, repeat=length):
+            yield "".join(word)
+
+
+def tokenizer(vocab: int) -> dict:
+    """The fixture's tokenizer padded with placeholder tokens to exactly `vocab` tokens."""
+    t = fixture.fixture_tokenizer()
+    tokens = list(t["tokens"])
+    if len(tokens) > vocab:
+        raise ValueError(f"vocab {vocab} is smaller than the base tokenizer ({len(tokens)} tokens)")
+    taken = set(tokens)
+    words = _pseudo_words()
+    while len(tokens) < vocab:
+        token = "\u0120" + next(words)          # "Ġ" + word: decodes to " word"
+        if token not in taken:
+            taken.add(token)
+            tokens.append(token)
+    return dict(t, tokens=tokens)
+
+
+# -- weights -------------------------------------------------------------------------------------
+
+def encoding(name: str) -> tuple[str, str | None]:
+    """(encoding, q4 zero) of a tensor: the SmolLM2 artifact's choices."""
+    if name == "token_embd":
+        return "q8", None
+    if name.endswith("_norm"):
+        return "f32", None
+    return "q4", "min"
+
+
+def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n uniformly random bytes, fast (the bit generator's raw 64-bit output)."""
+    return rng.bit_generator.random_raw(-(-n // 8)).view(np.uint8)[:n]
+
+
+def _jitter(rng: np.random.Generator, shape: tuple[int, int], spread: float) -> np.ndarray:
+    """float32 uniform in [1 - spread, 1 + spread)."""
+    return (1.0 - spread) + (2.0 * spread) * rng.random(shape, dtype=np.float32)
+
+
+def make_parts(name: str, shape: tuple[int, ...], seed: int) -> dict[str, memoryview]:
+    """A tensor's encoded parts, generated directly (see the module docstring)."""
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    enc, zero = encoding(name)
+    if enc == "f32":
+        w = (1.0 + 0.05 * rng.standard_normal(shape[0])).astype("<f4")
+        return {"data": memoryview(w.view(np.uint8))}
+    rows, cols = shape
+    blocks = fmt.blocks_per_row(cols, BLOCK)
+    stride = fmt.row_stride(enc, cols, BLOCK)
+    codes = _random_bytes(rng, rows * stride).reshape(rows, stride)
+    if enc == "q8":
+        codes[:, cols:] = 0                                 # padding codes of the last block
+        sigma = 2.0 / cols ** 0.5                           # element std of the decoded embedding
+        scales = (sigma / 73.9) * _jitter(rng, (rows, blocks), 0.25)     # std of uniform int8: 73.9
+        parts = {"codes": codes, "scales": scales.astype("<f2")}
+    else:
+        first = cols // 2                                   # q4: element k is nibble k % 2 of byte k // 2
+        if cols % 2:
+            codes[:, first] &= 0x0F
+            codes[:, first + 1:] = 0
+        else:
+            codes[:, first:] = 0
+        sigma = 1.0 / cols ** 0.5
+        scale = (sigma / 4.61) * _jitter(rng, (rows, blocks), 0.25)       # std of uniform 0..15: 4.61
+        mins = -7.5 * scale * _jitter(rng, (rows, blocks), 0.1)
+        parts = {"codes": codes, "scales": scale.astype("<f2"), "mins": mins.astype("<f2")}
+    expected = fmt.part_lengths(enc, zero or "none", rows, cols, BLOCK, scale_bytes=2)
+    out = {k: memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)) for k, v in parts.items()}
+    assert {k: len(v) for k, v in out.items()} == expected, (name, expected)
+    return out
+
+
+class _LastTensor:
+    """Keeps the parts of the most recently generated tensor only."""
+
+    def __init__(self, seed: int):
+        self.seed, self.name, self.parts = seed, None, None
+
+    def get(self, name: str, shape: tuple[int, ...]) -> dict[str, memoryview]:
+        if name != self.name:
+            self.name, self.parts = None, None               # free the previous tensor first
+            self.parts = make_parts(name, shape, self.seed)
+            self.name = name
+        return self.parts
+
+
+class LazyParts(Mapping):
+    """A TensorRecord's parts, generated on access (deterministically: a re-read regenerates
+    the same bytes) so that the writer never holds more than one tensor."""
+
+    def __init__(self, cache: _LastTensor, name: str, shape: tuple[int, ...], names: tuple[str, ...]):
+        self._cache, self._name, self._shape, self._names = cache, name, shape, names
+
+    def __getitem__(self, part: str) -> memoryview:
+        if part not in self._names:
+            raise KeyError(part)
+        return self._cache.get(self._name, self._shape)[part]
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def records(arch: dict, seed: int) -> list[TensorRecord]:
+    cache = _LastTensor(seed)
+    out = []
+    for name, shape in fmt.required_tensors(arch).items():
+        enc, zero = encoding(name)
+        quant = quant_descriptor(enc, shape[-1], BLOCK, zero or "none", "f16") if enc != "f32" else None
+        names = fmt.PARTS[(enc, zero or "none")]
+        out.append(TensorRecord(name, tuple(shape), enc, quant, LazyParts(cache, name, tuple(shape), names)))
+    return out
+
+
+def manifest(shape: str, arch: dict, seed: int) -> dict:
+    recipe = hashlib.sha256(canonical_json({"generator": GENERATOR, "seed": seed, "architecture": arch,
+                                            "block": BLOCK})).hexdigest()
+    generation = dict(fixture.GENERATION, max_new_tokens=min(256, arch["context_length"]))
+    return {
+        "format": fmt.FORMAT_NAME, "version": fmt.VERSION,
+        "architecture": arch, "tokenizer": tokenizer(arch["vocab"]),
+        "chat_template": {"format": "jinja", "template": fixture.CHAT_TEMPLATE},
+        "generation": generation,
+        "source": {"format": "synthetic", "file": "bench/synthetic_model.py", "sha256": recipe,
+                   "converter": GENERATOR,
+                   "notes": [f"random weights of shape {shape!r} (seed {seed}) for speed benchmarks; "
+                             "not a language model", *SHAPES[shape]["notes"]]},
+    }
+
+
+def write_synthetic(path, shape: str, seed: int = SEED, context_length: int | None = None) -> str:
+    """Write the artifact to `path` (a path or a binary file object); return its sha256."""
+    arch = architecture(shape, context_length)
+    return write_slm(path, manifest(shape, arch, seed), records(arch, seed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--out", required=True, help="the .slm file to write")
+    ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--context-length", type=int, default=None,
+                    help="override the shape's context_length (the manifest's; the KV capacity is the plan's)")
+    ap.add_argument("--validate", action="store_true", help="then validate the file with webslm.open_model")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    digest = write_synthetic(args.out, args.shape, args.seed, args.context_length)
+    elapsed = time.perf_counter() - start
+    size = os.path.getsize(args.out)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
+    print(f"{args.out}: {args.shape}, {size / 2**20:.1f} MiB, written in {elapsed:.2f} s "
+          f"(peak RSS {peak:.0f} MiB), sha256 {digest}")
+    if args.validate:
+        import webslm
+        start = time.perf_counter()
+        model = webslm.open_model(args.out)
+        print(f"valid: {model.architecture.n_layers} layers, vocab {model.architecture.vocab}, "
+              f"{len(model.manifest.tensors)} tensors, in {time.perf_counter() - start:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,472 @@
+"""Engine: one model, answered on the GPU when admission allows it, on the CPU otherwise, and
+continued on the CPU when the GPU is lost in the middle of an answer.
+
+The loop is generate.py's, step for step (stop sequences held back, EOS, max_tokens, the
+same Timings), made asynchronous and given the three things a GPU needs around it:
+
+- What to read back (`want_for`): only the argmax for greedy decoding without penalties,
+  a canonical top-64 when the sampler can prove that is enough, else the full row.
+- Epochs. Every submission carries the ledger's epoch for this answer and every result
+  comes back tagged with it. cancel() closes the ledger at once, so nothing commits after
+  it returns; the loop checks the epoch before submitting each step and after each result,
+  and a result that arrives stale is offered anyway so the ledger counts it, but never shown.
+  The GPU executor also reads the ledger's epoch itself (`backend.current_epoch`, set at
+  load) and abandons stale work at its submission boundaries (BackendCancelled).
+- Device loss. When the backend raises BackendLost the GPU is released, the CPU path is
+  rebuilt from the ledger (prompt + committed ids), the sampler's state is checked against
+  the ledger's record, and the same loop carries on at the next position. The delivered
+  answer is the committed prefix followed by exactly what a CPU-only run would produce from
+  that prefix, because the sampler (seeded by absolute position) only ever saw committed
+  tokens.
+
+States and their transitions are engine/states.py; every transition is reported to
+on_event as {"event": "state", "from", "to", "reason", ...}, admission's progress as
+{"event": "admission-stage", "stage"}.
+
+Everything is plain asyncio (futures, sleep(0)): it runs natively and on Pyodide's loop,
+with no threads.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import AsyncIterator, Callable
+
+import numpy as np
+
+from ..backends.cpu_path import CpuPath
+from ..backends.scores import BackendCancelled, BackendLost, Scores, Want
+from ..errors import CodedError
+from ..generate import Delta, Timings, prompt_ids as text_prompt_ids
+from ..semantic.ledger import Ledger
+from ..semantic.sampler import Sampler, SamplerSettings, StopMatcher
+from ..semantic.tokenizer import StreamDecoder
+from .states import GENERATING, READY, State, StateMachine
+
+S = State
+
+# The candidate set asked of the GPU when the sampler can decide from it (docs/sampler.md 7):
+# a few hundred bytes of readback instead of the whole row; 64 covers the usual top_k 40/50.
+TOP_K_CANDIDATES = 64
+
+# Admission stages after which an adapter and a device exist (admission/admit.py STAGES):
+# from the first of them on, the engine is Preparing rather than Probing.
+PREPARING_STAGES = ("handlers", "allocate", "compile", "self-test", "scopes", "publish")
+
+# Offered to the ledger with a result that must be dropped; the ledger checks its shape only.
+_NO_HASH = "0" * 64
+
+
+class EngineError(CodedError):
+    """Codes: "bad-prompt", "replay-mismatch" (a CPU continuation cannot be proven exact),
+    "misplaced-result" (a backend answered for another position or epoch),
+    "gpu-backend-unavailable" (webslm.backends.gpu cannot be imported)."""
+
+
+def want_for(sampler: Sampler) -> Want:
+    """The least the sampler needs to choose the token at its next position."""
+    settings = sampler.settings
+    if settings.greedy and not settings.penalties_active:
+        return Want("argmax")
+    if not sampler.needs_full_logits(TOP_K_CANDIDATES):
+        return Want("top-k", TOP_K_CANDIDATES)
+    return Want("full")
+
+
+async def admit_and_build(gpu, model, policy, on_stage):
+    """The one way onto a GPU: admission, then the executor built on the admitted session.
+    Returns (backend, receipt dict); raises AdmissionFailure, BackendLost or EngineError."""
+    try:
+        from ..backends.gpu import GpuBackend
+    except ImportError as exc:        # checked first: admission's self-tests are not free
+        raise EngineError("gpu-backend-unavailable", "webslm.backends.gpu",
+                          f"the GPU executor is not available ({exc})") from None
+    from ..admission.admit import AdmissionPolicy, admit
+    session = await admit(gpu, model, policy or AdmissionPolicy(), on_stage=on_stage)
+    try:
+        backend = await GpuBackend.build(session, model)
+    except BaseException:
+        try:
+            session.destroy()         # nothing may outlive a failed build
+        except Exception:             # noqa: BLE001 - the device may already be gone
+            pass
+        raise
+    return backend, session.receipt.as_dict()
+
+
+class _Run:
+    """One answer: its prompt, sampler, text side (stream decoder, stop matcher) and the
+    epoch the ledger issued for it. finish_reason is set once, when the answer ends."""
+
+    def __init__(self, model, ids: list[int], settings: SamplerSettings, ledger: Ledger):
+        arch = model.architecture
+        self.ids, self.settings, self.ledger = ids, settings, ledger
+        self.sampler = Sampler(settings, arch.vocab, history=ids, position=len(ids))
+        self.stream = StreamDecoder(model.tokenizer, skip_special=True)
+        self.stops = StopMatcher(settings.stop)
+        self.eos = set(model.manifest.tokenizer["eos_ids"])
+        self.limit = min(settings.max_tokens, arch.context_length - len(ids))
+        self.epoch = ledger.begin(ids)
+        self.timings = Timings()
+        self.decode_started: float | None = None
+        self.finish_reason: str | None = None
+
+    @property
+    def current(self) -> bool:
+        """Whether this answer may still commit: not ended, not cancelled, not superseded."""
+        return (self.finish_reason is None and self.ledger.is_open
+                and self.ledger.epoch == self.epoch)
+
+
+class Engine:
+    """`Engine(model, gpu=None, policy=None, on_event=None)`; `await load()`; then
+    `async for delta in engine.generate(prompt, settings)`. gpu is a webslm.webgpu Gpu
+    (None: CPU only); policy an AdmissionPolicy. build_gpu_backend replaces admission and
+    the executor (tests): async (gpu, model, policy, on_stage) -> (backend, receipt)."""
+
+    def __init__(self, model, gpu=None, policy=None, on_event: Callable[[dict], None] | None = None,
+                 *, build_gpu_backend=None):
+        self.model, self.gpu, self.policy = model, gpu, policy
+        self._on_event = on_event
+        self._machine = StateMachine(self._event)
+        self._build_gpu_backend = build_gpu_backend or admit_and_build
+        self.ledger = Ledger()               # one per engine: epochs keep rising across answers
+        self.cpu_reason: dict | None = None  # why the engine is on the CPU path
+        self.receipt: dict | None = None     # the admission receipt (admitted or failed)
+        self.last_timings: Timings | None = None
+        self._gpu = None                     # the GPU executor while it is usable
+        self._cpu_path: CpuPath | None = None
+        self._backend = None                 # the backend the current answer runs on
+        self._run: _Run | None = None
+        self._in_flight: asyncio.Future | None = None   # done when the submitted step retires
+
+    # -- what the page reads ------------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        return self._machine.state
+
+    @property
+    def backend_kind(self) -> str | None:
+        """"gpu" while the GPU executor serves answers, "cpu" on the CPU path, None unloaded."""
+        if self._gpu is not None:
+            return self._gpu.kind
+        return None if self.state in (S.EMPTY, S.PROBING, S.PREPARING) else "cpu"
+
+    def _event(self, event: dict) -> None:
+        if self._on_event is not None:
+            self._on_event(event)
+
+    def _go(self, to: State, reason: str, **details) -> None:
+        self._machine.go(to, reason, **details)
+
+    # -- loading and unloading ----------------------------------------------------------------
+    async def load(self) -> State:
+        """Admit the model on the GPU if one is offered, else (or when admission fails, or
+        the device is lost while preparing) settle on the CPU path with the reason."""
+        self._machine.require({S.EMPTY}, "load()")
+        if self.gpu is None:
+            self._settle_on_cpu("no GPU offered", stage="entry-point", code="no-webgpu",
+                                sentence="no WebGPU entry point was offered: the model runs on the CPU path")
+            return self.state
+        from ..admission.admit import AdmissionFailure
+        self._go(S.PROBING, "load with a GPU")
+
+        def on_stage(stage: str) -> None:
+            self._event({"event": "admission-stage", "stage": stage})
+            if stage in PREPARING_STAGES and self.state is S.PROBING:
+                self._go(S.PREPARING, "adapter/device admitted")
+        try:
+            backend, receipt = await self._build_gpu_backend(self.gpu, self.model, self.policy, on_stage)
+        except AdmissionFailure as failure:
+            self.receipt = failure.receipt.as_dict() if failure.receipt is not None else None
+            self._settle_on_cpu("admission failure", stage=failure.stage, code=failure.code,
+                                sentence=failure.sentence)
+        except BackendLost as lost:
+            self._settle_on_cpu("device lost while preparing", stage="build", code=lost.code,
+                                sentence=lost.sentence)
+        except Exception as exc:   # noqa: BLE001 - whatever stops the GPU leaves a CPU engine
+            code = exc.code if isinstance(exc, CodedError) else "internal-error"
+            self._settle_on_cpu("GPU backend failed", stage="build", code=code,
+                                sentence=getattr(exc, "sentence", f"{type(exc).__name__}: {exc}"))
+        else:
+            if self.state is S.PROBING:
+                self._go(S.PREPARING, "adapter/device admitted")
+            self._gpu, self.receipt, self.cpu_reason = backend, receipt, None
+            if hasattr(backend, "current_epoch"):  # lets the executor abandon stale work itself
+                backend.current_epoch = lambda: self.ledger.epoch
+            self._go(S.GPU_READY, "all allocations, pipelines, tests pass")
+        return self.state
+
+    def _settle_on_cpu(self, reason: str, **why) -> None:
+        """CPUReady with the reason kept in cpu_reason. The CPU path is built here (the
+        weights are dequantized once): CPUReady means an answer can start at once."""
+        self.cpu_reason = {"reason": reason, **why}
+        self._cpu()
+        self._go(S.CPU_READY, reason, **why)
+
+    def _cpu(self) -> CpuPath:
+        """The CPU path, built on first use and kept: while the GPU serves, no second copy of
+        the weights is held; after a loss it is built once and stays."""
+        if self._cpu_path is None:
+            self._cpu_path = CpuPath(self.model)
+        return self._cpu_path
+
+    def _release_gpu(self, why: str) -> None:
+        if self._gpu is not None:
+            gpu, self._gpu = self._gpu, None
+            gpu.release()
+            self._event({"event": "released", "backend": "gpu", "reason": why})
+
+    async def use_cpu(self) -> None:
+        """Give the GPU back and answer on the CPU path from now on (user disables the GPU)."""
+        await self._supersede()
+        self._machine.require({S.GPU_READY}, "use_cpu()")
+        self._go(S.DESTROYING, "explicit free")
+        self._release_gpu("explicit free")
+        self.cpu_reason = {"reason": "GPU disabled", "stage": None, "code": "disabled",
+                           "sentence": "the GPU was released on request"}
+        self._cpu()
+        self._go(S.CPU_READY, "resources retired and destroyed")
+
+    async def unload(self) -> None:
+        """Cancel any answer, wait for submitted work to retire, release both backends."""
+        if self.state is S.EMPTY:
+            return
+        await self._supersede()
+        self._machine.require({S.CPU_READY, S.GPU_READY, S.VISIBLE_FAILURE}, "unload()")
+        self._go(S.DESTROYING, "unload")
+        self._release_gpu("unload")
+        if self._cpu_path is not None:
+            self._cpu_path.release()
+            self._cpu_path = None
+        self._backend, self._run = None, None
+        self._go(S.EMPTY, "model unloaded")
+
+    async def switch_model(self, model) -> State:
+        """Unload this model (every buffer destroyed first), then load `model`."""
+        await self.unload()
+        self.model, self.receipt, self.cpu_reason = model, None, None
+        return await self.load()
+
+    def acknowledge(self) -> None:
+        """The user has seen a VisibleFailure: back to CPUReady."""
+        self._machine.require({S.VISIBLE_FAILURE}, "acknowledge()")
+        self._go(S.CPU_READY, "user acknowledges or retries")
+
+    # -- cancelling ---------------------------------------------------------------------------
+    def cancel(self) -> bool:
+        """Cancel the answer in progress; False if there is none. When this returns nothing
+        more commits: the ledger is closed. The answer's iterator ends with finish_reason
+        "abort" and no more text; a step still in flight retires and is discarded."""
+        run = self._run
+        if run is None or not run.current:
+            return False
+        self.ledger.cancel()
+        if self.state in GENERATING:
+            self._go(S.CANCEL_PENDING, "user/model/page cancellation", epoch=run.epoch)
+        if self._in_flight is None:          # nothing to wait for: the answer ends now
+            self._end(run, "abort")
+        return True
+
+    async def _supersede(self) -> None:
+        """End the previous answer (a cancel if it is still running or was abandoned by its
+        reader) and wait until no step of it is in flight, so the backend is ours alone."""
+        run = self._run
+        if run is not None and run.current:
+            self.cancel()
+        while self._in_flight is not None:
+            await asyncio.wait([self._in_flight])
+        if run is not None and run.finish_reason is None:
+            self._end(run, "abort")
+
+    # -- one answer ---------------------------------------------------------------------------
+    def _ids(self, prompt, chat: bool, system: str | None) -> list[int]:
+        """Token ids from a string (generate.py's prompt_ids), chat messages, or ids."""
+        if isinstance(prompt, str):
+            return text_prompt_ids(self.model, prompt, chat, system)
+        prompt = list(prompt)
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            if system and prompt[0].get("role") != "system":
+                prompt = [{"role": "system", "content": system}] + prompt
+            text = self.model.chat_template.render(prompt, add_generation_prompt=True)
+            return self.model.tokenizer.encode(text, add_special=False)
+        if prompt and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+            return [int(t) for t in prompt]
+        raise EngineError("bad-prompt", "prompt", "must be a string, a non-empty list of "
+                                                  "{role, content} messages, or a non-empty list of token ids")
+
+    async def generate(self, prompt, settings: SamplerSettings, chat: bool = True,
+                       system: str | None = None) -> AsyncIterator[Delta]:
+        """The answer's text deltas; the last one has finish_reason "stop", "length" or
+        "abort". prompt: a string (chat-templated unless chat=False), {role, content}
+        messages, or token ids. Nothing happens until the first iteration; then an answer
+        still in progress is cancelled (this one supersedes it)."""
+        ids = self._ids(prompt, chat, system)
+        await self._supersede()
+        if self.state is S.VISIBLE_FAILURE:
+            self.acknowledge()
+        self._machine.require(READY, "generate()")
+        run = self._run = _Run(self.model, ids, settings, self.ledger)
+        on_gpu = self.state is S.GPU_READY
+        self._backend = self._gpu if on_gpu else self._cpu()
+        self._go(S.GENERATING if on_gpu else S.CPU_GENERATING, "begin generation", epoch=run.epoch)
+        try:
+            started = time.perf_counter()
+            scores = await self._step(run, "prefill", ids)
+            run.timings.prompt_tokens, run.timings.prefill_seconds = len(ids), time.perf_counter() - started
+            run.decode_started = time.perf_counter()
+            for step in range(run.limit):
+                if scores is None:               # cancelled or superseded
+                    yield self._end(run, "abort")
+                    return
+                position = len(ids) + step
+                token = scores.choose(run.sampler)
+                if token in run.eos:
+                    yield self._end(run, "stop", run.stops.finish() + run.stream.flush())
+                    return
+                text = run.stream.push(token)
+                record = self.ledger.offer(scores.epoch, position, token,
+                                           run.sampler.state_hash_after(token), text)
+                if record is None:               # the ledger refused: the answer was cancelled
+                    yield self._end(run, "abort")
+                    return
+                run.sampler.commit(token)
+                run.timings.generated_tokens += 1
+                shown = run.stops.push(text)
+                if shown.stopped:
+                    yield self._end(run, "stop", shown.text)
+                    return
+                if shown.text:
+                    yield Delta(shown.text, token)
+                if step + 1 < run.limit:
+                    scores = await self._step(run, "decode", token)
+            yield self._end(run, "length", run.stops.finish() + run.stream.flush())
+        except Exception:
+            self._end(run, "error")
+            raise
+        finally:
+            if run.finish_reason is None:        # the reader stopped early, or the task was
+                self._end(run, "abort")          # cancelled: GeneratorExit, CancelledError
+
+    def _end(self, run: _Run, reason: str, text: str = "") -> Delta:
+        """End run once (later calls return the same ending): close the ledger, settle
+        the state. An answer that was cancelled meanwhile ends "abort" with no text."""
+        if run.finish_reason is None:
+            if not run.current and reason != "error":
+                reason, text = "abort", ""
+            if run.current:
+                self.ledger.cancel()             # the answer is over: nothing may commit to it
+            run.finish_reason = reason
+            if run.decode_started is not None:
+                run.timings.decode_seconds = time.perf_counter() - run.decode_started
+            self.last_timings = run.timings
+            if self._run is run:
+                self._settle_after(reason)
+        return Delta("" if reason == "abort" else text, None, run.finish_reason)
+
+    def _settle_after(self, reason: str) -> None:
+        """From Generating/CPUGenerating/CancelPending back to the ready state of the backend
+        that is left; a VisibleFailure stays until acknowledged."""
+        if reason == "abort" and self.state in GENERATING:
+            self._go(S.CANCEL_PENDING, "cancellation")
+        ready = S.GPU_READY if self._gpu is not None else S.CPU_READY
+        if self.state is S.CANCEL_PENDING:
+            self._go(ready, "submitted work retires, result discarded")
+        elif self.state in GENERATING:
+            self._go(ready, "generation completes" if reason != "error" else "generation failed",
+                     finish_reason=reason)
+
+    # -- one step on the backend --------------------------------------------------------------
+    async def _step(self, run: _Run, kind: str, arg) -> Scores | None:
+        """Submit one forward step for run: the scores for the sampler's next position, or
+        None when the answer was cancelled (before submitting, or while the step ran)."""
+        if not run.current:
+            return None
+        want, expected = want_for(run.sampler), run.sampler.position
+        try:
+            scores = await self._submit(kind, arg, want, run.epoch)
+        except BackendCancelled:
+            if run.current:                      # the backend saw an epoch we did not end
+                raise
+            return None                          # it abandoned the step at a submission boundary
+        except BackendLost as lost:
+            scores = await self._fail_over(run, lost, want)
+            if scores is None:
+                return None
+        if not run.current:
+            self._discard(scores)
+            return None
+        if scores.epoch != run.epoch or scores.position != expected:
+            self._discard(scores)
+            raise EngineError("misplaced-result", f"{self._backend.kind} backend",
+                              f"asked for position {expected} in epoch {run.epoch}, got position "
+                              f"{scores.position} in epoch {scores.epoch}")
+        return scores
+
+    async def _submit(self, kind: str, arg, want: Want, epoch: int) -> Scores:
+        """One backend call, with _in_flight set while it runs (what _supersede waits on)."""
+        backend = self._backend
+        retired = asyncio.get_running_loop().create_future()
+        self._in_flight = retired
+        try:
+            if kind == "prefill":
+                backend.reset()                  # every answer starts from an empty cache
+                return await backend.prefill(arg, want, epoch)
+            if kind == "decode":
+                return await backend.decode_one(arg, want, epoch)
+            return await backend.rebuild(arg, want, epoch)
+        finally:
+            self._in_flight = None
+            retired.set_result(None)
+
+    def _discard(self, scores: Scores) -> None:
+        """A result nobody may see. It is offered to the ledger all the same, which refuses
+        it and counts why (Ledger.dropped), unless its tags would make the ledger accept it
+        or reject the call (a backend bug, reported by the caller)."""
+        ledger = self.ledger
+        would_commit = (scores.epoch == ledger.epoch and ledger.is_open
+                        and scores.position == ledger.next_position)
+        if scores.epoch <= ledger.epoch and not would_commit:
+            top = int(scores.ids[0]) if scores.ids is not None else int(np.argmax(scores.logits))
+            ledger.offer(scores.epoch, scores.position, top, _NO_HASH, "")
+
+    async def _fail_over(self, run: _Run, lost: BackendLost, want: Want) -> Scores | None:
+        """The GPU is gone: release it, and unless the answer was cancelled meanwhile, rebuild
+        the CPU path from the ledger and return the scores for the next position."""
+        self._go(S.LOST, "device.lost or fatal GPU error", code=lost.code, sentence=lost.sentence)
+        self._release_gpu(lost.code)
+        if not run.current:
+            self._go(S.CPU_READY, "lost with no generation to continue")
+            return None
+        self._go(S.CPU_REBUILD, "committed tokens and sampler state are intact")
+        try:
+            run.sampler = self._restored_sampler(run)
+            replay = self.ledger.replay()
+            self._backend = self._cpu()
+            scores = await self._submit("rebuild", list(replay.prompt_ids + replay.committed_ids),
+                                        want, run.epoch)
+        except Exception as exc:
+            code = exc.code if isinstance(exc, CodedError) else "internal-error"
+            self._go(S.VISIBLE_FAILURE, "exact continuation cannot be established", code=code,
+                     sentence=getattr(exc, "sentence", str(exc)))
+            raise
+        self._go(S.CPU_GENERATING, "deterministic replay succeeds", position=replay.next_position)
+        if run.finish_reason is not None:    # cancelled while rebuilding (by an event handler)
+            self._settle_after(run.finish_reason)
+        return scores
+
+    def _restored_sampler(self, run: _Run) -> Sampler:
+        """A sampler rebuilt from the settings and the ledger alone, proven to be the one the
+        loop holds: its state hash equals the one the ledger recorded with the last commit."""
+        replay = self.ledger.replay()
+        restored = Sampler(run.settings, run.sampler.vocab_size,
+                           history=replay.prompt_ids + replay.committed_ids,
+                           position=replay.next_position)
+        recorded = replay.sampler_state_hash or restored.state_hash()   # None: nothing committed
+        same_answer = replay.generation_epoch == run.epoch and replay.prompt_ids == tuple(run.ids)
+        same_state = restored.state_hash() == recorded and run.sampler.state_hash() == recorded
+        if not (same_answer and same_state):
+            raise EngineError("replay-mismatch", "ledger.replay()",
+                              "the sampler state after the committed tokens does not match the "
+                              "ledger's record; the answer cannot be continued exactly")
+        return restored
