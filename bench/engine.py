@@ -84,6 +84,36 @@ def host_costs(backend, rounds: int = 50) -> dict:
     return {"params_ms": params * 1e3, "encode_ms": encode * 1e3, "dispatches": len(recording.dispatches)}
 
 
+async def profile(backend, repeats: int = 200) -> list[dict]:
+    """GPU time of each kind of dispatch in the decode step (position 0, argmax): one
+    dispatch of that kind submitted `repeats` times back to back (each depends on the last
+    through its output, as in the step), after a warm-up, divided by `repeats`; the sum
+    over the step's dispatch counts is what the step would take with no other overhead."""
+    recording = backend._recordings[("decode", False, "argmax", 1)]
+    labels = backend.forward.labels
+    counts: dict[str, list] = {}
+    for dispatch in recording.dispatches:
+        counts.setdefault(labels.get(id(dispatch), "?"), []).append(dispatch)
+    device = backend.device
+    sync = backend.forward.regions.bind("decode.logits")
+
+    async def timed(dispatches) -> float:
+        device.submit(dispatches)
+        await device.read_buffer(sync.buffer, sync.offset, 4)
+        started = time.perf_counter()
+        device.submit(dispatches)
+        await device.read_buffer(sync.buffer, sync.offset, 4)
+        return time.perf_counter() - started
+
+    baseline = min([await timed([]) for _ in range(5)])
+    rows = []
+    for label, dispatches in counts.items():
+        seconds = min([await timed([dispatches[0]] * repeats) for _ in range(3)])
+        us = max(seconds - baseline, 0.0) / repeats * 1e6
+        rows.append({"dispatch": label, "per_step": len(dispatches), "us": us, "step_us": us * len(dispatches)})
+    return rows
+
+
 async def bench_model(path: str, args) -> dict:
     model = webslm.open_model(path)
     a = model.architecture
@@ -115,6 +145,8 @@ async def bench_model(path: str, args) -> dict:
             "roofline_tokens_per_s": roofline_tps, "of_roofline": decode_tps / roofline_tps,
             "same_tokens_every_run": all(r["tokens"] == runs[0]["tokens"] for r in runs),
             "host": host_costs(backend),
+            "executor_stats": {k: v for k, v in backend.stats.items()},
+            "profile": await profile(backend) if args.profile else None,
         }
     finally:
         backend.release()
@@ -135,6 +167,8 @@ async def main(args) -> dict:
               f"({row['of_roofline']:.2f}), host params {row['host']['params_ms']:.3f} ms + encode "
               f"{row['host']['encode_ms']:.3f} ms for {row['host']['dispatches']} dispatches, "
               f"admission {row['admission_s']} s", flush=True)
+        for p in row["profile"] or []:
+            print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
     return report
@@ -147,5 +181,6 @@ if __name__ == "__main__":
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")
+    parser.add_argument("--profile", action="store_true", help="time each kind of decode dispatch")
     parser.add_argument("--out")
     asyncio.run(main(parser.parse_args()))

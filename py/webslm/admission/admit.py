@@ -327,7 +327,7 @@ class _Admission:
         kv_dtype = self.policy.kv_dtype or ("f16" if "shader-f16" in self.features else "f32")
         settings = {"kv_dtype": kv_dtype}
         if self.policy.context:
-            settings["context_capacity"] = self.policy.context
+            settings["context_capacity"] = min(self.policy.context, self.model.manifest.architecture.context_length)
         try:
             return plan_memory(self.model.manifest, limits, PlanPolicy(**settings))
         except PlanRejected as exc:

@@ -20,6 +20,7 @@ engine then moves to the CPU path. Nothing here retries or restarts.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Callable
 
 import numpy as np
@@ -51,6 +52,9 @@ class GpuBackend:
         self._recordings: dict = {}
         self._released = False
         self.device.on_uncaptured_error(self._errors.append)
+        # Per decode step, where the time goes on the host: preparing (params, checks, the
+        # writes), waiting for run() (encode + submit + GPU + readback), finishing (scores).
+        self.stats = {"decode_steps": 0, "prepare_s": 0.0, "run_s": 0.0, "finish_s": 0.0}
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
@@ -146,21 +150,30 @@ class GpuBackend:
         return self._scores(raw, op, k, epoch)
 
     async def decode_one(self, token: int, want: Want, epoch: int = 0) -> Scores:
+        began = time.perf_counter()
         (token,) = self._checked([token])
         self._check_epoch(epoch)
         op, k = self._op(want)
         forward, position = self.forward, self.position
         launches = forward.position_launches("decode", 1, position)
         forward.set_params("decode", launches)
-        long_attention = forward.decode_combine_grid is not None and position + 1 > forward.decode_chunk
+        long_attention = not forward.single_pass_at(position)
         recording = await self._decode_recording(long_attention, op, k)
         r = forward.regions
         writes = [forward.tables["decode"].write(0, len(POSITION_SLOTS)),
                   (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
         self._check_epoch(epoch)                           # before submit
+        submitted = time.perf_counter()
         raw = await self._run(recording, writes, self._read(op, k))
+        finished = time.perf_counter()
         self.position += 1
-        return self._scores(raw, op, k, epoch)
+        scores = self._scores(raw, op, k, epoch)
+        stats = self.stats
+        stats["decode_steps"] += 1
+        stats["prepare_s"] += submitted - began
+        stats["run_s"] += finished - submitted
+        stats["finish_s"] += time.perf_counter() - finished
+        return scores
 
     async def rebuild(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
         self._checked(ids)

@@ -37,7 +37,7 @@ import numpy as np
 from ...kernels import attention, embed, gemm, kv_cache, logits, matvec, norm, rope, swiglu
 from ...kernels.registry import KERNELS, compile_kernel
 from ...webgpu.interface import BufferBinding, Dispatch
-from .regions import ParamsTable, Regions, matrix, vector
+from .regions import ParamsTable, Regions, matrix, stacked, vector
 
 POSITION_SLOTS = ("rope_q", "rope_k", "kv_append", "attention")    # rewritten every decode step
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
@@ -78,19 +78,42 @@ class Forward:
         self.head_tensor = "token_embd" if a.tied_output else "output"
         self.embedding = embed.model_embedding(model)
         self._compiled = dict(session.kernels)      # admission's pipelines, reused
+        self.labels: dict[int, str] = {}            # id(Dispatch) -> what it computes (benchmarks)
         self.matrices = {kind: [matrix(self.regions, self.manifest, f"blk.{i}.{TENSOR[kind]}")
                                 for i in range(a.n_layers)] for kind in MATRICES}
         self.head_pieces = matrix(self.regions, self.manifest, self.head_tensor)
-        # Decode attention: one chunk size and head grouping for every position (those chosen
-        # for a full cache), so the pipeline and the grid stay fixed; workgroups past the
-        # position's chunks exit at once, and the combine pass runs only when a position
-        # needs more than one chunk (the "long" recording).
+        self.stacks = self._stacks()
+        # Decode attention: one head grouping and grid for every position (those chosen for a
+        # full cache), so the pipeline and the grid stay fixed and workgroups past the
+        # position's chunks exit at once. Up to single_pass keys take one pass with the whole
+        # context as one chunk (kernels/attention.py: the combine dispatch costs more than it
+        # saves there); longer contexts take the full cache's chunk and the combine pass (the
+        # "long" recording).
         widest = attention.plan_decode(self.limits, self.shape, self.capacity - 1)
         self.decode_chunk = widest.chunk
+        self.single_pass = min(attention.SINGLE_PASS_MAX, attention.SCORE_WORDS // widest.chunk_pass.overrides["GW"])
         self.decode_heads = widest.chunk_pass.overrides["GW"]
         self.decode_grid = widest.chunk_pass.grid
         self.decode_combine_grid = widest.combine.grid if widest.combine else None
         self.tables = {s: ParamsTable(self.regions, s, self._slot_names(s)) for s in ("decode", "prefill")}
+
+    def _stacks(self) -> dict[str, list]:
+        """Decode multiplies a layer's q, k, v (and gate, up) as one stacked matrix when the
+        planner laid their weights out back to back in every layer and their outputs are
+        back to back too (q | k | v with no alignment gap; F a multiple of the alignment
+        unit): 2 dispatches a layer instead of 5."""
+        a = self.arch
+        _, k_at, v_at = self.qkv_offsets("decode")
+        outputs = {"qkv": k_at == 4 * a.n_heads * a.head_dim and v_at == k_at + 4 * a.n_kv_heads * a.head_dim,
+                   "gate_up": self.f_pad == a.ffn}
+        members = {"qkv": ("attn_q", "attn_k", "attn_v"), "gate_up": ("ffn_gate", "ffn_up")}
+        out = {}
+        for name, tensors in members.items():
+            layers = [stacked(self.regions, self.manifest, [f"blk.{i}.{t}" for t in tensors]) if outputs[name] else None
+                      for i in range(a.n_layers)]
+            if all(layers):
+                out[name] = layers
+        return out
 
     # -- kernels ------------------------------------------------------------------------------
     async def kernel(self, name: str, overrides: dict):
@@ -103,7 +126,7 @@ class Forward:
     def _slot_names(self, schedule: str) -> list[str]:
         pieces = lambda kind, n: [f"{kind}#{p}" for p in range(n)]   # noqa: E731
         names = list(POSITION_SLOTS) + ["embed", "attn_norm", "attn_norm_res", "ffn_norm_res", "final_norm",
-                                        "swiglu", "argmax", "top-k"]
+                                        "swiglu", "argmax", "top-k", "qkv#0", "gate_up#0"]
         for kind in MATRICES:
             names += pieces(kind, len(self.matrices[kind][0]))
         return names + pieces("head", len(self.head_pieces))
@@ -121,8 +144,8 @@ class Forward:
         out["kv_append"] = Launch(p.kernel, p.overrides, p.params, p.grid)
         if schedule == "decode":
             n_keys = start + 1
-            d = attention.plan_decode(limits, self.shape, start, chunk=min(self.decode_chunk, n_keys),
-                                      heads_per_workgroup=self.decode_heads)
+            d = attention.plan_decode(limits, self.shape, start, heads_per_workgroup=self.decode_heads,
+                                      chunk=n_keys if self.single_pass_at(start) else self.decode_chunk)
             out["attention"] = Launch(d.chunk_pass.kernel, d.chunk_pass.overrides, d.chunk_pass.params,
                                       self.decode_grid)
         else:
@@ -147,6 +170,9 @@ class Forward:
             x_stride, y_stride = strides[kind]
             for i, piece in enumerate(self.matrices[kind][0]):
                 out[f"{kind}#{i}"] = self._matmul(schedule, piece.weights, tokens, x_stride, y_stride)
+        for name, layers in self.stacks.items():
+            if schedule == "decode":
+                out[f"{name}#0"] = self._matmul(schedule, layers[0].weights, tokens, a.hidden, layers[0].weights.rows)
         for i, piece in enumerate(self.head_pieces):                 # the head always sees one row
             out[f"head#{i}"] = self._matmul("decode", piece.weights, 1, a.hidden, a.vocab)
         for op, k in (("argmax", 1), ("top-k", self.top_k)):
@@ -179,6 +205,10 @@ class Forward:
         for slot, launch in launches.items():
             table.set(slot, launch.params)
 
+    def single_pass_at(self, position: int) -> bool:
+        """Whether decode attention at this position is one pass (the "short" recording)."""
+        return position + 1 <= self.single_pass or self.decode_combine_grid is None
+
     def rope_fused(self, schedule: str) -> bool:
         """Decode rotates q and k in one launch when k follows q without an alignment gap
         (a multiple-of-64 q width, as in most models): 1 dispatch a layer instead of 2."""
@@ -194,7 +224,7 @@ class Forward:
 
     # -- dispatch lists ---------------------------------------------------------------------------
     async def dispatch(self, launch: Launch, params: BufferBinding, inputs: list, outputs: list,
-                       grid: tuple | None = None) -> Dispatch:
+                       grid: tuple | None = None, label: str | None = None) -> Dispatch:
         """Bind in the kernel's declared order: the uniform, each read-only input, each output."""
         kernel = await self.kernel(launch.kernel, launch.overrides)
         pending = {"read-only-storage": list(inputs), "storage": list(outputs)}
@@ -202,7 +232,9 @@ class Forward:
         if any(pending.values()):
             raise ValueError(f"{launch.kernel}: bindings left over {pending}")
         group = self.device.create_bind_group(kernel.bind_group_layout, entries, launch.kernel)
-        return Dispatch(kernel.pipeline, [group], grid or launch.grid)
+        dispatch = Dispatch(kernel.pipeline, [group], grid or launch.grid)
+        self.labels[id(dispatch)] = label or launch.kernel
+        return dispatch
 
     async def body(self, schedule: str, tokens: int, start: int, long_attention: bool = False,
                    final: bool = True) -> list[Dispatch]:
@@ -218,7 +250,8 @@ class Forward:
         out = []
 
         async def add(slot, inputs, outputs, grid=None):
-            out.append(await self.dispatch(launches[slot], table.binding(slot), inputs, outputs, grid))
+            out.append(await self.dispatch(launches[slot], table.binding(slot), inputs, outputs, grid,
+                                           label=slot.split("#")[0]))
 
         async def matmul(kind, layer, x_in, y_region, y_offset=0):
             for i, piece in enumerate(self.matrices[kind][layer]):
@@ -233,8 +266,12 @@ class Forward:
                 await add("attn_norm", [vector(r, b + "attn_norm"), x], [r.bind(s("attn_in"))])
             else:
                 await add("attn_norm_res", [vector(r, b + "attn_norm"), delta], [r.bind(s("attn_in")), x])
-            for kind, at in (("q", q_at), ("k", k_at), ("v", v_at)):
-                await matmul(kind, i, r.bind(s("attn_in")), s("qkv"), at)
+            if schedule == "decode" and "qkv" in self.stacks:
+                piece = self.stacks["qkv"][i]
+                await add("qkv#0", [*piece.parts, r.bind(s("attn_in"))], [r.bind(s("qkv"))])
+            else:
+                for kind, at in (("q", q_at), ("k", k_at), ("v", v_at)):
+                    await matmul(kind, i, r.bind(s("attn_in")), s("qkv"), at)
             if self.rope_fused(schedule):
                 await add("rope_q", [r.bind("rope_table")], [r.bind(s("qkv"), q_at, v_at - q_at)])
             else:
@@ -251,13 +288,17 @@ class Forward:
                                      {k: v for k, v in launches["attention"].overrides.items() if k != "GW"},
                                      launches["attention"].params, self.decode_combine_grid)
                     out.append(await self.dispatch(combine, table.binding("attention"),
-                                                   [qkv_out["q"], *caches], [attn_out, *scratch]))
+                                                   [qkv_out["q"], *caches], [attn_out, *scratch], label="combine"))
             else:
                 await add("attention", [qkv_out["q"], *caches], [attn_out])
             await matmul("o", i, attn_out, s("delta"))
             await add("ffn_norm_res", [vector(r, b + "ffn_norm"), delta], [r.bind(s("ffn_in")), x])
-            await matmul("gate", i, r.bind(s("ffn_in")), s("gate_up"))
-            await matmul("up", i, r.bind(s("ffn_in")), s("gate_up"), 4 * self.f_pad)
+            if schedule == "decode" and "gate_up" in self.stacks:
+                piece = self.stacks["gate_up"][i]
+                await add("gate_up#0", [*piece.parts, r.bind(s("ffn_in"))], [r.bind(s("gate_up"))])
+            else:
+                await matmul("gate", i, r.bind(s("ffn_in")), s("gate_up"))
+                await matmul("up", i, r.bind(s("ffn_in")), s("gate_up"), 4 * self.f_pad)
             await add("swiglu", [r.bind(s("gate_up"))], [r.bind(s("ffn_act"))])
             await matmul("down", i, r.bind(s("ffn_act")), s("delta"))
         if final:
@@ -272,7 +313,8 @@ class Forward:
         out = []
         for i, piece in enumerate(self.head_pieces):
             y = r.bind(f"{schedule}.logits", 4 * piece.row_start)
-            out.append(await self.dispatch(launches[f"head#{i}"], table.binding(f"head#{i}"), [*piece.parts, row], [y]))
+            out.append(await self.dispatch(launches[f"head#{i}"], table.binding(f"head#{i}"), [*piece.parts, row], [y],
+                                           label="lm_head"))
         if op != "full":
             choice = self.reduce_choice(op, k)
             lp = logits.plan(self.device, choice, self.arch.vocab, k)
@@ -282,9 +324,9 @@ class Forward:
             lg = r.bind(f"{schedule}.logits", 0, 4 * self.arch.vocab)
             partials, result = r.bind(f"{schedule}.logits_partials"), r.bind(f"{schedule}.logits_result")
             out.append(await self.dispatch(Launch(choice.partial, choice.overrides, lp.params, lp.partial_grid),
-                                           table.binding(slot), [lg], [partials]))
+                                           table.binding(slot), [lg], [partials], label=f"{op} pass 1"))
             out.append(await self.dispatch(Launch(choice.merge, choice.overrides, lp.params, lp.merge_grid),
-                                           table.binding(slot), [lg, partials], [result]))
+                                           table.binding(slot), [lg, partials], [result], label=f"{op} pass 2"))
         return out
 
     def launches_head(self, schedule: str) -> dict[str, Launch]:

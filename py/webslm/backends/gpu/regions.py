@@ -71,6 +71,25 @@ def matrix(regions: Regions, manifest, tensor: str) -> list[MatrixPiece]:
     return pieces
 
 
+def stacked(regions: Regions, manifest, tensors: list[str]) -> MatrixPiece | None:
+    """The tensors as one matrix of their rows stacked, when the planner laid them out part
+    by part back to back (plan/memory.py ROW_GROUPS); None when it did not."""
+    pieces = [matrix(regions, manifest, name) for name in tensors]
+    if any(len(p) != 1 for p in pieces):
+        return None
+    pieces = [p[0] for p in pieces]
+    parts = []
+    for index in range(len(pieces[0].parts)):
+        ranges = [p.parts[index] for p in pieces]
+        for a, b in zip(ranges, ranges[1:]):
+            if b.buffer is not a.buffer or b.offset != a.offset + a.size:
+                return None
+        parts.append(BufferBinding(ranges[0].buffer, ranges[0].offset, sum(r.size for r in ranges)))
+    first = pieces[0].weights
+    weights = dataclasses.replace(first, rows=sum(p.weights.rows for p in pieces))
+    return MatrixPiece(weights, 0, tuple(parts))
+
+
 def vector(regions: Regions, tensor: str) -> BufferBinding:
     """A norm weight (f32, one region)."""
     return regions.bind(f"w.{tensor}.data")
