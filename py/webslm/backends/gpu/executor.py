@@ -66,7 +66,7 @@ class GpuBackend:
         try:
             forward = Forward(session, model)
             backend = cls(session, model, forward)
-            backend._lost = asyncio.ensure_future(device.lost())
+            backend._watch_lost()
             a = model.architecture
             table = rope_table(forward.capacity, a.rope.rotary_dim, a.rope.base, a.rope.position_offset)
             device.write_buffer(forward.regions.buffer("rope_table"), forward.regions.offset("rope_table"),
@@ -227,8 +227,15 @@ class GpuBackend:
             raise BackendCancelled("stale-epoch", "epoch", f"generation {epoch} was cancelled")
         self._check_alive()
 
+    def _watch_lost(self) -> None:
+        """A task resolved by the device's lost promise. A caller that runs each call in its
+        own event loop (asyncio.run per call) cancels it when that loop closes: watch again."""
+        if self._lost is None or self._lost.cancelled():
+            self._lost = asyncio.ensure_future(self.device.lost())
+
     def _check_alive(self) -> None:
-        if self._lost is not None and self._lost.done():
+        self._watch_lost()
+        if self._lost.done():
             raise BackendLost("device-lost", "gpu", "the GPU device was lost")
         if self._errors:
             raise BackendLost("gpu-error", "gpu", f"the GPU reported a {self._errors[0].kind} error: {self._errors[0].message[:300]}")
