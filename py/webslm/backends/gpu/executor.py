@@ -218,8 +218,10 @@ class GpuBackend:
         if any(not 0 <= t < self.vocab for t in ids):
             raise GpuBackendError(f"token id out of range [0, {self.vocab})")
         if self.position + len(ids) > self.capacity:
-            raise GpuBackendError(f"position {self.position + len(ids) - 1} is past the GPU context "
-                                  f"capacity {self.capacity}")
+            # The plan's KV capacity (default min(context_length, 2048)) is smaller than the
+            # model's context: the answer goes on, on the CPU path, which replays it whole.
+            raise BackendLost("context-full", "kv", f"position {self.position + len(ids) - 1} is past the "
+                                                    f"GPU's KV capacity {self.capacity}")
         return ids
 
     def _check_epoch(self, epoch: int) -> None:
