@@ -14,7 +14,8 @@
 // attention kernels that read an f16 cache do.
 //
 // One invocation per 4 consecutive elements of a row (head_dim is a multiple of 4); there
-// are no barriers, so invocations past the end simply return.
+// are no barriers, so invocations past the end simply return. f16_bits comes from
+// f16_round.wgsl (listed first in the registry sources), shared with rope_kv_append.wgsl.
 
 override WG: u32 = 64u;   // allowlist 64, 128, 256 (registry)
 
@@ -31,34 +32,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> v_new: array<vec4<u32>>;     // [T][K * E / 4]: f32 bits
 @group(0) @binding(3) var<storage, read_write> k_cache: array<u32>;   // f32: [K][capacity][E]; f16: [K][capacity][E / 2] words
 @group(0) @binding(4) var<storage, read_write> v_cache: array<u32>;   // same layout as k_cache
-
-// IEEE binary16 bits of an f32 given by its bits, rounded to nearest, ties to even.
-fn f16_bits(x: u32) -> u32 {
-    let sign = (x >> 16u) & 0x8000u;
-    let a = x & 0x7fffffffu;
-    if (a > 0x7f800000u) {
-        return sign | 0x7e00u | ((a >> 13u) & 0x3ffu);     // NaN stays NaN (quiet)
-    }
-    if (a >= 0x47800000u) {
-        return sign | 0x7c00u;                              // >= 2^16 (and infinity): infinity
-    }
-    if (a >= 0x38800000u) {
-        // Normal half: rebias the exponent (127 - 15 = 112), then round 23 -> 10 mantissa
-        // bits. A carry out of the mantissa bumps the exponent, up to infinity (65520 and up).
-        let rebiased = a - 0x38000000u;
-        return sign | ((rebiased + 0xfffu + ((rebiased >> 13u) & 1u)) >> 13u);
-    }
-    if (a < 0x33000000u) {
-        return sign;                                        // below 2^-25: rounds to zero
-    }
-    // Subnormal half (units of 2^-24): significand with its hidden bit, shifted right by
-    // 126 - exponent in 14..24, rounded to nearest even (a carry gives the smallest normal).
-    let significand = (a & 0x7fffffu) | 0x800000u;
-    let shift = 126u - (a >> 23u);
-    let half_ulp = 1u << (shift - 1u);
-    let odd = (significand >> shift) & 1u;
-    return sign | ((significand + half_ulp - 1u + odd) >> shift);
-}
 
 fn destination(i: u32) -> u32 {
     // Index of the first of the 4 elements of input vec4 i, in cache elements.

@@ -1,7 +1,7 @@
 // Decode mat-vec weights in f16 (docs/slm-format.md), for matvec_main.wgsl.
 //
 //   w  [rows][row_words] u32   two f16 per word; rows padded to whole words
-//   x  [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
+//   then the activations and y from X_BINDING on (matvec_input_*.wgsl)
 //
 // A unit is 8 values (4 words), read as four scalar words because a row's start is only
 // 4-byte aligned. Values at k >= cols (the row's padding, or the next row's first values
@@ -10,8 +10,7 @@
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+const X_BINDING: u32 = 2u;        // the first binding of the input file
 
 // A unit of x: 8 activations.
 struct UnitX {

@@ -1,14 +1,14 @@
 // Decode mat-vec weights in f32, for matvec_main.wgsl.
 //
-//   w  [rows][cols] f32 (row_words = cols)     x  [M][x_stride] f32 as vec4     y  [M][y_stride] f32
+//   w  [rows][cols] f32 (row_words = cols), then the activations and y from X_BINDING on
+//   (matvec_input_*.wgsl)
 //
 // A unit is 4 values read as scalars (rows are only 4-byte aligned when cols % 4 != 0);
 // values at k >= cols are masked to 0.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+const X_BINDING: u32 = 2u;        // the first binding of the input file
 
 // A unit of x: 4 activations.
 struct UnitX {

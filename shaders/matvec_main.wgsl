@@ -11,12 +11,21 @@
 // several units: the reduction after the loop costs about as much as a few units.
 //
 // The encoding file (matvec_q4.wgsl, ...) concatenated with this one provides the weight
-// bindings, `x`, `y`, `UnitX`, `load_x(u, m)` (a unit of x in registers, masked past cols)
-// and `row_dot(xu, u, row)`: unit u's contribution to one row. A reduction
-// file provides `row_sums` (workgroup memory or subgroups).
+// bindings (1 .. X_BINDING - 1), `UnitX`, `load_x(u, m)` (a unit of the activations in
+// registers, masked past cols) and `row_dot(xu, u, row)`: unit u's contribution to one row.
+// A reduction file provides `row_sums` and `workgroup_total` (workgroup memory or
+// subgroups). An input file (matvec_input_{plain,norm,swiglu}.wgsl) provides the activation
+// and output bindings (from X_BINDING on), `x_full(m, q)` and `x_quad(m, k0)` (a quad of the
+// activations the weights multiply), `input_finish(lane)` (after the loop: 1, or the row's
+// 1/rms from the squares of the quads the loop loaded) and `scaled(total, scale)`:
+//   plain   y = W x                        x [M][x_stride]
+//   norm    y = (W (x * g)) / rms(x)       x [M][x_stride], g [K] (read as vec4), eps = aux
+//   swiglu  y = W (silu(h_gate) * h_up)    h [M][x_stride]: gate at 0.., up at aux.. (floats)
+// ACCUMULATE adds y's previous value (y += ..., one more rounding).
 
 override WG: u32 = 64u;      // invocations per workgroup; allowlist 32, 64, 128, 256
 override ROWS: u32 = 4u;     // output rows per workgroup; allowlist 1, 2, 4, 8
+override ACCUMULATE: bool = false;   // y += W x instead of y = W x (a residual add)
 
 struct Params {
     rows: u32,       // N, output rows
@@ -26,6 +35,7 @@ struct Params {
     row_words: u32,  // u32 words per weight row (f16 and f32 encodings)
     x_stride: u32,   // floats between activation rows; a multiple of 4
     y_stride: u32,   // floats between output rows
+    aux: u32,        // input "norm": eps (f32 bits); "swiglu": floats from a row's gate to its up; else 0
 }
 
 @compute @workgroup_size(WG)
@@ -48,9 +58,15 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
         }
     }
 
+    let scale = input_finish(lane);      // barriers inside: uniform control flow here
     let total = row_sums(rows_0_3, rows_4_7, lane);
     if (lane < ROWS && first_row + lane < params.rows) {
-        y[m * params.y_stride + first_row + lane] = total;
+        let at = m * params.y_stride + first_row + lane;
+        var value = scaled(total, scale);
+        if (ACCUMULATE) {
+            value = y[at] + value;
+        }
+        y[at] = value;
     }
 }
 
@@ -77,16 +93,4 @@ fn unit_dot(xu: UnitX, u: u32, first: u32, group_first: u32) -> vec4<f32> {
 // vector can put the vector in local memory (on the H200 this form was 3-12% faster).
 fn row_in_group(first: u32, r: u32, group_first: u32) -> bool {
     return (first - group_first) + r < ROWS && first + r < params.rows;
-}
-
-// Activations k0 .. k0+3 of row m; lanes at k >= cols read as 0, so that the padding of a
-// last partial block contributes nothing (for q4 "min" a zero code still decodes to `min`,
-// so masking the weights alone would not do).
-fn x_quad(m: u32, k0: u32) -> vec4<f32> {
-    let quad = x[m * (params.x_stride / 4u) + min(k0, params.cols - 1u) / 4u];
-    if (k0 + 4u <= params.cols) {
-        return quad;
-    }
-    let k = vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u);
-    return select(vec4<f32>(0.0), quad, k < vec4<u32>(params.cols));
 }

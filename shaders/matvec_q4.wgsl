@@ -4,7 +4,7 @@
 //   scales [rows * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words
 //   mins   [rows * blocks] like scales; read only when ZERO_MIN
 //   (scale_at / min_at: quant_scales.wgsl, quant_mins.wgsl)
-//   x      [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
+//   then the activations and y from X_BINDING on (matvec_input_*.wgsl)
 //
 // Dequantization happens in registers, factored per unit (a unit never straddles two
 // blocks: blocks are 32..256 codes):
@@ -19,8 +19,7 @@ override SCALE_F16: bool = true;  // scales and mins stored as f16, else f32
 @group(0) @binding(1) var<storage, read> codes: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> scales: array<u32>;
 @group(0) @binding(3) var<storage, read> mins: array<u32>;
-@group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+const X_BINDING: u32 = 4u;        // the first binding of the input file
 
 // A unit of x: 32 activations, and their sum (for the zero part of the factored form).
 struct UnitX {
@@ -32,9 +31,8 @@ fn load_x(u: u32, m: u32) -> UnitX {
     var xu: UnitX;
     let k0 = u * 32u;
     if (k0 + 32u <= params.cols) {      // every unit but a partial last one: plain loads
-        let base = m * (params.x_stride / 4u) + u * 8u;
         for (var j = 0u; j < 8u; j++) {
-            xu.q[j] = x[base + j];
+            xu.q[j] = x_full(m, u * 8u + j);
         }
     } else {
         for (var j = 0u; j < 8u; j++) {

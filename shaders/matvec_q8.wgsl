@@ -2,7 +2,7 @@
 //
 //   codes  [rows][units] vec4<u32>   a unit is 16 signed codes (4 words of 4)
 //   scales [rows * blocks] f16 pairs in u32 words (SCALE_F16) or f32 words (scale_at: quant_scales.wgsl)
-//   x      [M][x_stride] f32, read as vec4     y  [M][y_stride] f32
+//   then the activations and y from X_BINDING on (matvec_input_*.wgsl)
 //
 // value = s * code; per unit: s * sum_k c_k x_k (a unit never straddles two blocks).
 
@@ -12,8 +12,7 @@ override SCALE_F16: bool = true;  // scales stored as f16, else f32
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> codes: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> scales: array<u32>;
-@group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+const X_BINDING: u32 = 3u;        // the first binding of the input file
 
 // A unit of x: 16 activations.
 struct UnitX {
@@ -24,9 +23,8 @@ fn load_x(u: u32, m: u32) -> UnitX {
     var xu: UnitX;
     let k0 = u * 16u;
     if (k0 + 16u <= params.cols) {
-        let base = m * (params.x_stride / 4u) + u * 4u;
         for (var j = 0u; j < 4u; j++) {
-            xu.q[j] = x[base + j];
+            xu.q[j] = x_full(m, u * 4u + j);
         }
     } else {
         for (var j = 0u; j < 4u; j++) {

@@ -37,3 +37,29 @@ fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
     }
     return total;
 }
+
+// The sum of every lane's `value`, returned to every lane (the RMSNorm input's sum of
+// squares, matvec_input_norm.wgsl): one subgroupAdd, each elected invocation takes a slot
+// with its own workgroup atomic (reset behind a barrier, as above), and every lane adds the
+// slots in slot order. The slots are a constant-size array, not 8 * WG: see
+// matvec_reduce_workgroup.wgsl (naga 29 declaration order). Call from uniform control flow.
+var<workgroup> total_slots: array<f32, 256>;      // [slot < number of subgroups <= WG <= 256]
+var<workgroup> totals_stored: atomic<u32>;
+
+fn workgroup_total(value: f32, lane: u32) -> f32 {
+    if (lane == 0u) {
+        atomicStore(&totals_stored, 0u);
+    }
+    workgroupBarrier();
+    let sum = subgroupAdd(value);
+    if (subgroupBroadcastFirst(lane) == lane) {
+        total_slots[atomicAdd(&totals_stored, 1u)] = sum;
+    }
+    workgroupBarrier();
+    let slots = atomicLoad(&totals_stored);
+    var total = 0.0;
+    for (var slot = 0u; slot < slots; slot++) {
+        total += total_slots[slot];
+    }
+    return total;
+}

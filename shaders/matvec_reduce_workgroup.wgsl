@@ -21,3 +21,22 @@ fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
     }
     return row_partials[min(lane, ROWS - 1u) * WG];
 }
+
+// The sum of every lane's `value`, returned to every lane (the RMSNorm input's sum of
+// squares, matvec_input_norm.wgsl), through its own array of constant size (the largest
+// WG), not WG: naga 29 orders declarations by first use and panics on an override (the
+// encoding's BLOCK, ...) first used after an override-sized workgroup array, which a call
+// before the main loop would cause. Call from uniform control flow.
+var<workgroup> total_partials: array<f32, 256>;   // [WG <= 256]
+
+fn workgroup_total(value: f32, lane: u32) -> f32 {
+    total_partials[lane] = value;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (lane < stride) {
+            total_partials[lane] += total_partials[lane + stride];
+        }
+        workgroupBarrier();
+    }
+    return total_partials[0];
+}

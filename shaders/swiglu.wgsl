@@ -18,7 +18,8 @@
 // elements per invocation through vec4 loads and stores). They declare their buffers with
 // different element types at the same bindings; each entry point uses only its own pair,
 // which WGSL allows (a binding must be unique within one entry point's resource interface).
-// No barriers: an invocation past the last element simply returns.
+// No barriers: an invocation past the last element simply returns. silu and silu4 come from
+// silu.wgsl (listed first in the registry sources), shared with the mat-vec SwiGLU input.
 
 override WG: u32 = 64u;   // 64, 128 or 256 (registry allowlist)
 
@@ -32,18 +33,6 @@ struct Params {
 @group(0) @binding(1) var<storage, read> h4: array<vec4<f32>>;          // [T, 2F/4] swiglu_vec4
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;         // [T, F]   swiglu
 @group(0) @binding(2) var<storage, read_write> out4: array<vec4<f32>>;  // [T, F/4] swiglu_vec4
-
-fn silu(g: f32) -> f32 {
-    let e = exp(-abs(g));                // in [0, 1]
-    let r = 1.0 / (1.0 + e);
-    return g * select(e * r, r, g >= 0.0);
-}
-
-fn silu4(g: vec4<f32>) -> vec4<f32> {
-    let e = exp(-abs(g));
-    let r = 1.0 / (1.0 + e);
-    return g * select(e * r, r, g >= vec4<f32>(0.0));
-}
 
 @compute @workgroup_size(WG)
 fn swiglu(@builtin(workgroup_id) group: vec3<u32>,

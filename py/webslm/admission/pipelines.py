@@ -33,6 +33,8 @@ class Requirements:
     head_dim: int
     vocab: int
     eps: float
+    rotary_dim: int
+    convention: str
 
 
 def _config(info) -> tuple:
@@ -63,7 +65,8 @@ def requirements(manifest) -> Requirements:
                       | ({_config(manifest.tensors["token_embd"]) + (a.hidden,)} if a.tied_output else set()),
                       key=repr)
     return Requirements(tuple(matrices), _config(manifest.tensors["token_embd"]), a.hidden, a.ffn,
-                        a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, float(a.norm_eps))
+                        a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, float(a.norm_eps),
+                        a.rope.rotary_dim, a.rope.convention)
 
 
 def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "core") -> dict[str, int]:
@@ -81,7 +84,7 @@ def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "co
 
 def pipelines(model, device, required: Requirements) -> list[tuple[str, dict]]:
     """Every mandatory (kernel, overrides) for this model on this device, decode and prefill."""
-    from ..kernels import attention, embed, gemm, kv_cache, logits, matvec, norm, rope, swiglu
+    from ..kernels import attention, embed, gemm, kv_cache, logits, matvec, norm, rope, rope_kv, swiglu
     from ..kernels.weights import Weights
     limits = device.limits
     chosen: list[tuple[str, dict]] = []
@@ -93,6 +96,10 @@ def pipelines(model, device, required: Requirements) -> list[tuple[str, dict]]:
     for encoding, block, zero, scale_type, cols in required.matrices:
         weights = Weights(encoding, 64, cols, {}, block, zero, scale_type)
         add(*matvec.choose_kernel(device, weights))
+        # the executor's fused decode variants (backends/gpu/forward.py): norm on the input
+        # of q|k|v and gate|up, ACCUMULATE into x for o, SwiGLU input + ACCUMULATE for down
+        for fused in ({"input": "norm"}, {"accumulate": True}, {"input": "swiglu", "accumulate": True}):
+            add(*matvec.choose_kernel(device, weights, **fused))
         g = gemm.plan(limits, weights, 64)
         add(g.kernel, g.overrides)
     for residual in (False, True):
@@ -109,6 +116,9 @@ def pipelines(model, device, required: Requirements) -> list[tuple[str, dict]]:
     for dtype in (["f16"] if "shader-f16" in device.features else []) + ["f32"]:
         shape = attention.AttentionShape(required.heads, required.kv_heads, required.head_dim, 256, dtype)
         p = kv_cache.plan_append(limits, shape.layout, 0, 1)
+        add(p.kernel, p.overrides)
+        p = rope_kv.plan_rope_kv_append(limits, shape.layout, 1, required.heads, required.rotary_dim, 0, 256,
+                                        required.convention)
         add(p.kernel, p.overrides)
         d = attention.plan_decode(limits, shape, 255)
         add(d.chunk_pass.kernel, d.chunk_pass.overrides)

@@ -118,8 +118,8 @@ def check_workgroup(limits: dict, workgroup: int | None, preferred: int, storage
 
 APPEND_BINDINGS = ("uniform", "read-only-storage", "read-only-storage", "storage", "storage")
 register(
-    KernelSpec("kv_append_f32", ("kv_append.wgsl",), "append_f32", APPEND_BINDINGS, {"WG": WORKGROUPS}),
-    KernelSpec("kv_append_f16", ("kv_append.wgsl",), "append_f16", APPEND_BINDINGS, {"WG": WORKGROUPS}),
+    KernelSpec("kv_append_f32", ("f16_round.wgsl", "kv_append.wgsl"), "append_f32", APPEND_BINDINGS, {"WG": WORKGROUPS}),
+    KernelSpec("kv_append_f16", ("f16_round.wgsl", "kv_append.wgsl"), "append_f16", APPEND_BINDINGS, {"WG": WORKGROUPS}),
 )
 
 

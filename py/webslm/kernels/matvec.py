@@ -10,19 +10,42 @@ The WGSL is assembled from trusted bundle files only (registry "sources"):
     matvec_reduce_workgroup.wgsl      row sums in workgroup memory     (tiers A, B)
     matvec_reduce_subgroup.wgsl       row sums with subgroupAdd        (tier C: "subgroups")
     matvec_<encoding>.wgsl            weight bindings and one unit's dot products
+    matvec_input_<input>.wgsl         the activation and output bindings, and what the weights
+                                      multiply: x ("plain"), RMSNorm(x) ("norm") or
+                                      silu(gate) * up ("swiglu", with silu.wgsl)
     quant_scales.wgsl, quant_mins.wgsl  q4/q8 scale_at, q4 min_at (f16 or f32 scales)
+
+Variants (registry names; `kernel_name`): `matvec_<enc>[_subgroup]` (input "plain", INPUT 0),
+`matvec_norm_<enc>[_subgroup]` (INPUT 1) and `matvec_swiglu_<enc>[_subgroup]` (INPUT 2): the
+input mode changes the bindings, so it is a registry entry, not an override. Each takes the
+override ACCUMULATE 0|1 (y += W x: the residual add of the attention output and FFN down
+projections) besides WG, ROWS and the encoding's BLOCK, SCALE_F16, ZERO_MIN.
+
+Bindings (index order; runner.prepare and the executor bind in this order):
+    0 params (uniform, `params`: 8 words)
+    1 .. P   the weight parts (weights.PART_NAMES: q4 codes, scales, mins; q8 codes, scales;
+             f16/f32 data)
+    plain    P+1 x [M][x_stride] f32            P+2 y (storage)
+    norm     P+1 x [M][x_stride] f32, P+2 g [K rounded up to 4] f32 (the norm weight),
+             P+3 y (storage)
+    swiglu   P+1 h [M][x_stride] f32 (gate at 0.., up at up_offset..), P+2 y (storage)
+y is read_write; with ACCUMULATE it is read, so it must not alias an input (`check_no_alias`;
+WebGPU's usage scopes refuse a buffer bound both read-only and writable in one dispatch).
+Every input mode supports any M (grid z): the norm's 1/rms is computed per row.
 
 Weights are bound exactly as the artifact stores their parts (docs/slm-format.md): no
 repacking, so the bytes on the GPU are the bytes the artifact hash covers.
 
 Host side (below): `weights.Weights` describes a tensor's parts (shared with gemm.py),
-`units` counts a row's steps, `choose_kernel` picks the
-variant and overrides for a device, `check_shapes` validates before any dispatch, and
-`matvec` runs one product. The golden tests and the benchmark hook close the file.
+`units` counts a row's steps, `choose_kernel` picks the variant and overrides for a device,
+`check_shapes` validates before any dispatch, `params` and `grid` build the launch, `plan`
+does all of it at once, and `matvec` runs one product. The golden tests and the benchmark
+hook close the file.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -30,7 +53,8 @@ from ..artifact import quant
 from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row, row_stride
 from ..webgpu.interface import Device
 from . import runner
-from .golden import GoldenContext, GoldenResult, compare_bound, gamma, golden, label
+from .golden import (F32_TINY, F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, gamma, golden,
+                     label)
 from .registry import KERNELS, QUANT_SOURCES, KernelSpec, compile_kernel, register
 from .weights import ENCODINGS, PART_NAMES, Weights
 
@@ -38,31 +62,60 @@ UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4}   # weights one invocat
 WORKGROUP_SIZES = (32, 64, 128, 256)
 ROWS_PER_WORKGROUP = (1, 2, 4, 8)
 UNITS_PER_INVOCATION = 4
+INPUTS = {"plain": 0, "norm": 1, "swiglu": 2}               # input mode -> INPUT number (docs)
+# The activation bindings of each input mode, after the weight parts (y follows them).
+INPUT_BINDINGS = {"plain": ("x",), "norm": ("x", "norm_weight"), "swiglu": ("h",)}
 
 
-def kernel_name(encoding: str, subgroups: bool) -> str:
-    return f"matvec_{encoding}" + ("_subgroup" if subgroups else "")
+class MatvecShapeError(ValueError):
+    """A mat-vec the kernels cannot serve, refused before any GPU work. `problem` names it:
+    "encoding", "input", "empty", "stride", "grid", "offset-overflow", "binding-size", "eps",
+    "up-offset", "norm-weight", "accumulate", "alias", "shape", "workgroup"."""
+
+    def __init__(self, problem: str, message: str):
+        super().__init__(f"{problem}: {message}")
+        self.problem = problem
+
+
+def kernel_name(encoding: str, subgroups: bool, input: str = "plain") -> str:
+    if input not in INPUTS:
+        raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
+    mode = "" if input == "plain" else f"{input}_"
+    return f"matvec_{mode}{encoding}" + ("_subgroup" if subgroups else "")
+
+
+def input_of(name: str) -> str:
+    """The input mode of a mat-vec registry name."""
+    for mode in ("norm", "swiglu"):
+        if name.startswith(f"matvec_{mode}_"):
+            return mode
+    return "plain"
 
 
 def _specs():
-    for encoding in ENCODINGS:
-        for subgroups in (False, True):
-            overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP}
-            if encoding in ("q4", "q8"):
-                overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
-            if encoding == "q4":
-                overrides |= {"ZERO_MIN": (0, 1)}
-            reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
-            yield KernelSpec(
-                name=kernel_name(encoding, subgroups),
-                sources=(("enable_subgroups.wgsl",) if subgroups else ())
-                + ("common_quant.wgsl", "matvec_main.wgsl", reduce, f"matvec_{encoding}.wgsl")
-                + QUANT_SOURCES.get(encoding, ()),
-                entry_point="main",
-                bindings=("uniform",) + ("read-only-storage",) * (len(PART_NAMES[encoding]) + 1) + ("storage",),
-                overrides=overrides,
-                requires=frozenset({"subgroups"}) if subgroups else frozenset(),
-            )
+    for input in INPUTS:
+        for encoding in ENCODINGS:
+            for subgroups in (False, True):
+                overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP, "ACCUMULATE": (0, 1)}
+                if encoding in ("q4", "q8"):
+                    overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
+                if encoding == "q4":
+                    overrides |= {"ZERO_MIN": (0, 1)}
+                reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
+                yield KernelSpec(
+                    name=kernel_name(encoding, subgroups, input),
+                    sources=(("enable_subgroups.wgsl",) if subgroups else ())
+                    + ("common_quant.wgsl", "matvec_main.wgsl", f"matvec_{encoding}.wgsl",
+                       f"matvec_input_{input}.wgsl", reduce)
+                    + (("silu.wgsl",) if input == "swiglu" else ())
+                    + QUANT_SOURCES.get(encoding, ()),
+                    entry_point="main",
+                    bindings=("uniform",) + ("read-only-storage",) * (len(PART_NAMES[encoding])
+                                                                      + len(INPUT_BINDINGS[input]))
+                    + ("storage",),
+                    overrides=overrides,
+                    requires=frozenset({"subgroups"}) if subgroups else frozenset(),
+                )
 
 
 register(*_specs())
@@ -77,48 +130,122 @@ def units(weights: Weights) -> int:
     return -(-weights.cols // UNIT_ELEMENTS[weights.encoding])
 
 
+def _quads(n: int) -> int:
+    """n rounded up to a multiple of 4 (whole vec4s)."""
+    return -(-n // 4) * 4
+
+
 def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None,
-                  rows_per_group: int = 4) -> tuple[str, dict[str, int]]:
+                  rows_per_group: int = 4, input: str = "plain",
+                  accumulate: bool = False) -> tuple[str, dict[str, int]]:
     """The variant and overrides for this device: subgroup sums when the device has them; a
     workgroup size that gives each invocation about UNITS_PER_INVOCATION units (the
     reduction after the loop costs about as much as a few units, measured on the H200:
-    docs/RESULTS.md), unless `workgroup` asks for one; never more than the limits admit."""
+    docs/RESULTS.md), unless `workgroup` asks for one; never more than the limits admit.
+    `input` picks the variant's input mode ("plain", "norm", "swiglu"); `accumulate` adds
+    ACCUMULATE=1 (left out when False, the WGSL default 0)."""
     wanted = workgroup or max(32, units(weights) // UNITS_PER_INVOCATION)
     size = runner.largest_workgroup(device.limits, WORKGROUP_SIZES, wanted)
     if size is None:
-        raise ValueError(f"no mat-vec workgroup size fits {min(wanted, runner.max_invocations(device.limits))} "
-                         f"invocations")
+        raise MatvecShapeError("workgroup", f"no mat-vec workgroup size fits "
+                                            f"{min(wanted, runner.max_invocations(device.limits))} invocations")
+    if rows_per_group not in ROWS_PER_WORKGROUP:
+        raise MatvecShapeError("workgroup", f"rows per workgroup {rows_per_group} is not one of {ROWS_PER_WORKGROUP}")
     overrides = {"WG": size, "ROWS": rows_per_group, **weights.overrides()}
-    return kernel_name(weights.encoding, "subgroups" in device.features), overrides
+    if accumulate:
+        overrides["ACCUMULATE"] = 1
+    return kernel_name(weights.encoding, "subgroups" in device.features, input), overrides
 
 
-def check_shapes(device: Device, weights: Weights, m: int, x_stride: int) -> None:
-    """Everything the kernel's addressing assumes, checked before any GPU work."""
+def check_shapes(device: Device, weights: Weights, m: int, x_stride: int, input: str = "plain",
+                 eps: float | None = None, up_offset: int | None = None,
+                 norm_elements: int | None = None) -> None:
+    """Everything the kernel's addressing assumes, checked before any GPU work
+    (MatvecShapeError, a ValueError). x_stride is the row stride of the bound activations:
+    x for "plain" and "norm", the gate|up row h for "swiglu". `norm_elements`, when given, is
+    how many f32 the norm weight's binding holds (it must cover cols rounded up to 4)."""
     if weights.encoding not in ENCODINGS:
-        raise ValueError(f"mat-vec has no {weights.encoding!r} encoding")
+        raise MatvecShapeError("encoding", f"mat-vec has no {weights.encoding!r} encoding")
+    if input not in INPUTS:
+        raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
     if weights.rows < 1 or weights.cols < 1 or m < 1:
-        raise ValueError(f"empty mat-vec: rows={weights.rows} cols={weights.cols} m={m}")
+        raise MatvecShapeError("empty", f"empty mat-vec: rows={weights.rows} cols={weights.cols} m={m}")
     if x_stride % 4 or x_stride < weights.cols:
-        raise ValueError(f"x_stride {x_stride} must be a multiple of 4 and >= cols {weights.cols}")
+        raise MatvecShapeError("stride", f"x_stride {x_stride} must be a multiple of 4 and >= cols {weights.cols}")
     if m > device.limits["maxComputeWorkgroupsPerDimension"]:
-        raise ValueError(f"{m} activation rows exceed the grid's z limit")
+        raise MatvecShapeError("grid", f"{m} activation rows exceed the grid's z limit")
+    if input == "norm":
+        if eps is None or not (np.isfinite(eps) and eps > 0 and np.float32(eps) > 0):
+            raise MatvecShapeError("eps", f"the norm input needs eps, a positive finite f32, got {eps!r}")
+        if weights.cols >= 2 ** 24:
+            raise MatvecShapeError("shape", f"the norm input divides by cols as f32: {weights.cols} >= 2^24")
+        if norm_elements is not None and norm_elements < _quads(weights.cols):
+            raise MatvecShapeError("norm-weight", f"the norm weight binding holds {norm_elements} f32; the kernel "
+                                                  f"reads {_quads(weights.cols)} (cols rounded up to 4)")
+    elif eps is not None:
+        raise MatvecShapeError("eps", f"eps is for the norm input, not {input!r}")
+    if input == "swiglu":
+        if up_offset is None or up_offset % 4 or up_offset < weights.cols:
+            raise MatvecShapeError("up-offset", f"the swiglu input needs up_offset (F'), a multiple of 4 >= "
+                                                f"cols {weights.cols}, got {up_offset!r}")
+        if x_stride < up_offset + _quads(weights.cols):
+            raise MatvecShapeError("stride", f"a gate|up row of x_stride {x_stride} floats does not hold up at "
+                                             f"{up_offset}..{up_offset + _quads(weights.cols) - 1}")
+    elif up_offset is not None:
+        raise MatvecShapeError("up-offset", f"up_offset is for the swiglu input, not {input!r}")
     widest = max(weights.rows * units(weights) * UNIT_ELEMENTS[weights.encoding], m * x_stride, m * weights.rows)
     if widest >= runner.U32_LIMIT:
-        raise ValueError(f"mat-vec addresses {widest} elements, past u32 indexing")
+        raise MatvecShapeError("offset-overflow", f"mat-vec addresses {widest} elements, past u32 indexing")
     for name, part in weights.parts.items():
-        runner.check_binding_size(device.limits, f"weight part {name} (split the tensor: memory planner)",
-                                  len(memoryview(part).cast("B")))
+        try:
+            runner.check_binding_size(device.limits, f"weight part {name} (split the tensor: memory planner)",
+                                      len(memoryview(part).cast("B")))
+        except ValueError as exc:
+            raise MatvecShapeError("binding-size", str(exc)) from None
 
 
-def params(weights: Weights, x_stride: int, y_stride: int) -> np.ndarray:
+def params(weights: Weights, x_stride: int, y_stride: int, input: str = "plain",
+           eps: float | None = None, up_offset: int | None = None) -> np.ndarray:
+    """The uniform block, 8 u32 words: rows, cols, blocks, units, row_words, x_stride, y_stride,
+    aux (input "norm": eps as f32 bits; "swiglu": up_offset; "plain": 0)."""
+    aux = {"plain": 0, "norm": float(np.float32(eps)) if eps is not None else 0.0,
+           "swiglu": int(up_offset or 0)}[input]
     return runner.params_words(weights.rows, weights.cols, weights.blocks, units(weights),
-                               weights.row_words, x_stride, y_stride)
+                               weights.row_words, x_stride, y_stride, aux)
 
 
 def grid(device: Device, weights: Weights, rows_per_group: int, m: int) -> tuple[int, int, int]:
     groups = -(-weights.rows // rows_per_group)
     gx, gy, _ = runner.workgroup_grid(groups, device.limits["maxComputeWorkgroupsPerDimension"])
     return (gx, gy, m)
+
+
+class MatvecPlan(NamedTuple):
+    kernel: str                      # registry name (kernel_name)
+    overrides: dict[str, int]
+    params: np.ndarray               # the uniform block (params)
+    grid: tuple[int, int, int]
+    inputs: tuple[str, ...]          # what binds after the weight parts, in order, then y
+
+
+def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int, input: str = "plain",
+         accumulate: bool = False, eps: float | None = None, up_offset: int | None = None,
+         norm_elements: int | None = None, workgroup: int | None = None,
+         rows_per_group: int = 4) -> MatvecPlan:
+    """check_shapes, choose_kernel, params and grid in one call: a validated launch."""
+    check_shapes(device, weights, m, x_stride, input, eps, up_offset, norm_elements)
+    name, overrides = choose_kernel(device, weights, workgroup, rows_per_group, input, accumulate)
+    return MatvecPlan(name, overrides, params(weights, x_stride, y_stride, input, eps, up_offset),
+                      grid(device, weights, rows_per_group, m), INPUT_BINDINGS[input])
+
+
+def check_no_alias(inputs: Sequence, output) -> None:
+    """The output binding (a webgpu.interface.BufferBinding) must not share a buffer with any
+    input binding: y is read_write (ACCUMULATE reads it), the inputs read-only, and WebGPU
+    refuses one buffer bound both ways in a dispatch (usage scopes) even at disjoint ranges."""
+    for i, binding in enumerate(inputs):
+        if binding.buffer is output.buffer:
+            raise MatvecShapeError("alias", f"the output shares its buffer with input binding {i}")
 
 
 def padded_activations(x: np.ndarray, fill: float = np.nan) -> tuple[np.ndarray, int]:
@@ -135,40 +262,78 @@ def _as_array(part) -> np.ndarray:
     return np.frombuffer(memoryview(part).cast("B"), np.uint8)
 
 
+def padded_norm_weight(norm_weight: np.ndarray, cols: int, fill: float = np.nan) -> np.ndarray:
+    """The norm weight [cols] padded to whole vec4s with `fill` (NaN in tests: never used)."""
+    g = np.asarray(norm_weight, np.float32).reshape(-1)
+    if g.size != cols:
+        raise MatvecShapeError("norm-weight", f"the norm weight has {g.size} elements, the weights {cols} columns")
+    out = np.full(_quads(cols), fill, np.float32)
+    out[:cols] = g
+    return out
+
+
 async def matvec(ctx_or_device, weights: Weights, x: np.ndarray, name: str | None = None,
-                 overrides: dict[str, int] | None = None) -> np.ndarray:
-    """y [M, rows] = x [M, cols] W^T, once, on fresh buffers (tests, self-tests)."""
+                 overrides: dict[str, int] | None = None, *, input: str = "plain",
+                 norm_weight: np.ndarray | None = None, eps: float | None = None,
+                 up_offset: int | None = None, y0: np.ndarray | None = None) -> np.ndarray:
+    """y [M, rows] once, on fresh buffers (tests, self-tests), validated before any dispatch:
+        "plain"   x [M, cols]:            y = x W^T
+        "norm"    x [M, cols], norm_weight [cols], eps:  y = RMSNorm(x) W^T
+        "swiglu"  x = h [M, 2 F'] (gate | up, F' >= cols, F' % 4 == 0; up_offset defaults to
+                  F' = h.shape[1] // 2):  y = (silu(h[:, :cols]) * h[:, F':F'+cols]) W^T
+    y0 [M, rows] turns on ACCUMULATE (y = y0 + ...); without it the output is poisoned."""
     ctx = ctx_or_device if isinstance(ctx_or_device, GoldenContext) else GoldenContext(ctx_or_device, None)
     device = ctx.device
     x = np.atleast_2d(np.asarray(x, np.float32))
-    if x.shape[1] != weights.cols:
-        raise ValueError(f"x has {x.shape[1]} columns, the weights {weights.cols}")
+    if name is not None and input_of(name) != input:
+        raise MatvecShapeError("input", f"{name} has input {input_of(name)!r}, not {input!r}")
+    accumulate = y0 is not None
+    if input == "swiglu":
+        up_offset = x.shape[1] // 2 if up_offset is None else up_offset
+        xs, stride = x, x.shape[1]
+        if stride % 4:
+            raise MatvecShapeError("stride", f"h rows of {stride} floats are not whole vec4s")
+    else:
+        if x.shape[1] != weights.cols:
+            raise MatvecShapeError("shape", f"x has {x.shape[1]} columns, the weights {weights.cols}")
+        xs, stride = padded_activations(x)
+    inputs = [*weights.bindings(), xs]
+    if input == "norm":
+        if norm_weight is None:
+            raise MatvecShapeError("norm-weight", "the norm input needs norm_weight")
+        inputs.append(padded_norm_weight(norm_weight, weights.cols))
+    elif norm_weight is not None:
+        raise MatvecShapeError("norm-weight", f"norm_weight is for the norm input, not {input!r}")
+    m = x.shape[0]
+    check_shapes(device, weights, m, stride, input, eps, up_offset, _quads(weights.cols) if input == "norm" else None)
     if name is None:
-        name, overrides = choose_kernel(device, weights)
-    xs, stride = padded_activations(x)
-    check_shapes(device, weights, x.shape[0], stride)
+        name, overrides = choose_kernel(device, weights, input=input, accumulate=accumulate)
+    if bool(overrides.get("ACCUMULATE", 0)) != accumulate:
+        raise MatvecShapeError("accumulate", f"ACCUMULATE={overrides.get('ACCUMULATE', 0)} needs y0 "
+                                             f"{'given' if overrides.get('ACCUMULATE', 0) else 'absent'}")
+    if accumulate:
+        y0 = np.asarray(y0, np.float32)
+        if y0.shape != (m, weights.rows):
+            raise MatvecShapeError("shape", f"y0 has shape {y0.shape}, expected {(m, weights.rows)}")
+        output = y0.reshape(-1).copy()
+    else:
+        output = (m * weights.rows, np.float32)
     kernel = await ctx.kernel(name, **overrides)
     (y,) = await runner.run_once(
-        device, kernel, params(weights, stride, weights.rows),
-        [*weights.bindings(), xs], [(x.shape[0] * weights.rows, np.float32)],
-        grid(device, weights, overrides["ROWS"], x.shape[0]))
-    return y.reshape(x.shape[0], weights.rows)
+        device, kernel, params(weights, stride, weights.rows, input, eps, up_offset),
+        inputs, [output], grid(device, weights, overrides["ROWS"], m))
+    return y.reshape(m, weights.rows)
 
 
 # -- the oracle and its error bound ---------------------------------------------------------
 
-def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
-    """(exact y in float64, elementwise error bound, rule) for any summation order.
+U = F32_UNIT_ROUNDOFF
 
-    The kernels compute, per unit, s * sum(c x) (+ m * sum(x) for q4 "min", - 8 s sum(x)
-    for "offset"). Each elementary term (s c_k x_k, m x_k, 8 s x_k) is rounded at most
-    once as a product, once by its scale, and once per addition on its path, and no path
-    has more additions than there are terms, so |y - exact| <= gamma(n) * sum |terms| with
-    n = terms + 2 (Higham 3.1 / 4.2). Terms are 2 per weight for q4 (code and zero part),
-    1 otherwise; padding weights count (they are multiplied by masked zeros)."""
-    x64 = np.atleast_2d(x).astype(np.float64)
+
+def _magnitudes(weights: Weights) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """(W exactly decoded [N, K] float64, the per-weight magnitude of its elementary terms,
+    n for gamma(n), the rule's words). See `oracle`."""
     w = weights.dequantize().astype(np.float64)
-    exact = x64 @ w.T
     padded = units(weights) * UNIT_ELEMENTS[weights.encoding]
     if weights.encoding == "q4":
         codes = quant.unpack_nibbles(_as_array(weights.parts["codes"]).reshape(weights.rows, -1))
@@ -182,11 +347,76 @@ def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str
             magnitude_w = np.abs(s * codes) + np.abs(mins)
         else:
             magnitude_w = np.abs(s) * (codes + 8.0)
-        n, rule = 2 * padded + 2, "gamma(2 K_padded + 2) * sum(|s c| + |zero part|) |x|"
+        return w, magnitude_w, 2 * padded + 2, "gamma(2 K_padded + 2) * sum(|s c| + |zero part|) |x|"
+    return w, np.abs(w), padded + 2, "gamma(K_padded + 2) * sum |w| |x|"
+
+
+def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
+    """(exact y in float64, elementwise error bound, rule) for any summation order.
+
+    The kernels compute, per unit, s * sum(c x) (+ m * sum(x) for q4 "min", - 8 s sum(x)
+    for "offset"). Each elementary term (s c_k x_k, m x_k, 8 s x_k) is rounded at most
+    once as a product, once by its scale, and once per addition on its path, and no path
+    has more additions than there are terms, so |y - exact| <= gamma(n) * sum |terms| with
+    n = terms + 2 (Higham 3.1 / 4.2). Terms are 2 per weight for q4 (code and zero part),
+    1 otherwise; padding weights count (they are multiplied by masked zeros)."""
+    x64 = np.atleast_2d(x).astype(np.float64)
+    w, magnitude_w, n, rule = _magnitudes(weights)
+    return x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T), rule
+
+
+NORM_INPUT_RULE = ("(1+R)(1+u) inv gamma(n+1) sum|terms(x g)| + (R + u + R u)|exact| + (n+2) 2^-126 (1 + inv), "
+                   "R = gamma(K)/2 + 12u + 2^-126/(2 eps); exact = float64 W (x g) / sqrt(mean(x^2) + f32(eps))")
+SWIGLU_INPUT_RULE = ("sum|w| B + gamma(n) sum|terms(|z| + B)| + (n+2) 2^-126, z = float64 silu(gate) up, "
+                     "B its swiglu rule; exact = float64 W z")
+ACCUMULATE_RULE = " ; ACCUMULATE: (1+u) bound + u (|y0| + |W x|) + 2^-126, exact + y0"
+
+
+def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_weight: np.ndarray | None = None,
+                 eps: float | None = None, up_offset: int | None = None,
+                 y0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """(exact y in float64, elementwise bound, rule) of every input mode, with or without y0.
+
+    "plain": `oracle`. "norm": the kernel multiplies W by t = fl(x g) (one rounding each, so
+    the mat-vec rule with one more rounding per term: gamma(n+1) sum|terms(x g)|), then scales
+    the row sum by inv = inverseSqrt(fl(fl(sum x^2) / K + eps)), whose relative error R is
+    gamma(K)/2 (the K squares and their sum, halved by the root) + 12u (division 2.5 ULP, + eps,
+    inverseSqrt 2 ULP, second-order terms) + 2^-126/(2 eps) (flushed subnormal squares), and one
+    more rounding for the product: |y - exact| <= (1+R)(1+u) inv gamma(n+1) M + (R+u+Ru)|exact|.
+    "swiglu": the kernel multiplies W by t with |t - z| <= B (swiglu.swiglu_oracle's rule), so
+    |y - W z| <= sum |w| B + gamma(n) sum|terms(|z| + B)|. ACCUMULATE adds y0 with one more
+    rounding: (1+u) bound + u (|y0| + |exact|). Every mode adds (n + 2) 2^-126 for flushed
+    subnormal products."""
+    from .swiglu import swiglu_oracle
+    x64 = np.atleast_2d(x).astype(np.float64)
+    w, magnitude_w, n, rule = _magnitudes(weights)
+    k = weights.cols
+    if input == "plain":
+        exact, bound = x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T)
+    elif input == "norm":
+        eps64 = float(np.float32(eps))
+        g = np.asarray(norm_weight, np.float32).astype(np.float64).reshape(1, -1)
+        inv = 1.0 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + eps64)     # [M, 1]
+        z = x64 * g
+        exact = (z @ w.T) * inv
+        r = gamma(k) / 2 + 12 * U + F32_TINY / (2 * eps64)
+        bound = ((1 + r) * (1 + U) * inv * gamma(n + 1) * (np.abs(z) @ magnitude_w.T)
+                 + (r + U + r * U) * np.abs(exact) + (n + 2) * F32_TINY * (1 + inv))
+        rule = NORM_INPUT_RULE
+    elif input == "swiglu":
+        up_offset = x64.shape[1] // 2 if up_offset is None else up_offset
+        h = np.concatenate([x[:, :k], x[:, up_offset:up_offset + k]], axis=1).astype(np.float32)
+        z, b = swiglu_oracle(np.atleast_2d(h))
+        exact = z @ w.T
+        bound = b @ np.abs(w).T + gamma(n) * ((np.abs(z) + b) @ magnitude_w.T) + (n + 2) * F32_TINY
+        rule = SWIGLU_INPUT_RULE
     else:
-        magnitude_w = np.abs(w)
-        n, rule = padded + 2, "gamma(K_padded + 2) * sum |w| |x|"
-    bound = gamma(n) * (np.abs(x64) @ magnitude_w.T)
+        raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
+    if y0 is not None:
+        y0 = np.asarray(y0, np.float32).astype(np.float64)
+        bound = (1 + U) * bound + U * (np.abs(y0) + np.abs(exact)) + F32_TINY
+        exact = exact + y0
+        rule += ACCUMULATE_RULE
     return exact, bound, rule
 
 
@@ -281,6 +511,160 @@ async def golden_matvec(ctx: GoldenContext) -> list[GoldenResult]:
     return results
 
 
+# -- golden tests of the fused inputs and ACCUMULATE ----------------------------------------
+
+class FusedCase(NamedTuple):
+    name: str
+    weights: Weights
+    input: str                          # "plain", "norm", "swiglu"
+    x: np.ndarray                       # [M, cols] (plain, norm) or h [M, x_stride] (swiglu)
+    norm_weight: np.ndarray | None = None
+    eps: float | None = None
+    up_offset: int | None = None
+    y0: np.ndarray | None = None        # ACCUMULATE when given
+
+    def oracle(self) -> tuple[np.ndarray, np.ndarray, str]:
+        return fused_oracle(self.weights, self.x, self.input, self.norm_weight, self.eps, self.up_offset, self.y0)
+
+    async def run(self, ctx: GoldenContext, name: str, overrides: dict[str, int]) -> np.ndarray:
+        return await matvec(ctx, self.weights, self.x, name, overrides, input=self.input,
+                            norm_weight=self.norm_weight, eps=self.eps, up_offset=self.up_offset, y0=self.y0)
+
+
+def gate_up_row(gate: np.ndarray, up: np.ndarray, up_offset: int, fill: float = np.nan) -> np.ndarray:
+    """h [M, 2 up_offset]: gate at 0.., up at up_offset.., the rest `fill` (NaN in tests:
+    the padding between and after must never be used)."""
+    gate, up = np.atleast_2d(gate), np.atleast_2d(up)
+    m, k = gate.shape
+    h = np.full((m, 2 * up_offset), fill, np.float32)
+    h[:, :k] = gate
+    h[:, up_offset:up_offset + k] = up
+    return h
+
+
+def _norm_weight(rng, cols: int) -> np.ndarray:
+    return (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+
+
+def _fused_cases(ctx: GoldenContext):
+    """FusedCase values: random shapes on every encoding option for each input mode (norm;
+    swiglu and plain with ACCUMULATE; on one shape also norm with and swiglu without it),
+    adversarial activations, extreme codes, and the model's real weights when given."""
+    rng = ctx.rng
+    n = rng.standard_normal
+    shapes = [(33, 100)] if ctx.quick else [(1, 1), (7, 33), (65, 257), (300, 1000), (129, 4099)]
+    options = [("q4", 32, "min", "f16"), ("q4", 64, "offset", "f32"), ("q8", 32, None, "f16"),
+               ("q8", 256, None, "f32"), ("f16", None, None, None), ("f32", None, None, None)]
+    for rows, cols in shapes:
+        m = 2 if (rows, cols) == (7, 33) else 1
+        for encoding, block, zero, scale_type in options:
+            w = Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, block or 32, zero or "min",
+                                  scale_type or "f16")
+            what = f"random {rows}x{cols} {encoding}/{block}/{zero}/{scale_type}"
+            up_offset = _quads(cols) + (4 if cols % 4 == 0 else 0)
+            h = gate_up_row(3 * n((m, cols)), n((m, cols)), up_offset)
+            x = (2 * n((m, cols))).astype(np.float32)
+            y0 = n((m, rows)).astype(np.float32)
+            yield FusedCase(f"{what} norm", w, "norm", x, _norm_weight(rng, cols), 1e-5)
+            yield FusedCase(f"{what} swiglu F'={up_offset} +y0", w, "swiglu", h, up_offset=up_offset, y0=y0)
+            yield FusedCase(f"{what} plain +y0", w, "plain", x, y0=y0)
+            if (rows, cols) in ((7, 33), (33, 100)) and not ctx.quick:
+                yield FusedCase(f"{what} norm +y0", w, "norm", x, _norm_weight(rng, cols), 1e-6, y0=y0)
+                yield FusedCase(f"{what} swiglu F'={up_offset}", w, "swiglu", h, up_offset=up_offset)
+    rows, cols = (9, 97) if ctx.quick else (40, 517)
+    adversarial_options = [("q4", "min", "f16")] if ctx.quick else \
+        [("q4", "min", "f16"), ("q4", "offset", "f16"), ("q8", None, "f32"), ("f16", None, None)]
+    spike = 1e-3 * n((1, cols))
+    spike[0, -1] = 1e3                       # the only large value sits in the single-element tail
+    extremes = np.array([88, -88, 100, -100, 1e30, -1e30, 87.5, -87.5, 0, -0.0, 1e-30, -1e-30,
+                         20, -20, 1, -1], np.float32)
+    gates = np.resize(extremes, cols)[None, :]
+    norm_inputs = [("near-zero x (eps dominates)", 1e-20 * n((1, cols)), _norm_weight(rng, cols)),
+                   ("spike in the tail", spike, _norm_weight(rng, cols)),
+                   ("mixed-sign norm weights 1e3 1e-3", n((1, cols)),
+                    np.where(np.arange(cols) % 2 == 0, 1e3, -1e-3).astype(np.float32) * _norm_weight(rng, cols))]
+    if not ctx.quick:
+        norm_inputs += [("huge x 1e15", 1e15 * n((1, cols)), _norm_weight(rng, cols)),
+                        ("constant x", np.full((1, cols), -0.75), _norm_weight(rng, cols))]
+    up_offset = _quads(cols)
+    swiglu_inputs = [("extreme gates +-88 +-100 +-1e30", gate_up_row(gates, np.full_like(gates, 1.5), up_offset))]
+    if not ctx.quick:
+        swiglu_inputs += [("gate ramp -120..120", gate_up_row(np.linspace(-120, 120, cols)[None, :], n((1, cols)),
+                                                              up_offset)),
+                          ("tiny 1e-30 gates", gate_up_row(1e-30 * n((1, cols)), 1e-5 * n((1, cols)), up_offset))]
+    for encoding, zero, scale_type in adversarial_options:
+        w = Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min", scale_type or "f16")
+        what = f"{rows}x{cols} {encoding}/{zero}/{scale_type}"
+        for label_, x, g in norm_inputs:
+            yield FusedCase(f"{label_} {what} norm", w, "norm", np.asarray(x, np.float32), g, 1e-5)
+        for label_, h in swiglu_inputs:
+            yield FusedCase(f"{label_} {what} swiglu +y0", w, "swiglu", h, up_offset=up_offset,
+                            y0=n((1, rows)).astype(np.float32))
+        x = n((1, cols)).astype(np.float32)
+        wx = fused_oracle(w, x)[0].astype(np.float32)
+        yield FusedCase(f"y0 cancels W x {what} plain +y0", w, "plain", x, y0=-wx)
+        if not ctx.quick:
+            yield FusedCase(f"huge y0 1e30 {what} plain +y0", w, "plain", x, y0=(1e30 * n((1, rows))).astype(np.float32))
+    if not ctx.quick:
+        for which in ("max", "min", "mixed"):
+            for encoding, zero in [("q4", "min"), ("q4", "offset"), ("q8", None)]:
+                w = _extreme_codes(Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32,
+                                                     zero or "min"), rng, which)
+                what = f"{which} codes {rows}x{cols} {encoding}/{zero}"
+                yield FusedCase(f"{what} norm", w, "norm", n((1, cols)).astype(np.float32), _norm_weight(rng, cols), 1e-5)
+                yield FusedCase(f"{what} swiglu +y0", w, "swiglu",
+                                gate_up_row(3 * n((1, cols)), n((1, cols)), _quads(cols)), up_offset=_quads(cols),
+                                y0=n((1, rows)).astype(np.float32))
+    model = ctx.model
+    if model is not None:
+        tensors = model.artifact.manifest.tensors
+        a = model.architecture
+        x = (2 * n((1, a.hidden))).astype(np.float32)
+        for matrix, norm_name in (("blk.0.attn_q", "blk.0.attn_norm"), ("blk.0.ffn_up", "blk.0.ffn_norm")):
+            if matrix in tensors and norm_name in tensors:
+                w = Weights.from_model(model, matrix)
+                yield FusedCase(f"real {matrix} {w.rows}x{w.cols} {w.encoding} norm ({norm_name})", w, "norm", x,
+                                model.dequantize(norm_name).astype(np.float32), a.norm_eps)
+        if "blk.0.attn_output" in tensors:
+            w = Weights.from_model(model, "blk.0.attn_output")
+            yield FusedCase(f"real blk.0.attn_output {w.rows}x{w.cols} {w.encoding} plain +y0", w, "plain",
+                            n((1, w.cols)).astype(np.float32), y0=x)
+        if all(f"blk.0.{t}" in tensors for t in ("ffn_down", "ffn_gate", "ffn_up")):
+            w = Weights.from_model(model, "blk.0.ffn_down")
+            unit = n((1, a.hidden))
+            gate = unit @ model.dequantize("blk.0.ffn_gate").astype(np.float64).T
+            up = unit @ model.dequantize("blk.0.ffn_up").astype(np.float64).T
+            up_offset = _quads(w.cols)
+            yield FusedCase(f"real blk.0.ffn_down {w.rows}x{w.cols} {w.encoding} swiglu F'={up_offset} +y0", w,
+                            "swiglu", gate_up_row(gate, up, up_offset), up_offset=up_offset, y0=x)
+
+
+@golden("matvec_fused")
+async def golden_matvec_fused(ctx: GoldenContext) -> list[GoldenResult]:
+    """The input modes "norm" and "swiglu" and ACCUMULATE on every case, with the device's
+    workgroup choice on both reductions (subgroups where admitted); the random cases of two
+    encodings also on other workgroup shapes (full)."""
+    results = []
+    variants = {spec.name for spec in ctx.variants("matvec_")}
+    default = [(None, 4)]
+    every_shape = default + [(32, 8), (64, 1)]
+    for case in _fused_cases(ctx):
+        exact, bound, rule = case.oracle()
+        accumulate = case.y0 is not None
+        shapes = every_shape if (not ctx.quick and case.name.startswith("random 65x257")
+                                 and case.weights.encoding in ("q4", "f32")) else default
+        for subgroups in (False, True):
+            name = kernel_name(case.weights.encoding, subgroups, case.input)
+            if name not in variants:
+                continue
+            for workgroup, rows_per_group in shapes:
+                _, overrides = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input, accumulate)
+                y = await case.run(ctx, name, overrides)
+                results.append(compare_bound("matvec_fused", label(KERNELS[name], overrides), case.name, y,
+                                             exact, bound, rule))
+    return results
+
+
 # -- benchmark hook -------------------------------------------------------------------------
 
 BENCH_SHAPES = {
@@ -295,8 +679,9 @@ BENCH_SHAPES = {
     "llama8b gate 14336x4096": {"rows": 14336, "cols": 4096, "big": True},
     "llama8b down 4096x14336": {"rows": 4096, "cols": 14336, "big": True},
 }
-# An encoding, optionally with overrides to sweep: "q4" or "q4/WG=256/ROWS=2".
-BENCH_NAMES = ("q4", "q8", "f16", "f32")
+# An encoding, optionally with overrides to sweep: "q4" or "q4/WG=256/ROWS=2", and an input mode:
+# "q4/input=norm" (RMSNorm fused), "q4/input=swiglu/ACCUMULATE=1" (the fused down projection).
+BENCH_NAMES = ("q4", "q8", "f16", "f32", "q4/input=norm", "q4/input=swiglu/ACCUMULATE=1")
 
 
 def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 32,
@@ -320,19 +705,33 @@ def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 3
 
 async def prepare_bench(device: Device, name: str, shape: dict, rng,
                         overrides: dict[str, int] | None = None) -> runner.Prepared:
-    """`name` is an encoding, optionally with overrides ("q4/WG=256/ROWS=2"); the variant
-    (subgroups or not) follows the device."""
+    """`name` is an encoding, optionally with overrides ("q4/WG=256/ROWS=2") and an input mode
+    ("q4/input=norm", "q4/input=swiglu/ACCUMULATE=1"); the variant (subgroups or not) follows
+    the device."""
     encoding, *settings = name.split("/")
-    overrides = {**{k: int(v) for k, v in (item.split("=") for item in settings)}, **(overrides or {})}
+    pairs = dict(item.split("=") for item in settings)
+    input = pairs.pop("input", "plain")
+    overrides = {**{k: int(v) for k, v in pairs.items()}, **(overrides or {})}
     weights = random_weights_fast(rng, encoding, shape["rows"], shape["cols"])
-    chosen, chosen_overrides = choose_kernel(device, weights)
+    accumulate = bool(overrides.get("ACCUMULATE", 0))
+    chosen, chosen_overrides = choose_kernel(device, weights, input=input, accumulate=accumulate)
     overrides = {**chosen_overrides, **overrides}
     kernel = await compile_kernel(device, chosen, **overrides)
     x, stride = padded_activations(rng.standard_normal((1, weights.cols)).astype(np.float32), 0.0)
-    check_shapes(device, weights, 1, stride)
-    prepared = runner.prepare(device, kernel, params(weights, stride, weights.rows),
-                              [*weights.bindings(), x], [(weights.rows, np.float32)],
+    inputs, eps, up_offset = [x], None, None
+    if input == "norm":
+        eps = 1e-5
+        inputs.append(padded_norm_weight(1 + 0.1 * rng.standard_normal(weights.cols), weights.cols, 0.0))
+    elif input == "swiglu":
+        up_offset = stride
+        x = gate_up_row(rng.standard_normal((1, weights.cols)), rng.standard_normal((1, weights.cols)), up_offset, 0.0)
+        inputs, stride = [x], 2 * up_offset
+    check_shapes(device, weights, 1, stride, input, eps, up_offset)
+    y = rng.standard_normal(weights.rows).astype(np.float32) if accumulate else (weights.rows, np.float32)
+    prepared = runner.prepare(device, kernel, params(weights, stride, weights.rows, input, eps, up_offset),
+                              [*weights.bindings(), *inputs], [y],
                               grid(device, weights, overrides["ROWS"], 1))
-    prepared.bytes_moved = weights.nbytes + x.nbytes + weights.rows * 4
+    prepared.bytes_moved = (weights.nbytes + sum(a.nbytes for a in inputs) + weights.rows * 4
+                            * (2 if accumulate else 1))
     prepared.flops = 2 * weights.rows * weights.cols
     return prepared

@@ -18,9 +18,9 @@ WORKGROUP_SIZES = runner.LAYER_WORKGROUP_SIZES
 
 # Bindings: params, h (read) -> out.
 register(
-    KernelSpec("swiglu", ("swiglu.wgsl",), "swiglu", ("uniform", "read-only-storage", "storage"),
+    KernelSpec("swiglu", ("silu.wgsl", "swiglu.wgsl"), "swiglu", ("uniform", "read-only-storage", "storage"),
                {"WG": WORKGROUP_SIZES}),
-    KernelSpec("swiglu_vec4", ("swiglu.wgsl",), "swiglu_vec4", ("uniform", "read-only-storage", "storage"),
+    KernelSpec("swiglu_vec4", ("silu.wgsl", "swiglu.wgsl"), "swiglu_vec4", ("uniform", "read-only-storage", "storage"),
                {"WG": WORKGROUP_SIZES}),
 )
 

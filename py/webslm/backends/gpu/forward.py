@@ -6,8 +6,7 @@ One step of T tokens at positions start .. start + T - 1 (x is the residual stre
     per layer i:
       attn_norm  x (+= delta, i > 0)      -> attn_in [T, D]          rms_norm / rms_norm_residual
       q, k, v    attn_in                  -> qkv: q [T, H E] | k [T, K E] | v [T, K E]
-      rope_q/k   q, k rotated in place at their positions
-      kv_append  k, v                     -> the layer's cache rows start .. start + T - 1
+      rope_kv    q rotated in place; k rotated and v written to the layer's cache rows
       attention  q, cache[0 .. start + T) -> attn_out [T, H E]       (decode: split-K + combine)
       o_proj     attn_out                 -> delta [T, D]
       ffn_norm   x += delta               -> ffn_in [T, D]
@@ -18,10 +17,21 @@ One step of T tokens at positions start .. start + T - 1 (x is the residual stre
     lm_head      the last row             -> logits [V]
     reduce       logits                   -> argmax / top-k words (or the full row is copied)
 
-Decode (T = 1) multiplies with the mat-vec kernels, prefill chunks with the GEMM. Every
-launch's params live in a slot of the schedule's params uniform; launches of the same kind
-share one slot across layers (the layers have one shape), so a decode step rewrites only the
-four position-dependent slots (rope_q, rope_k, kv_append, attention).
+Prefill chunks multiply with the GEMM. Decode multiplies with the mat-vec kernels and, when
+the planner stacked q|k|v and gate|up (`stacks`), uses the fused variants (docs/kernels.md),
+6 dispatches a layer instead of 10:
+
+      qkv        rms_norm(x) fused on the input of the stacked q|k|v mat-vec
+      rope_kv    as above
+      attention  as above
+      o          x += W_o attn_out          (ACCUMULATE: no delta, no residual pass)
+      gate_up    rms_norm(x) fused on the input of the stacked gate|up mat-vec
+      down       x += W_down swiglu(gate_up) (SwiGLU fused on the input, ACCUMULATE)
+
+and the final norm is a plain RMSNorm of x. Every launch's params live in a slot of the
+schedule's params uniform; launches of the same kind share one slot across layers (the
+layers have one shape), so a decode step rewrites only the position-dependent slots
+(rope_kv, attention).
 
 A `Launch` is a kernel with its params and grid but no buffers; `Forward.launches` computes
 every launch of a step from (schedule, T, start) alone, validating each shape on the host
@@ -34,12 +44,12 @@ import dataclasses
 
 import numpy as np
 
-from ...kernels import attention, embed, gemm, kv_cache, logits, matvec, norm, rope, swiglu
+from ...kernels import attention, embed, gemm, logits, matvec, norm, rope_kv, swiglu
 from ...kernels.registry import KERNELS, compile_kernel
 from ...webgpu.interface import BufferBinding, Dispatch
 from .regions import ParamsTable, Regions, matrix, stacked, vector
 
-POSITION_SLOTS = ("rope_q", "rope_k", "kv_append", "attention")    # rewritten every decode step
+POSITION_SLOTS = ("rope_kv", "attention")    # rewritten every decode step
 MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 TENSOR = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
           "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
@@ -60,7 +70,7 @@ def _align(n: int, a: int) -> int:
 class Forward:
     """The step builder for one admitted session. Knows shapes, regions and kernels."""
 
-    def __init__(self, session, model):
+    def __init__(self, session, model, fused: bool = True):
         self.device = session.device
         self.limits = session.device.limits
         self.plan = session.plan
@@ -83,6 +93,7 @@ class Forward:
                                 for i in range(a.n_layers)] for kind in MATRICES}
         self.head_pieces = matrix(self.regions, self.manifest, self.head_tensor)
         self.stacks = self._stacks()
+        self.fused = fused and set(self.stacks) == {"qkv", "gate_up"}
         # Decode attention: one head grouping and grid for every position (those chosen for a
         # full cache), so the pipeline and the grid stay fixed and workgroups past the
         # position's chunks exit at once. Up to single_pass keys take one pass with the whole
@@ -126,22 +137,21 @@ class Forward:
     def _slot_names(self, schedule: str) -> list[str]:
         pieces = lambda kind, n: [f"{kind}#{p}" for p in range(n)]   # noqa: E731
         names = list(POSITION_SLOTS) + ["embed", "attn_norm", "attn_norm_res", "ffn_norm_res", "final_norm",
-                                        "swiglu", "argmax", "top-k", "qkv#0", "gate_up#0"]
+                                        "final_norm_plain", "swiglu", "argmax", "top-k", "qkv#0", "gate_up#0",
+                                        "qkv_norm#0", "gate_up_norm#0"]
         for kind in MATRICES:
             names += pieces(kind, len(self.matrices[kind][0]))
+        names += pieces("o_acc", len(self.matrices["o"][0])) + pieces("down_swiglu", len(self.matrices["down"][0]))
         return names + pieces("head", len(self.head_pieces))
 
     def position_launches(self, schedule: str, tokens: int, start: int) -> dict[str, Launch]:
-        """The four launches whose params depend on the position."""
+        """The launches whose params depend on the position: rope_kv and attention."""
         a, limits = self.arch, self.limits
-        convention, rotary = a.rope.convention, a.rope.rotary_dim
-        out = {}
-        q_heads = a.n_heads + a.n_kv_heads if self.rope_fused(schedule) else a.n_heads
-        for slot, heads in (("rope_q", q_heads), ("rope_k", a.n_kv_heads)):
-            p = rope.plan_rope(limits, tokens, heads, a.head_dim, rotary, start, self.capacity, convention)
-            out[slot] = Launch("rope", p.overrides, p.params, p.grid)
-        p = kv_cache.plan_append(limits, self.shape.layout, start, tokens)
-        out["kv_append"] = Launch(p.kernel, p.overrides, p.params, p.grid)
+        q_at, k_at, v_at = self.qkv_offsets(schedule)
+        p = rope_kv.plan_rope_kv_append(limits, self.shape.layout, tokens, a.n_heads, a.rope.rotary_dim, start,
+                                        self.capacity, a.rope.convention, q_at // 4, k_at // 4, v_at // 4,
+                                        self.regions[f"{schedule}.qkv"].size // 4)
+        out = {"rope_kv": Launch(p.kernel, p.overrides, p.params, p.grid)}
         if schedule == "decode":
             n_keys = start + 1
             d = attention.plan_decode(limits, self.shape, start, heads_per_workgroup=self.decode_heads,
@@ -173,6 +183,19 @@ class Forward:
         for name, layers in self.stacks.items():
             if schedule == "decode":
                 out[f"{name}#0"] = self._matmul(schedule, layers[0].weights, tokens, a.hidden, layers[0].weights.rows)
+                p = matvec.plan(self.device, layers[0].weights, tokens, a.hidden, layers[0].weights.rows,
+                                input="norm", eps=float(a.norm_eps), norm_elements=a.hidden)
+                out[f"{name}_norm#0"] = Launch(p.kernel, p.overrides, p.params, p.grid)
+        if schedule == "decode" and self.fused:
+            for i, piece in enumerate(self.matrices["o"][0]):
+                p = matvec.plan(self.device, piece.weights, tokens, a.n_heads * a.head_dim, a.hidden, accumulate=True)
+                out[f"o_acc#{i}"] = Launch(p.kernel, p.overrides, p.params, p.grid)
+            for i, piece in enumerate(self.matrices["down"][0]):
+                p = matvec.plan(self.device, piece.weights, tokens, 2 * self.f_pad, a.hidden, input="swiglu",
+                                accumulate=True, up_offset=self.f_pad)
+                out[f"down_swiglu#{i}"] = Launch(p.kernel, p.overrides, p.params, p.grid)
+            p = norm.plan_norm(limits, tokens, a.hidden, a.norm_eps, residual=False)
+            out["final_norm_plain"] = Launch(p.kernel, p.overrides, p.params, p.grid)
         for i, piece in enumerate(self.head_pieces):                 # the head always sees one row
             out[f"head#{i}"] = self._matmul("decode", piece.weights, 1, a.hidden, a.vocab)
         for op, k in (("argmax", 1), ("top-k", self.top_k)):
@@ -208,12 +231,6 @@ class Forward:
     def single_pass_at(self, position: int) -> bool:
         """Whether decode attention at this position is one pass (the "short" recording)."""
         return position + 1 <= self.single_pass or self.decode_combine_grid is None
-
-    def rope_fused(self, schedule: str) -> bool:
-        """Decode rotates q and k in one launch when k follows q without an alignment gap
-        (a multiple-of-64 q width, as in most models): 1 dispatch a layer instead of 2."""
-        _, k_at, _ = self.qkv_offsets(schedule)
-        return schedule == "decode" and k_at == 4 * self.arch.n_heads * self.arch.head_dim
 
     # -- regions of a step ------------------------------------------------------------------------
     def qkv_offsets(self, schedule: str) -> tuple[int, int, int]:
@@ -259,26 +276,7 @@ class Forward:
                 # mat-vec binds the weight parts first, the GEMM the activations first
                 await add(f"{kind}#{i}", [*piece.parts, x_in] if schedule == "decode" else [x_in, *piece.parts], [y])
 
-        await add("embed", [ids, *(r.bind(f"w.token_embd.{p}") for p in self.embedding.part_order)], [x])
-        for i in range(a.n_layers):
-            b = f"blk.{i}."
-            if i == 0:
-                await add("attn_norm", [vector(r, b + "attn_norm"), x], [r.bind(s("attn_in"))])
-            else:
-                await add("attn_norm_res", [vector(r, b + "attn_norm"), delta], [r.bind(s("attn_in")), x])
-            if schedule == "decode" and "qkv" in self.stacks:
-                piece = self.stacks["qkv"][i]
-                await add("qkv#0", [*piece.parts, r.bind(s("attn_in"))], [r.bind(s("qkv"))])
-            else:
-                for kind, at in (("q", q_at), ("k", k_at), ("v", v_at)):
-                    await matmul(kind, i, r.bind(s("attn_in")), s("qkv"), at)
-            if self.rope_fused(schedule):
-                await add("rope_q", [r.bind("rope_table")], [r.bind(s("qkv"), q_at, v_at - q_at)])
-            else:
-                await add("rope_q", [r.bind("rope_table")], [qkv_out["q"]])
-                await add("rope_k", [r.bind("rope_table")], [qkv_out["k"]])
-            caches = [r.bind(f"kv.L{i}.k"), r.bind(f"kv.L{i}.v")]
-            await add("kv_append", [qkv_out["k"], qkv_out["v"]], caches)
+        async def attention_of(layer, caches):
             attn_out = r.bind(s("attn_out"))
             if schedule == "decode":
                 scratch = [r.bind(s("attn_acc")), r.bind(s("attn_ml"))]
@@ -291,6 +289,36 @@ class Forward:
                                                    [qkv_out["q"], *caches], [attn_out, *scratch], label="combine"))
             else:
                 await add("attention", [qkv_out["q"], *caches], [attn_out])
+            return attn_out
+
+        await add("embed", [ids, *(r.bind(f"w.token_embd.{p}") for p in self.embedding.part_order)], [x])
+        for i in range(a.n_layers):
+            b = f"blk.{i}."
+            caches = [r.bind(f"kv.L{i}.k"), r.bind(f"kv.L{i}.v")]
+            if schedule == "decode" and self.fused:       # 6 dispatches (module docstring)
+                qkv, gate_up = self.stacks["qkv"][i], self.stacks["gate_up"][i]
+                await add("qkv_norm#0", [*qkv.parts, x, vector(r, b + "attn_norm")], [r.bind(s("qkv"))])
+                await add("rope_kv", [r.bind("rope_table")], [r.bind(s("qkv")), *caches])
+                attn_out = await attention_of(i, caches)
+                for j, piece in enumerate(self.matrices["o"][i]):
+                    await add(f"o_acc#{j}", [*piece.parts, attn_out], [r.bind(s("x"), 4 * piece.row_start)])
+                await add("gate_up_norm#0", [*gate_up.parts, x, vector(r, b + "ffn_norm")], [r.bind(s("gate_up"))])
+                for j, piece in enumerate(self.matrices["down"][i]):
+                    await add(f"down_swiglu#{j}", [*piece.parts, r.bind(s("gate_up"))],
+                              [r.bind(s("x"), 4 * piece.row_start)])
+                continue
+            if i == 0:
+                await add("attn_norm", [vector(r, b + "attn_norm"), x], [r.bind(s("attn_in"))])
+            else:
+                await add("attn_norm_res", [vector(r, b + "attn_norm"), delta], [r.bind(s("attn_in")), x])
+            if schedule == "decode" and "qkv" in self.stacks:
+                piece = self.stacks["qkv"][i]
+                await add("qkv#0", [*piece.parts, r.bind(s("attn_in"))], [r.bind(s("qkv"))])
+            else:
+                for kind, at in (("q", q_at), ("k", k_at), ("v", v_at)):
+                    await matmul(kind, i, r.bind(s("attn_in")), s("qkv"), at)
+            await add("rope_kv", [r.bind("rope_table")], [r.bind(s("qkv")), *caches])
+            attn_out = await attention_of(i, caches)
             await matmul("o", i, attn_out, s("delta"))
             await add("ffn_norm_res", [vector(r, b + "ffn_norm"), delta], [r.bind(s("ffn_in")), x])
             if schedule == "decode" and "gate_up" in self.stacks:
@@ -301,7 +329,9 @@ class Forward:
                 await matmul("up", i, r.bind(s("ffn_in")), s("gate_up"), 4 * self.f_pad)
             await add("swiglu", [r.bind(s("gate_up"))], [r.bind(s("ffn_act"))])
             await matmul("down", i, r.bind(s("ffn_act")), s("delta"))
-        if final:
+        if final and schedule == "decode" and self.fused:
+            await add("final_norm_plain", [vector(r, "output_norm"), x], [r.bind(s("final_in"))])
+        elif final:
             await add("final_norm", [vector(r, "output_norm"), delta], [r.bind(s("final_in")), x])
         self.set_params(schedule, launches)
         return out

@@ -1,0 +1,39 @@
+// Mat-vec input "swiglu" (INPUT = 2): the weights multiply silu(gate) * up, computed on the
+// fly from the stacked gate|up projection row, so the FFN's down projection needs no
+// separate SwiGLU pass (silu: silu.wgsl, the same evaluation as the swiglu kernel).
+//
+//   h  [M][x_stride] f32, read as vec4: row m holds gate at 0 .. cols-1 and up at
+//      aux .. aux+cols-1 (aux = F', a multiple of 4 >= cols; x_stride >= F' + cols rounded
+//      up to 4); the down projection's K is cols = F
+//   y  [M][y_stride] f32 (ACCUMULATE: read, then written)
+//   params.aux: F', floats from a row's gate to its up
+//
+// Quads past cols read as 0 (gate and up padding are never used).
+
+@group(0) @binding(X_BINDING) var<storage, read> h: array<vec4<f32>>;
+@group(0) @binding(X_BINDING + 1u) var<storage, read_write> y: array<f32>;
+
+// Quad q (activations 4q .. 4q+3) of silu(gate) * up, for quads wholly below cols.
+fn x_full(m: u32, q: u32) -> vec4<f32> {
+    let row = m * (params.x_stride / 4u);
+    return silu4(h[row + q]) * h[row + params.aux / 4u + q];
+}
+
+// silu(gate) * up at k0 .. k0+3 of row m; lanes at k >= cols read as 0.
+fn x_quad(m: u32, k0: u32) -> vec4<f32> {
+    let quad = x_full(m, min(k0, params.cols - 1u) / 4u);
+    if (k0 + 4u <= params.cols) {
+        return quad;
+    }
+    let k = vec4<u32>(k0) + vec4<u32>(0u, 1u, 2u, 3u);
+    return select(vec4<f32>(0.0), quad, k < vec4<u32>(params.cols));
+}
+
+// Nothing to finish: the row sums are the outputs.
+fn input_finish(lane: u32) -> f32 {
+    return 1.0;
+}
+
+fn scaled(total: f32, scale: f32) -> f32 {
+    return total;
+}
