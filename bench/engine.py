@@ -59,9 +59,11 @@ async def one_run(backend, prompt: list[int], new_tokens: int) -> dict:
             "tokens": tokens}
 
 
-def host_costs(backend, rounds: int = 50) -> dict:
+async def host_costs(backend, rounds: int = 50) -> dict:
     """Python time per decode step outside the GPU: params refresh, and encoding the
-    recorded list without submitting it (native replay path)."""
+    recorded list without submitting it (native replay path); and the floor of a step: command
+    buffers encoded beforehand, then per step only the submit and the 12-byte readback (what a
+    step would cost if the host's work were free)."""
     forward = backend.forward
     started = time.perf_counter()
     for position in range(rounds):
@@ -69,19 +71,24 @@ def host_costs(backend, rounds: int = 50) -> dict:
     params = (time.perf_counter() - started) / rounds
     recording = backend._recordings[("decode", False, "argmax", 1)]
     device = getattr(backend.device, "inner", backend.device)
-    from wgpu.backends.wgpu_native._ffi import ffi, lib
     started = time.perf_counter()
     for _ in range(rounds):
-        encoder = device._device.create_command_encoder()
-        compute = encoder.begin_compute_pass()
-        for pipeline, group, x, y, z in recording.handle:
-            lib.wgpuComputePassEncoderSetPipeline(compute._internal, pipeline)
-            lib.wgpuComputePassEncoderSetBindGroup(compute._internal, 0, group, 0, ffi.NULL)
-            lib.wgpuComputePassEncoderDispatchWorkgroups(compute._internal, x, y, z)
-        compute.end()
-        encoder.finish()
+        device._encode(recording)
     encode = (time.perf_counter() - started) / rounds
-    return {"params_ms": params * 1e3, "encode_ms": encode * 1e3, "dispatches": len(recording.dispatches)}
+    read = backend._read("argmax", 1)
+    floors = {}
+    for blocking in (False, True):
+        device.blocking_readback = blocking
+        steps = []
+        for command_buffer in [device._encode(recording) for _ in range(rounds)]:
+            started = time.perf_counter()
+            device._device.queue.submit([command_buffer])
+            await device.read_mapped(*read)
+            steps.append(time.perf_counter() - started)
+        floors["blocking" if blocking else "awaited"] = statistics.median(steps) * 1e3
+    device.blocking_readback = False
+    return {"params_ms": params * 1e3, "encode_ms": encode * 1e3, "dispatches": len(recording.dispatches),
+            "submit_and_read_ms": floors}
 
 
 async def profile(backend, repeats: int = 200) -> list[dict]:
@@ -114,6 +121,17 @@ async def profile(backend, repeats: int = 200) -> list[dict]:
     return rows
 
 
+async def blocking_decode(backend, prompt: list[int], new_tokens: int) -> float:
+    """Decode tokens/s with read_mapped blocking the thread (NativeDevice.blocking_readback)."""
+    device = getattr(backend.device, "inner", backend.device)
+    device.blocking_readback = True
+    try:
+        runs = [await one_run(backend, prompt, new_tokens) for _ in range(2)]
+    finally:
+        device.blocking_readback = False
+    return new_tokens / runs[-1]["decode_s"]
+
+
 async def bench_model(path: str, args) -> dict:
     model = webslm.open_model(path)
     a = model.architecture
@@ -144,7 +162,8 @@ async def bench_model(path: str, args) -> dict:
             "weight_bytes_per_token": weight_bytes, "copy_gbps": copy["gbps"],
             "roofline_tokens_per_s": roofline_tps, "of_roofline": decode_tps / roofline_tps,
             "same_tokens_every_run": all(r["tokens"] == runs[0]["tokens"] for r in runs),
-            "host": host_costs(backend),
+            "host": await host_costs(backend),
+            "decode_tokens_per_s_blocking_readback": await blocking_decode(backend, prompt, args.new_tokens),
             "executor_stats": {k: v for k, v in backend.stats.items()},
             "profile": await profile(backend) if args.profile else None,
         }
@@ -166,6 +185,8 @@ async def main(args) -> dict:
               f"step {row['step_median_ms']:.2f} ms, roofline {row['roofline_tokens_per_s']:.0f} tok/s "
               f"({row['of_roofline']:.2f}), host params {row['host']['params_ms']:.3f} ms + encode "
               f"{row['host']['encode_ms']:.3f} ms for {row['host']['dispatches']} dispatches, "
+              f"submit+read floor {row['host']['submit_and_read_ms']}, blocking readback "
+              f"{row['decode_tokens_per_s_blocking_readback']:.1f} tok/s, "
               f"admission {row['admission_s']} s", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")

@@ -107,6 +107,9 @@ class NativeDevice(Device):
     # naga implements subgroup operations but not yet the `enable subgroups;` directive
     # (it rejects it); kernels/registry.py leaves that prelude out for this device.
     implicit_wgsl_enables = frozenset({"subgroups"})
+    # read_mapped blocks the thread until the GPU is done instead of awaiting (lower latency per
+    # decode step; nothing else on the event loop runs meanwhile). bench/engine.py compares both.
+    blocking_readback = False
 
     def __init__(self, device: Any, features: frozenset[str]):
         self._device = device
@@ -202,7 +205,11 @@ class NativeDevice(Device):
     async def read_mapped(self, buffer: Any, offset: int, size: int) -> bytes:
         if isinstance(buffer, Invalid) or self._lost_info is not None:
             raise RuntimeError("read_mapped: the device is lost or the buffer invalid")
-        await buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
+        promise = buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
+        if self.blocking_readback:
+            promise.sync_wait()       # the poll thread's event, without a hop through the event loop
+        else:
+            await promise
         try:
             return bytes(buffer.read_mapped(int(offset), int(size)))
         finally:
