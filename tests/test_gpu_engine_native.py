@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import pathlib
