@@ -1,5 +1,6 @@
-// The page: starts the worker, shows what it booted and what the GPU check found.
-// (The chat UI arrives with the engine; until then this is the status page.)
+// The page: starts the worker, shows what it booted and what the GPU check found, which
+// engine answers (GPU or CPU, kept current from the worker's engine-state events), and a
+// minimal chat whose answers stream in with their tokens/s and time to first token.
 import { WorkerClient } from "./worker-client.mjs";
 
 const $ = (id) => document.getElementById(id);
@@ -76,23 +77,21 @@ async function loadDefaultModel(client) {
 }
 
 // Admission: the worker proves on this GPU that the model fits and computes correctly
-// (webslm.admission); the badge says which engine will answer, and why.
+// (webslm.admission), then holds the engine for it; the badge says which engine answers, and why.
 async function admitModel(client) {
   const onStage = (e) => { $("admission-state").textContent = `Admitting the model on the GPU: ${e.detail.stage}…`; };
   client.addEventListener("admission-stage", onStage);
   try {
     const result = await client.request("admit", { featureLevel: "auto", fault: null });
-    const badge = $("engine-badge");
     if (result.admitted) {
       const label = ["GPU", ...result.features.map((f) => (f === "shader-f16" ? "f16" : f))].join(" · ");
-      badge.textContent = result.features.length ? label : "GPU · f32";
-      badge.className = "badge ok";
+      engine.gpuLabel = result.features.length ? label : "GPU · f32";
       $("admission-state").textContent = `Admitted at tier ${result.tier} in ${result.seconds.toFixed(1)} s: ${result.self_test_cases} kernel self-tests agree with the CPU oracle.`;
     } else {
-      badge.textContent = "CPU";
-      badge.className = "badge bad";
       $("admission-state").textContent = `The GPU was not admitted (${result.code} at ${result.stage}): ${result.sentence}`;
     }
+    Object.assign(engine, result.engine);
+    showEngine();
     $("receipt").textContent = result.receipt_text;
     return result;
   } catch (error) {
@@ -103,9 +102,136 @@ async function admitModel(client) {
   }
 }
 
+// The engine as the worker reports it: every state change (py/webslm/engine/states.py) is an
+// engine-state event, so the badge follows a GPU lost in the middle of an answer at once.
+const GPU_STATES = new Set(["Probing", "Preparing", "GPUReady", "Generating"]);
+const CPU_STATES = new Set(["CPUReady", "CPUGenerating", "CPURebuild", "Lost", "VisibleFailure"]);
+const engine = { state: "Empty", backend: null, cpu_reason: null, gpuLabel: "GPU", events: [] };
+
+function onEngineState({ detail }) {
+  const { protocol, id, type, event: name, ...change } = detail;
+  engine.events.push({ ...change, at_ms: Math.round(performance.now()) });
+  if (engine.events.length > 500) engine.events.splice(0, engine.events.length - 500);
+  engine.state = change.to;
+  if (GPU_STATES.has(change.to)) engine.backend = "gpu";
+  else if (CPU_STATES.has(change.to)) engine.backend = "cpu";
+  else if (change.to === "Empty") engine.backend = null;
+  engine.cpu_reason = change.cpu_reason ?? null;
+  showEngine();
+}
+
+function describeReason(why) {
+  if (!why) return "";
+  if (why.reason === "GPU lost") return `The GPU was lost (${why.code}): ${why.sentence}. Answers continue on the CPU path.`;
+  const where = why.stage ? ` at ${why.stage}` : "";
+  return `On the CPU path: ${why.reason} (${why.code}${where}).`;
+}
+
+function showEngine() {
+  const badge = $("engine-badge");
+  if (engine.backend === "gpu" && engine.state !== "Lost") {
+    badge.textContent = engine.gpuLabel;
+    badge.className = "badge ok";
+    badge.title = `engine: ${engine.state}`;
+    $("engine-note").textContent = "";
+  } else if (engine.backend === "cpu") {
+    badge.textContent = "CPU";
+    badge.className = "badge bad";
+    badge.title = `engine: ${engine.state}${engine.cpu_reason ? ` · ${engine.cpu_reason.code}` : ""}`;
+    $("engine-note").textContent = describeReason(engine.cpu_reason);
+  }
+  const idle = ["GPUReady", "CPUReady"].includes(engine.state);
+  $("send").disabled = $("prompt").disabled = !idle || asking !== null;
+}
+
+// One question, one answer: the text streams in as the worker commits it; under it, the
+// answer's tokens/s, time to first token and the engine(s) that produced it.
+let asking = null;
+const rate = (x) => (x >= 1 || x === 0 ? x.toFixed(1) : x.toPrecision(2));   // 0.047, not 0.0
+const backendName = (b) => (b === "gpu" ? "GPU" : b === "cpu" ? "CPU" : "?");
+
+async function ask(client, prompt, settings = {}) {
+  if (asking) throw new Error("an answer is already being generated");
+  const item = document.createElement("li");
+  const question = Object.assign(document.createElement("p"), { className: "question", textContent: prompt });
+  const answer = Object.assign(document.createElement("p"), { className: "answer" });
+  const meta = Object.assign(document.createElement("p"), { className: "answer-meta", textContent: "…" });
+  item.append(question, answer, meta);
+  $("answers").append(item);
+  const sent = performance.now();
+  let first = null;
+  const seen = [];
+  const { id, result } = client.start("generate", { messages: [{ role: "user", content: prompt }], settings });
+  asking = { id, item };
+  const onDelta = ({ detail }) => {
+    if (detail.request !== id) return;
+    if (first === null) first = performance.now() - sent;
+    answer.textContent += detail.text;
+    if (seen.at(-1) !== detail.backend) seen.push(detail.backend);
+    meta.textContent = `${seen.map(backendName).join(" → ")} · generating…`;
+  };
+  client.addEventListener("delta", onDelta);
+  $("stop").disabled = false;
+  showEngine();
+  try {
+    const reply = await result;
+    const ttft = first === null ? null : first / 1000;
+    const timings = { ...reply.timings, page_time_to_first_token_s: ttft, page_total_s: (performance.now() - sent) / 1000 };
+    const done = { ...reply, timings, request: id, shown_text: answer.textContent };
+    const parts = [
+      `${reply.usage?.completion_tokens ?? 0} tokens`,
+      `${rate(reply.timings?.decode_tokens_per_s ?? 0)} tokens/s`,
+      ttft === null ? "no text" : `first token ${ttft.toFixed(2)} s`,
+      (reply.backends ?? [reply.backend]).map(backendName).join(" → "),
+    ];
+    if (reply.finish_reason === "abort") parts.push("stopped");
+    if (reply.finish_reason === "length") parts.push("length limit");
+    meta.textContent = parts.join(" · ");
+    meta.dataset.tokensPerS = reply.timings?.decode_tokens_per_s ?? "";
+    meta.dataset.ttftS = ttft ?? "";
+    window.webslm.lastAnswer = done;
+    return done;
+  } catch (error) {
+    meta.textContent = `The answer failed: ${error.message}`;
+    window.webslm.lastAnswer = { error: error.message, code: error.code, request: id };
+    throw error;
+  } finally {
+    client.removeEventListener("delta", onDelta);
+    asking = null;
+    $("stop").disabled = true;
+    showEngine();
+  }
+}
+
+function wireChat(client) {
+  const form = $("ask-form");
+  const prompt = $("prompt");
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const text = prompt.value.trim();
+    if (!text || asking) return;
+    prompt.value = "";
+    ask(client, text).catch(() => {});
+  });
+  prompt.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && !e.shiftKey) {
+      e.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  $("stop").addEventListener("click", () => client.request("abort").catch(() => {}));
+}
+
 async function main() {
   const client = new WorkerClient(new URL("./worker/worker.mjs", import.meta.url));
-  window.webslm = { client, status: null, gpu: null, model: null, admission: null };
+  window.webslm = {
+    client, status: null, gpu: null, model: null, admission: null,
+    engine,                 // {state, backend, cpu_reason, events}: kept current from engine-state events
+    lastAnswer: null,       // the last answer: text, finish_reason, usage, timings (worker and page), backends
+    ask: (prompt, settings) => ask(client, prompt, settings),
+  };
+  client.addEventListener("engine-state", onEngineState);
+  wireChat(client);
   client.addEventListener("booting", (e) => { $("engine-state").textContent = `Loading ${e.detail.stage}…`; });
   try {
     await client.ready;

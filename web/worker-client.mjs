@@ -42,11 +42,18 @@ export class WorkerClient extends EventTarget {
   }
 
   request(type, fields = {}) {
+    return this.start(type, fields).result;
+  }
+
+  // Like request(), but the id is known before the reply: events that name their request
+  // (delta) can be matched to it. Returns { id, result: Promise }.
+  start(type, fields = {}) {
     const id = this.nextId++;
-    return new Promise((resolve, reject) => {
+    const result = new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
       this.worker.postMessage({ protocol: PROTOCOL, id, type, ...fields });
     });
+    return { id, result };
   }
 
   // Post anything at all (tests send malformed messages this way) and return the raw reply.

@@ -5,6 +5,11 @@
 // Error   (worker -> page):   { protocol: "webslm/1", id: <id or null>, type: "error", error: { code, message } }
 // Event   (worker -> page):   { protocol: "webslm/1", id: null, type: "event", event: <name>, ...data }
 //
+// Events: booting, ready, boot-failed, load-progress, admission-stage; delta {request, text,
+// token_id, backend} per committed piece of an answer; engine-state {from, to, reason,
+// cpu_reason, ...details (stage, code, sentence, epoch, position)} for every transition of the
+// engine's state machine (py/webslm/engine/states.py); engine-released {backend, reason}.
+//
 // Messages from the page are untrusted: validate() checks every field and rejects unknown
 // ones, so the worker acts only on messages it fully understands. A rejected message gets
 // an "error" reply and the worker keeps serving.
@@ -52,7 +57,15 @@ export const REQUESTS = Object.freeze({
     messages: (v) => (Array.isArray(v) && v.length >= 1 && v.length <= 256) || "must be a list of 1 to 256 messages",
     settings: (v) => (v !== null && typeof v === "object" && !Array.isArray(v)) || "must be an object",
   },
+  // cancels the answer in progress: no delta of it follows the reply
   abort: {},
+  // test hook: destroy the admitted GPU device once the answer in progress (or the next one)
+  // has committed afterTokens tokens (0: before its first step); the engine continues it on the CPU
+  "lose-device": { afterTokens: (v) => (Number.isInteger(v) && v >= 0 && v <= 100_000) || "must be an integer in [0, 100000]" },
+  // teacher-forced conformance of the GPU executor with the CPU oracle over `tokens` positions
+  conformance: { tokens: (v) => (Number.isInteger(v) && v >= 1 && v <= 256) || "must be an integer in [1, 256]" },
+  // the engine's state, backend ("gpu" | "cpu" | null) and, on the CPU, the reason
+  "engine-status": {},
   "tokenizer-check": { chars: (v) => (Number.isInteger(v) && v >= 1 && v <= 4_000_000) || "must be an integer in [1, 4000000]" },
   // url: the artifact's address relative to the site root; only this site's origin is fetched
   "load-model": {

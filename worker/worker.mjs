@@ -76,20 +76,50 @@ const HANDLERS = {
     if (withModel && !model?.model) throw new RequestFailure(ERROR_CODES.failed, "kernel-golden: no model is loaded");
     return JSON.parse(await api.kernel_golden(featureLevel, size, withModel ? model : null));
   },
-  admit: async ({ featureLevel, fault }, { api, model }) => {
+  // Admission, then the engine for the loaded model (webslm.worker_api.admit): queued behind
+  // an answer in progress, which finishes on the engine it started on.
+  admit: ({ featureLevel, fault }, context) => enqueue(context, async () => {
+    const { api, model } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
     const onStage = (stage) => postMessage(event("admission-stage", { stage }));
-    return JSON.parse(await api.admit(model, featureLevel, fault, navigator.userAgent, onStage));
-  },
+    return JSON.parse(await pythonCall("admit", () => api.admit(model, featureLevel, fault, navigator.userAgent, onStage)));
+  }),
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
-  generate: generateOnCpu,
+  generate,
+  // Cancel the answer in progress (engine.cancel(): nothing commits once this replies), or
+  // the one waiting behind an admission.
   abort: async (_, context) => {
-    const running = Boolean(context.generation);
-    if (running) context.generation.aborted = true;
-    return { aborted: running };
+    const generation = context.generation;
+    if (!generation) return { aborted: false };
+    if (!generation.started) {
+      generation.aborted = true;
+      return { aborted: true };
+    }
+    return { aborted: Boolean(context.model?.cancel()) };
   },
+  // Test hook: destroy the admitted GPU device once the answer in progress (or the next one)
+  // has committed afterTokens tokens; the engine continues that answer on the CPU path.
+  "lose-device": async ({ afterTokens }, context) => {
+    if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "lose-device: no model is loaded");
+    return JSON.parse(await pythonCall("lose-device", () => context.model.lose_device(afterTokens)));
+  },
+  // Teacher-forced agreement of the GPU executor with the CPU oracle (engine/conformance.py)
+  // and the executor's per-step host time; needs the engine idle on the GPU.
+  conformance: ({ tokens }, context) => enqueue(context, async () => {
+    if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "conformance: no model is loaded");
+    if (context.generation) throw new RequestFailure(ERROR_CODES.failed, "conformance: an answer is being generated");
+    context.generation = { started: true, aborted: false, conformance: true };
+    try {
+      return JSON.parse(await pythonCall("conformance", () => context.model.conformance(tokens)));
+    } finally {
+      context.generation = null;
+    }
+  }),
+  "engine-status": async (_, context) => (context.model?.model
+    ? JSON.parse(context.model.engine_status())
+    : { state: "Empty", backend: null, cpu_reason: null }),
   "tokenizer-check": async ({ chars }, context) => {
     if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "tokenizer-check: no model is loaded");
     return JSON.parse(context.model.tokenizer_check(chars));
@@ -104,6 +134,32 @@ class RequestFailure extends Error {
   }
 }
 
+// Python errors as replies: a bad request (RequestError) is "bad-field", a request the worker
+// cannot serve now (WorkerRequestFailed) or any other exception is "failed"; the message is
+// the exception's last line, not the traceback.
+async function pythonCall(what, call) {
+  try {
+    return await call();
+  } catch (error) {
+    if (error instanceof RequestFailure || error?.type === undefined) throw error;
+    const code = error.type === "RequestError" ? ERROR_CODES.badField : ERROR_CODES.failed;
+    throw new RequestFailure(code, `${what}: ${lastLine(error.message)}`);
+  }
+}
+
+// Requests that use or replace the engine (admit, generate, conformance, a model switch's
+// release) run one after another, in arrival order; abort, lose-device and status do not wait.
+function enqueue(context, task) {
+  const run = (context.queue ?? Promise.resolve()).then(task);
+  context.queue = run.catch(() => {});
+  return run;
+}
+
+const engineEvent = (json) => {
+  const { event: kind, ...data } = JSON.parse(json);
+  postMessage(event(kind === "state" ? "engine-state" : `engine-${kind}`, data));
+};
+
 // Stream the artifact into the Python validator chunk by chunk, reporting progress; keep the
 // validated model in the worker (the engine will take it from here).
 async function loadModel({ url }, context) {
@@ -114,7 +170,7 @@ async function loadModel({ url }, context) {
   const started = performance.now();
   const response = await fetchOk(target);
   const total = Number(response.headers.get("content-length")) || null;
-  const loader = context.api.ModelLoader();
+  const loader = context.api.ModelLoader(engineEvent);
   const reject = (artifact) => new RequestFailure(ERROR_CODES.badArtifact, `${artifact.code} at ${artifact.where}: ${artifact.sentence}`, artifact);
   let received = 0;
   let lastReport = 0;
@@ -136,9 +192,14 @@ async function loadModel({ url }, context) {
     }
     const outcome = JSON.parse(loader.finish());
     if (outcome.error) throw reject(outcome.error);
-    context.model?.release();     // the previous model's GPU buffers go now, not at GC
-    context.model?.destroy();
-    context.model = loader;   // the previous model, if any, is released
+    // The previous model's engine is unloaded (its answer, if any, cancelled at once) and its
+    // GPU buffers and device destroyed now, not at GC.
+    const previous = context.model;
+    context.model = loader;
+    if (previous) {
+      previous.cancel();
+      await enqueue(context, () => previous.release()).finally(() => previous.destroy());
+    }
     return { ...outcome.model, url, total_seconds: Math.round(performance.now() - started) / 1000 };
   } catch (error) {
     if (context.model !== loader) loader.destroy();
@@ -146,35 +207,24 @@ async function loadModel({ url }, context) {
   }
 }
 
-// The CPU path: one token per step, a delta event after each, the event loop visited between
-// steps so that an abort (or any other request) is seen. One generation at a time.
-async function generateOnCpu({ messages, settings }, context, requestId) {
-  if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "generate: no model is loaded");
+// One answer through the engine (webslm.worker_api.ModelLoader.generate): a delta event per
+// committed piece of text, the engine's state changes as engine-state events, the result
+// when it ends ("stop", "length" or "abort"). One answer at a time.
+async function generate({ messages, settings }, context, requestId) {
+  if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "generate: no model is loaded");
   if (context.generation) throw new RequestFailure(ERROR_CODES.failed, "generate: an answer is already being generated");
-  let generation;
+  const generation = { started: false, aborted: false };
+  context.generation = generation;
   try {
-    generation = context.model.start_generation(JSON.stringify({ messages, settings }));
-  } catch (error) {
-    if (error.type === "RequestError") throw new RequestFailure(ERROR_CODES.badField, `generate: ${lastLine(error.message)}`);
-    throw error;
-  }
-  const state = { aborted: false };
-  context.generation = state;
-  try {
-    let text = "";
-    for (;;) {
-      if (state.aborted) return { text, finish_reason: "abort" };
-      const step = JSON.parse(generation.step());
-      if (step.text) {
-        text += step.text;
-        postMessage(event("delta", { request: requestId, text: step.text }));
-      }
-      if (step.finish_reason) return { text, finish_reason: step.finish_reason, usage: step.usage, timings: step.timings, backend: "cpu" };
-      await new Promise((resolve) => setTimeout(resolve, 0));
-    }
+    return await enqueue(context, async () => {
+      generation.started = true;
+      if (generation.aborted) return { text: "", finish_reason: "abort", backend: null };
+      const model = context.model;
+      const onDelta = (json) => postMessage(event("delta", { request: requestId, ...JSON.parse(json) }));
+      return JSON.parse(await pythonCall("generate", () => model.generate(JSON.stringify({ messages, settings }), onDelta)));
+    });
   } finally {
-    generation.destroy();
-    context.generation = null;
+    if (context.generation === generation) context.generation = null;
   }
 }
 

@@ -71,12 +71,15 @@ def requirements(manifest) -> Requirements:
 
 def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "core") -> dict[str, int]:
     """Exactly the limits to request: those where the plan needs more than WebGPU's default
-    (a request below the default would be raised to it anyway), and the kernels' wishes the
-    adapter allows."""
+    (a request below the default would be raised to it anyway), the offset alignments where
+    the plan packs tighter than the default (a "min" limit is better when smaller; unrequested,
+    the device keeps the default 256 and rejects the plan's offsets: Firefox's adapter offers
+    less), and the kernels' wishes the adapter allows."""
     from ..plan import SPEC_DEFAULT_LIMITS
     defaults = SPEC_DEFAULT_LIMITS["compatibility" if feature_level == "compatibility" else "core"]
     wanted = {name: value for name, value in plan.required_limits.items()
-              if name.startswith("max") and value > defaults.get(name, 0)}
+              if (name.startswith("max") and value > defaults.get(name, 0))
+              or (name.startswith("min") and value < defaults.get(name, value))}
     for name, value in KERNEL_LIMITS.items():
         wanted[name] = max(min(value, adapter_limits.get(name, value)), wanted.get(name, 0))
     return wanted

@@ -122,14 +122,18 @@ class Engine:
     """`Engine(model, gpu=None, policy=None, on_event=None)`; `await load()`; then
     `async for delta in engine.generate(prompt, settings)`. gpu is a webslm.webgpu Gpu
     (None: CPU only); policy an AdmissionPolicy. build_gpu_backend replaces admission and
-    the executor (tests): async (gpu, model, policy, on_stage) -> (backend, receipt)."""
+    the executor (tests, or a worker that admitted already): async (gpu, model, policy,
+    on_stage) -> (backend, receipt). cpu_backend, if given, is called (once, when the CPU path
+    is first needed) for the webslm.cpu.CpuBackend to wrap, so that a caller that already
+    dequantized the weights (the worker) does not hold them twice."""
 
     def __init__(self, model, gpu=None, policy=None, on_event: Callable[[dict], None] | None = None,
-                 *, build_gpu_backend=None):
+                 *, build_gpu_backend=None, cpu_backend: Callable[[], object] | None = None):
         self.model, self.gpu, self.policy = model, gpu, policy
         self._on_event = on_event
         self._machine = StateMachine(self._event)
         self._build_gpu_backend = build_gpu_backend or admit_and_build
+        self._cpu_backend = cpu_backend
         self.ledger = Ledger()               # one per engine: epochs keep rising across answers
         self.cpu_reason: dict | None = None  # why the engine is on the CPU path
         self.receipt: dict | None = None     # the admission receipt (admitted or failed)
@@ -208,7 +212,7 @@ class Engine:
         """The CPU path, built on first use and kept: while the GPU serves, no second copy of
         the weights is held; after a loss it is built once and stays."""
         if self._cpu_path is None:
-            self._cpu_path = CpuPath(self.model)
+            self._cpu_path = CpuPath(self.model, self._cpu_backend() if self._cpu_backend else None)
         return self._cpu_path
 
     def _release_gpu(self, why: str) -> None:

@@ -1,0 +1,304 @@
+"""The engine in every browser row, through the page.
+
+GPU rows (Chromium/SwiftShader tier C, Chromium compatibility mode tier A, Firefox tier B):
+the worker's engine runs on the admitted GPU session; the GPU executor agrees with the CPU
+oracle (conformance, teacher-forced); an answer streams with its tokens/s and time to first
+token; a cancel stops it at once and the next answer works; a GPU device destroyed in the
+middle of a greedy answer (at a seeded random token) hands the answer to the CPU path, which
+finishes it with exactly the CPU-only text, and the page's badge turns to CPU in place.
+WebKitGTK (no WebGPU): the engine is the CPU path, with its reason, and the chat answers.
+
+Measured numbers (GPU and CPU tokens/s, time to first token, the GPU executor's per-step
+prepare/run/finish ms, conformance max logit error) are printed (-s) and written to
+tests_browser/results/<row>.json under "engine".
+
+Software GPUs are slow here, so every answer is short: a SmolLM2 decode step takes about
+1.1-1.5 s on lavapipe (Firefox, Chromium compatibility) and about 20 s on SwiftShader
+(Chromium, tier A or C alike), the 37-token chat prompt's prefill 17-28 s. The Chromium
+row's engine tests take about 10 minutes, the conformance run most of it.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PROMPT = "What is the capital of France?"
+GREEDY = {"temperature": 0, "max_tokens": 16}
+LONG_PROMPT = "Write a long story about a dragon who learns to cook."
+CANCEL_SETTINGS = {"temperature": 0, "max_tokens": 40}
+CONFORMANCE_TOKENS = 8          # SwiftShader (Chromium tier C) takes ~20 s a full-logits step
+LOSS_SEED = 20240611
+EXPECTED_TIER = {"chromium": "C", "chromium-compat": "A", "firefox": "B"}
+ANSWER_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def cpu_reference() -> dict:
+    """The greedy CPU-only answer to PROMPT, computed here in CPython (the sampler and the CPU
+    engine are bit-identical to the worker's, tests_browser/test_app.py checks the sampler)."""
+    import webslm
+    from webslm.cpu import CpuBackend
+    from webslm.generate import generate, prompt_ids
+    from webslm.semantic.ledger import Ledger
+    entry = next(m for m in json.loads((ROOT / ".assets/site/manifest.json").read_text())["models"] if m["default"])
+    model = webslm.open_model(ROOT / ".assets/site" / entry["file"])
+    ledger = Ledger()
+    settings = webslm.SamplerSettings(temperature=0, max_tokens=GREEDY["max_tokens"])
+    text = "".join(d.text for d in generate(model, CpuBackend(model), prompt_ids(model, PROMPT, chat=True),
+                                            settings, ledger=ledger))
+    return {"text": text, "token_ids": list(ledger.committed_ids)}
+
+
+def _record(booted, key: str, value) -> None:
+    engine = booted.results.setdefault("engine", {})
+    engine[key] = value
+    booted.record()
+
+
+def _admitted(booted) -> dict:
+    result = booted.wait_for("window.webslm.admission", timeout_s=900)
+    assert "error" not in result, result
+    return result
+
+
+def _gpu_engine(booted) -> dict:
+    """The engine on the GPU: a GPU row's engine may have been left on the CPU by an earlier
+    test (the Chromium admission fault cases, a device loss); then admit again as the page does."""
+    if booted.row.expects_webgpu is not True:
+        pytest.skip(f"{booted.row.name}: no WebGPU here (the CPU engine is tested below)")
+    _admitted(booted)
+    engine = booted.request("engine-status")
+    if engine["backend"] != "gpu":
+        booted.request("admit", {"featureLevel": "auto", "fault": None}, timeout_s=900)
+        engine = booted.request("engine-status")
+    assert engine["backend"] == "gpu" and engine["state"] == "GPUReady", engine
+    assert engine["tier"] == EXPECTED_TIER[booted.row.name], engine
+    booted.wait_for("window.webslm.engine.state === 'GPUReady'", timeout_s=30)
+    return engine
+
+
+def _ask(booted, prompt: str, settings: dict) -> dict:
+    return booted.row.eval(f"window.webslm.ask({json.dumps(prompt)}, {json.dumps(settings)})",
+                           timeout_s=ANSWER_TIMEOUT_S)
+
+
+def _events_since(booted, count: int) -> list[dict]:
+    return booted.row.eval(f"window.webslm.engine.events.slice({count})")
+
+
+def _in_order(transitions: list[tuple[str, str]], expected: list[tuple[str, str]]) -> bool:
+    """Whether `expected` occurs in `transitions` as a subsequence (in order)."""
+    it = iter(transitions)
+    return all(any(t == e for t in it) for e in expected)
+
+
+def _answer_numbers(answer: dict) -> dict:
+    t = answer["timings"]
+    return {"backends": answer["backends"], "completion_tokens": answer["usage"]["completion_tokens"],
+            "prompt_tokens": answer["usage"]["prompt_tokens"],
+            "decode_tokens_per_s": t["decode_tokens_per_s"], "prefill_seconds": t["prefill_seconds"],
+            "time_to_first_token_s": t["time_to_first_token_s"],
+            "page_time_to_first_token_s": round(t["page_time_to_first_token_s"], 3),
+            "gpu_steps": t.get("gpu_steps")}
+
+
+# --------------------------------------------------------------------------- every row
+
+def test_the_engine_follows_admission(booted):
+    """After the page's admission the engine is on the GPU (GPU rows) or the CPU path with
+    the entry point's reason (WebKitGTK), and the page shows the same."""
+    admission = _admitted(booted)
+    if booted.row.expects_webgpu is not True:
+        engine = booted.request("engine-status")
+        assert engine["backend"] == "cpu" and engine["state"] == "CPUReady", engine
+        assert engine["cpu_reason"]["code"] == "no-webgpu", engine
+        assert admission["engine"]["backend"] == "cpu"
+        page = booted.row.eval("window.webslm.engine")
+        assert page["state"] == "CPUReady" and page["backend"] == "cpu", page
+        assert booted.row.eval("document.getElementById('engine-badge').textContent") == "CPU"
+        assert "no-webgpu" in booted.row.eval("document.getElementById('engine-note').textContent")
+        return
+    engine = _gpu_engine(booted)
+    print(f"\n{booted.row.name}: engine {engine}")
+    page = booted.row.eval("window.webslm.engine")
+    assert page["backend"] == "gpu", page
+    transitions = [(e["from"], e["to"]) for e in page["events"]]
+    assert ("Preparing", "GPUReady") in transitions, transitions
+    assert booted.row.eval("document.getElementById('engine-badge').textContent").startswith("GPU")
+
+
+def test_cancel_mid_answer_then_the_next_answer_streams_with_its_timings(booted, cpu_reference):
+    """abort while an answer streams: no delta of it arrives after the abort's reply, the
+    reply says "abort" with exactly the streamed text. The next answer works: the greedy
+    CPU-only text, streamed, with its tokens/s and time to first token shown under it and
+    kept in window.webslm.lastAnswer (on the GPU in GPU rows, on the CPU path in WebKitGTK)."""
+    if booted.row.expects_webgpu is True:
+        _gpu_engine(booted)
+    else:
+        _admitted(booted)
+    backend = booted.request("engine-status")["backend"]
+    before = booted.row.eval("window.webslm.engine.events.length")
+    outcome = booted.row.eval("""(async () => {
+      const w = window.webslm, log = [];
+      const onDelta = (e) => log.push({kind: "delta", text: e.detail.text, backend: e.detail.backend});
+      w.client.addEventListener("delta", onDelta);
+      const answer = w.ask(%s, %s);
+      await new Promise((ok, fail) => {
+        const t = setInterval(() => { if (log.length >= 2) { clearInterval(t); ok(); } }, 10);
+        setTimeout(() => { clearInterval(t); fail(new Error("fewer than 2 deltas")); }, %d);
+      });
+      const ack = await w.client.request("abort");
+      log.push({kind: "ack", aborted: ack.aborted});
+      const result = await answer;
+      log.push({kind: "reply"});
+      await new Promise((r) => setTimeout(r, 2000));          // any straggler would arrive by now
+      w.client.removeEventListener("delta", onDelta);
+      const items = document.querySelectorAll("#answers li");
+      return {log, result, shown: items[items.length - 1].querySelector(".answer").textContent};
+    })()""" % (json.dumps(LONG_PROMPT), json.dumps(CANCEL_SETTINGS), ANSWER_TIMEOUT_S * 1000),
+        timeout_s=ANSWER_TIMEOUT_S + 30)
+    log, result = outcome["log"], outcome["result"]
+    kinds = [entry["kind"] for entry in log]
+    ack = kinds.index("ack")
+    assert log[ack]["aborted"] is True, log
+    assert "delta" not in kinds[ack:], f"text arrived after the abort's reply: {log}"
+    assert result["finish_reason"] == "abort", result
+    assert result["backends"] == [backend], result
+    streamed = "".join(entry["text"] for entry in log if entry["kind"] == "delta")
+    assert result["text"] == streamed == outcome["shown"]
+    assert result["usage"]["completion_tokens"] < CANCEL_SETTINGS["max_tokens"]
+    transitions = [(e["from"], e["to"]) for e in _events_since(booted, before)]
+    generating = "Generating" if backend == "gpu" else "CPUGenerating"
+    ready = "GPUReady" if backend == "gpu" else "CPUReady"
+    assert _in_order(transitions, [(ready, generating), (generating, "CancelPending"), ("CancelPending", ready)]), transitions
+    _record(booted, "cancel", {"aborted_after_tokens": result["usage"]["completion_tokens"], "backend": backend})
+    print(f"\n{booted.row.name}: cancelled after {result['usage']['completion_tokens']} tokens ({backend})")
+
+    # the next answer
+    answer = _ask(booted, PROMPT, GREEDY)
+    assert answer["backends"] == [backend], answer
+    assert answer["finish_reason"] == "stop", answer
+    assert answer["text"] == cpu_reference["text"] and "Paris" in answer["text"], (answer["text"], cpu_reference)
+    assert answer["token_ids"] == cpu_reference["token_ids"]
+    assert answer["shown_text"] == answer["text"]
+    meta = booted.row.eval("[...document.querySelectorAll('#answers .answer-meta')].pop().textContent")
+    assert "tokens/s" in meta and "first token" in meta and backend.upper() in meta, meta
+    last = booted.row.eval("window.webslm.lastAnswer")
+    assert last["timings"]["decode_tokens_per_s"] == answer["timings"]["decode_tokens_per_s"] > 0
+    assert last["timings"]["page_time_to_first_token_s"] > 0
+    if backend == "gpu":   # one decode step per committed token (the last one chose EOS)
+        assert answer["timings"]["gpu_steps"]["decode_steps"] == answer["usage"]["completion_tokens"]
+    numbers = _answer_numbers(answer)
+    _record(booted, f"{backend}_answer", numbers)
+    print(f"{booted.row.name}: {backend.upper()} answer {answer['text']!r} {json.dumps(numbers)} | page: {meta}")
+
+
+# --------------------------------------------------------------------------- GPU rows
+
+def test_gpu_conformance_with_the_cpu_oracle(booted):
+    """SmolLM2, 16 teacher-forced positions: top-1 agreement everywhere except where the
+    oracle's top-2 margin is under the tolerance; max logit error and per-step host time."""
+    _gpu_engine(booted)
+    report = booted.request("conformance", {"tokens": CONFORMANCE_TOKENS}, timeout_s=ANSWER_TIMEOUT_S)
+    steps = report["gpu_steps"]
+    summary = {"tier": report["tier"], "positions": report["positions"], "top1_agreement": report["top1_agreement"],
+               "disagreements": report["disagreements"], "max_abs_logit_error": report["max_abs_logit_error"],
+               "margin_tolerance": report["margin_tolerance"], "passed": report["passed"],
+               "min_margin": min(p["margin"] for p in report["per_position"]),
+               "seconds": report["seconds"], "per_step_ms_full_logits": steps}
+    _record(booted, "conformance", summary)
+    print(f"\n{booted.row.name}: conformance {json.dumps(summary)}")
+    assert report["positions"] == CONFORMANCE_TOKENS
+    assert report["prompt"] == PROMPT
+    assert all(d["margin"] < report["margin_tolerance"] for d in report["disagreements"]), report["disagreements"]
+    assert report["passed"], report
+    assert report["max_abs_logit_error"] < 1.0, report["max_abs_logit_error"]
+    assert steps["decode_steps"] == CONFORMANCE_TOKENS - 1
+    assert all(steps[k] is not None and steps[k] >= 0 for k in ("prepare_ms", "run_ms", "finish_ms")), steps
+    assert booted.request("engine-status")["state"] == "GPUReady"
+
+
+def test_device_loss_mid_answer_continues_on_the_cpu(booted, cpu_reference):
+    """lose-device destroys the admitted GPU device after a seeded random number of committed
+    tokens: the engine goes Lost -> CPURebuild -> CPUGenerating, the same answer continues
+    (no restart) to exactly the CPU-only text, and the badge shows CPU with the reason."""
+    _gpu_engine(booted)
+    n = len(cpu_reference["token_ids"])
+    after = random.Random(f"{LOSS_SEED}:{booted.row.name}").randint(1, n - 2)
+    before_events = booted.row.eval("window.webslm.engine.events.length")
+    before_answers = booted.row.eval("document.querySelectorAll('#answers li').length")
+    armed = booted.request("lose-device", {"afterTokens": after})
+    assert armed == {"armed": True, "after_tokens": after, "state": "GPUReady"}, armed
+    outcome = booted.row.eval("""(async () => {
+      const w = window.webslm, deltas = [], badges = [];
+      const badge = () => document.getElementById("engine-badge").textContent;
+      const onDelta = (e) => deltas.push({text: e.detail.text, backend: e.detail.backend, badge: badge()});
+      w.client.addEventListener("delta", onDelta);
+      try {
+        const answer = await w.ask(%s, %s);
+        return {answer, deltas};
+      } finally {
+        w.client.removeEventListener("delta", onDelta);
+      }
+    })()""" % (json.dumps(PROMPT), json.dumps(GREEDY)), timeout_s=ANSWER_TIMEOUT_S)
+    answer, deltas = outcome["answer"], outcome["deltas"]
+    print(f"\n{booted.row.name}: device destroyed after {after} tokens (seed {LOSS_SEED}): "
+          f"{answer['text']!r} {[d['backend'] for d in deltas]}")
+    assert answer["device_destroyed_after"] == after, answer
+    assert answer["backends"] == ["gpu", "cpu"], answer
+    assert answer["finish_reason"] == "stop"
+    assert answer["text"] == cpu_reference["text"] and "Paris" in answer["text"], (answer["text"], cpu_reference)
+    assert answer["token_ids"] == cpu_reference["token_ids"]
+    assert [d["backend"] for d in deltas] == ["gpu"] * after + ["cpu"] * (len(deltas) - after)
+    assert "".join(d["text"] for d in deltas) == answer["text"] == answer["shown_text"]
+    # the transition, in order, and the page followed it in place: one answer, badge now CPU
+    transitions = [(e["from"], e["to"]) for e in _events_since(booted, before_events)]
+    assert _in_order(transitions, [("GPUReady", "Generating"), ("Generating", "Lost"), ("Lost", "CPURebuild"),
+                                   ("CPURebuild", "CPUGenerating"), ("CPUGenerating", "CPUReady")]), transitions
+    assert booted.row.eval("document.querySelectorAll('#answers li').length") == before_answers + 1
+    assert deltas[0]["badge"].startswith("GPU") and deltas[-1]["badge"] == "CPU", deltas
+    assert booted.row.eval("document.getElementById('engine-badge').textContent") == "CPU"
+    assert "lost" in booted.row.eval("document.getElementById('engine-note').textContent")
+    engine = booted.request("engine-status")
+    assert engine["backend"] == "cpu" and engine["cpu_reason"]["reason"] == "GPU lost", engine
+    lost = next(e for e in _events_since(booted, before_events) if e["to"] == "Lost")
+    assert lost["code"] in ("device-lost", "readback-failed"), lost
+    # the CPU-only answer in this browser (the engine stays on the CPU after a loss)
+    cpu = _ask(booted, PROMPT, GREEDY)
+    assert cpu["backends"] == ["cpu"] and cpu["text"] == answer["text"], cpu
+    _record(booted, "device_loss", {"seed": LOSS_SEED, "after_tokens": after, "lost_code": lost["code"],
+                                    "answer": _answer_numbers(answer)})
+    _record(booted, "cpu_answer", _answer_numbers(cpu))
+    print(f"{booted.row.name}: CPU answer after the loss {json.dumps(_answer_numbers(cpu))}")
+
+
+# --------------------------------------------------------------------------- model switch
+
+def test_model_switch_unloads_the_engine(booted):
+    """Loading a model (here the same one again) unloads the engine first: on the GPU its
+    executor is released (every buffer and the device destroyed), the state ends Empty; the
+    page admits anew, as after its own load."""
+    if booted.row.expects_webgpu is True:
+        _gpu_engine(booted)
+    else:
+        _admitted(booted)
+    engine = booted.request("engine-status")
+    entry = next(m for m in json.loads((ROOT / ".assets/site/manifest.json").read_text())["models"] if m["default"])
+    booted.row.eval("(() => { window.__released = []; window.webslm.client.addEventListener('engine-released', (e) => window.__released.push(e.detail)); return true; })()")
+    before = booted.row.eval("window.webslm.engine.events.length")
+    model = booted.request("load-model", {"url": f"assets/{entry['file']}"}, timeout_s=600)
+    assert model["artifact_sha256"] == entry["artifact_sha256"]
+    transitions = [(e["from"], e["to"]) for e in _events_since(booted, before)]
+    ready = "GPUReady" if engine["backend"] == "gpu" else "CPUReady"
+    assert transitions == [(ready, "Destroying"), ("Destroying", "Empty")], transitions
+    released = booted.row.eval("window.__released")
+    assert [(r["backend"], r["reason"]) for r in released] == ([("gpu", "unload")] if engine["backend"] == "gpu" else [])
+    assert booted.request("engine-status")["state"] == "Empty"
+    # admit again, as the page does after loading a model
+    result = booted.request("admit", {"featureLevel": "auto", "fault": None}, timeout_s=900)
+    assert result["engine"]["backend"] == engine["backend"], result["engine"]
+    booted.wait_for(f"window.webslm.engine.state === {json.dumps(ready)}", timeout_s=30)
