@@ -7,6 +7,10 @@ The page loads the default model; the worker builds the CPU backend (weights deq
 once; that first request is "cold") and answers a fixed greedy ChatML prompt; the second,
 identical request is "warm". Timings are measured inside the worker (webslm.generate).
 Compare with bench/cpu.py (CPython and llama.cpp on the same model).
+
+Since the worker generates through webslm.Engine, a row whose GPU admits the model answers on
+the GPU executor, not the CPU path; the rows' reply says which ("backends"). The figures in
+docs/RESULTS.md's CPU section predate that change.
 """
 from __future__ import annotations
 
