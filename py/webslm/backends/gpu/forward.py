@@ -40,11 +40,10 @@ them into recorded dispatch lists once and afterwards only refreshes params.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ...kernels import attention, embed, gemm, logits, matvec, norm, rope_kv, swiglu
+from ...kernels.kv_cache import DispatchPlan
 from ...kernels.registry import KERNELS, compile_kernel
 from ...webgpu.interface import BufferBinding, Dispatch
 from .regions import ParamsTable, Regions, matrix, stacked, vector
@@ -55,12 +54,8 @@ TENSOR = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
           "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Launch:
-    kernel: str
-    overrides: dict
-    params: np.ndarray
-    grid: tuple[int, int, int]
+# A launch without buffers (kernel, overrides, params, grid): the kernel families' own record.
+Launch = DispatchPlan
 
 
 def _align(n: int, a: int) -> int:
@@ -89,6 +84,7 @@ class Forward:
         self.embedding = embed.model_embedding(model)
         self._compiled = dict(session.kernels)      # admission's pipelines, reused
         self.labels: dict[int, str] = {}            # id(Dispatch) -> what it computes (benchmarks)
+        self._layouts: dict[tuple, logits.LogitsPlan] = {}
         self.matrices = {kind: [matrix(self.regions, self.manifest, f"blk.{i}.{TENSOR[kind]}")
                                 for i in range(a.n_layers)] for kind in MATRICES}
         self.head_pieces = matrix(self.regions, self.manifest, self.head_tensor)
@@ -199,8 +195,7 @@ class Forward:
         for i, piece in enumerate(self.head_pieces):                 # the head always sees one row
             out[f"head#{i}"] = self._matmul("decode", piece.weights, 1, a.hidden, a.vocab)
         for op, k in (("argmax", 1), ("top-k", self.top_k)):
-            choice = self.reduce_choice(op, k)
-            lp = logits.plan(self.device, choice, a.vocab, k)
+            choice, lp = self.reduce_choice(op, k), self.result_layout(op, k)
             out[op] = Launch(choice.partial, choice.overrides, lp.params, lp.partial_grid)
         return out
 
@@ -339,30 +334,27 @@ class Forward:
     async def head(self, schedule: str, row: BufferBinding, op: str, k: int) -> list[Dispatch]:
         """LM head on one row, then the reduction op ("argmax", "top-k" or "full": none)."""
         r, table = self.regions, self.tables[schedule]
-        launches = self.launches_head(schedule)
+        launches = self.launches(schedule, 1, 0)
         out = []
         for i, piece in enumerate(self.head_pieces):
             y = r.bind(f"{schedule}.logits", 4 * piece.row_start)
             out.append(await self.dispatch(launches[f"head#{i}"], table.binding(f"head#{i}"), [*piece.parts, row], [y],
                                            label="lm_head"))
         if op != "full":
-            choice = self.reduce_choice(op, k)
-            lp = logits.plan(self.device, choice, self.arch.vocab, k)
-            slot = f"{op}" if k == (1 if op == "argmax" else self.top_k) else None
-            if slot is None:
-                raise ValueError(f"top-k with k={k}: the recorded reduction has k={self.top_k}")
+            if k != (1 if op == "argmax" else self.top_k):
+                raise ValueError(f"{op} with k={k}: the params slot holds k={self.top_k} (top-k) or 1 (argmax)")
+            choice, lp = self.reduce_choice(op, k), self.result_layout(op, k)
             lg = r.bind(f"{schedule}.logits", 0, 4 * self.arch.vocab)
             partials, result = r.bind(f"{schedule}.logits_partials"), r.bind(f"{schedule}.logits_result")
             out.append(await self.dispatch(Launch(choice.partial, choice.overrides, lp.params, lp.partial_grid),
-                                           table.binding(slot), [lg], [partials], label=f"{op} pass 1"))
+                                           table.binding(op), [lg], [partials], label=f"{op} pass 1"))
             out.append(await self.dispatch(Launch(choice.merge, choice.overrides, lp.params, lp.merge_grid),
-                                           table.binding(slot), [lg, partials], [result], label=f"{op} pass 2"))
+                                           table.binding(op), [lg, partials], [result], label=f"{op} pass 2"))
         return out
 
-    def launches_head(self, schedule: str) -> dict[str, Launch]:
-        a = self.arch
-        return {f"head#{i}": self._matmul("decode", piece.weights, 1, a.hidden, a.vocab)
-                for i, piece in enumerate(self.head_pieces)}
-
     def result_layout(self, op: str, k: int) -> logits.LogitsPlan:
-        return logits.plan(self.device, self.reduce_choice(op, k), self.arch.vocab, k)
+        """The reduction's layout, planned once per (op, k): decode reads it every token."""
+        key = (op, k)
+        if key not in self._layouts:
+            self._layouts[key] = logits.plan(self.device, self.reduce_choice(op, k), self.arch.vocab, k)
+        return self._layouts[key]
