@@ -26,10 +26,22 @@ def model(fixture_slm_path):
 
 
 def test_the_default_model_is_admitted_with_its_tier_and_receipt(native_gpu, model):
-    stages = []
-    session = asyncio.run(admit(native_gpu, model, on_stage=stages.append))
+    stages, progress = [], []
+    session = asyncio.run(admit(native_gpu, model, on_stage=stages.append,
+                                on_progress=lambda *p: progress.append(p)))
     try:
         assert stages == list(STAGES)
+        # progress within the long stages: counts rise to their totals, one stage at a time
+        by_stage = {}
+        for stage, done, total in progress:
+            by_stage.setdefault(stage, []).append((done, total))
+        assert list(by_stage) == ["allocate", "compile", "self-test"]
+        for stage, steps in by_stage.items():
+            assert [d for d, _ in steps] == sorted(d for d, _ in steps), stage
+            assert len({t for _, t in steps}) == 1 and steps[-1][0] == steps[-1][1] > 0, (stage, steps[-3:])
+        weights = sum(t.nbytes for t in model.manifest.tensors.values())
+        assert by_stage["allocate"][-1][1] <= weights
+        assert by_stage["compile"][-1][1] == len(session.pipelines)
         assert session.tier == "C" and session.features == ("shader-f16", "subgroups")   # lavapipe
         assert session.self_test["cases"] > 100
         planned = [b.name for b in session.plan.buffers]

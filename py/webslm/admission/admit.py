@@ -119,16 +119,21 @@ def choose_tier(offered: frozenset[str], policy: AdmissionPolicy) -> tuple[str, 
 
 async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolicy(), *,
                 faults: Faults = Faults(), cancel: Cancel | None = None,
-                user_agent: str = "native", on_stage=None) -> AdmittedGpuSession:
-    """Run the transaction; return the published session or raise AdmissionFailure."""
-    run = _Admission(gpu, model, policy, faults, cancel or Cancel(), user_agent, on_stage)
+                user_agent: str = "native", on_stage=None, on_progress=None) -> AdmittedGpuSession:
+    """Run the transaction; return the published session or raise AdmissionFailure.
+
+    on_stage(stage) is called as each stage begins; on_progress(stage, done, total) within
+    the three long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled)
+    and "self-test" (kernel families checked)."""
+    run = _Admission(gpu, model, policy, faults, cancel or Cancel(), user_agent, on_stage, on_progress)
     return await run.run()
 
 
 class _Admission:
-    def __init__(self, gpu, model, policy, faults, cancel, user_agent, on_stage):
+    def __init__(self, gpu, model, policy, faults, cancel, user_agent, on_stage, on_progress):
         self.gpu, self.model, self.policy, self.faults = gpu, model, policy, faults
         self.cancel, self.user_agent, self.on_stage = cancel, user_agent, on_stage
+        self.on_progress = on_progress or (lambda stage, done, total: None)
         self.stage = "entry-point"
         self.device: TrackedDevice | None = None
         self.adapter = None
@@ -225,17 +230,20 @@ class _Admission:
         await self._enter("compile")
         pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
         key_facts = self._pipeline_key_facts()
+        mandatory = pipeline_set.pipelines(self.model, self.device, required)
         try:
-            for name, overrides in pipeline_set.pipelines(self.model, self.device, required):
+            for done, (name, overrides) in enumerate(mandatory, 1):
                 key = pipeline_key(KERNELS[name], overrides, **key_facts)
                 compiled = await pipeline_set.compile(self.device, name, overrides)
                 pipelines[key.digest()] = kernels[(name, tuple(sorted(overrides.items())))] = compiled
+                self.on_progress("compile", done, len(mandatory))
                 await self._checkpoint()
         except PipelineError as exc:
             self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
 
         await self._enter("self-test")
-        report = await golden.run_all(self.device, self.policy.self_test_size)
+        report = await golden.run_all(self.device, self.policy.self_test_size,
+                                      on_family=lambda done, total: self.on_progress("self-test", done, total))
         if not report["passed"]:
             first = report["failed"][0] if report["failed"] else {}
             self._fail("self-test-failed", f"{len(report['failed'])} of {report['cases']} kernel self-tests "
@@ -335,11 +343,16 @@ class _Admission:
 
     async def _allocate(self) -> None:
         from . import pipelines as pipeline_set
-        for name, size, usage, contents in pipeline_set.planned_buffers(self.plan):
+        buffers = list(pipeline_set.planned_buffers(self.plan))
+        total = sum(region.source["length"] for *_, contents in buffers for region in contents)
+        uploaded = 0
+        for name, size, usage, contents in buffers:
             buffer = self.device.create_buffer(size, usage, name)
             self.buffers[name] = buffer
             for offset, chunk in pipeline_set.contents_chunks(self.model, contents, self.plan.upload_chunk):
                 self.device.write_buffer(buffer, offset, chunk)
+                uploaded = min(total, uploaded + chunk.size)     # the last piece carries padding
+                self.on_progress("allocate", uploaded, total)
             await self._checkpoint()
 
     async def _release(self) -> int:

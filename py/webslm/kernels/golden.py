@@ -136,8 +136,9 @@ def golden(family: str) -> Callable[[GoldenFamily], GoldenFamily]:
 
 
 async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
-                  families: list[str] | None = None) -> dict:
-    """Every registered family (or the named ones) on one device; a JSON-able report."""
+                  families: list[str] | None = None, on_family=None) -> dict:
+    """Every registered family (or the named ones) on one device; a JSON-able report.
+    on_family(done, total) is called after each family."""
     from . import FAMILY_MODULES  # noqa: F401  (importing the package registers every family)
     if size not in ("quick", "full"):
         raise ValueError(f"size must be 'quick' or 'full', not {size!r}")
@@ -145,7 +146,8 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
     if unknown:
         raise ValueError(f"no golden family named {unknown}; known: {sorted(FAMILIES)}")
     report = {"size": size, "seed": seed, "families": {}}
-    for name in families or sorted(FAMILIES):
+    names = families or sorted(FAMILIES)
+    for done, name in enumerate(names, 1):
         started = time.perf_counter()
         context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model)
         results = await FAMILIES[name](context)
@@ -153,6 +155,8 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
             "seconds": round(time.perf_counter() - started, 3),
             "results": [r.as_dict() for r in results],
         }
+        if on_family is not None:
+            on_family(done, len(names))
     every = [r for f in report["families"].values() for r in f["results"]]
     report["cases"] = len(every)
     report["failed"] = [r for r in every if not r["passed"]]
