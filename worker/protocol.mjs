@@ -5,7 +5,8 @@
 // Error   (worker -> page):   { protocol: "webslm/1", id: <id or null>, type: "error", error: { code, message } }
 // Event   (worker -> page):   { protocol: "webslm/1", id: null, type: "event", event: <name>, ...data }
 //
-// Events: booting, ready, boot-failed, load-progress, admission-stage; delta {request, text,
+// Events: booting, ready, boot-failed, load-progress {phase: "download" | "validate", done,
+// total, source}, admission-stage {stage}, admission-progress {stage, done, total}; delta {request, text,
 // token_id, backend} per committed piece of an answer; engine-state {from, to, reason,
 // cpu_reason, ...details (stage, code, sentence, epoch, position)} for every transition of the
 // engine's state machine (py/webslm/engine/states.py); engine-released {backend, reason}.
@@ -23,10 +24,22 @@ export const ERROR_CODES = Object.freeze({
   bootFailed: "boot-failed",     // Pyodide, numpy or webslm could not be loaded
   failed: "failed",              // the request was valid but running it failed
   badArtifact: "bad-artifact",   // the model file failed validation (details carry the artifact error code)
+  fetchFailed: "fetch-failed",   // the model could not be downloaded (network, HTTP status, CORS)
 });
 
 const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see gpu_smoke.choose_adapter
 const isUint32 = (v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
+const isPlainObject = (v) => v !== null && typeof v === "object" && Object.getPrototypeOf(v) === Object.prototype;
+
+// A model source: {url} (http/https, relative to the site) or {file} (a File or Blob the user picked).
+function checkSource(v) {
+  if (!isPlainObject(v) || Object.keys(v).length !== 1) return "must be {url} or {file}";
+  if (Object.hasOwn(v, "url")) {
+    return (typeof v.url === "string" && v.url.length > 0 && v.url.length <= 2048) || "url must be a non-empty string of at most 2048 characters";
+  }
+  if (Object.hasOwn(v, "file")) return (typeof Blob !== "undefined" && v.file instanceof Blob) || "file must be a File or Blob";
+  return "must be {url} or {file}";
+}
 
 // For each request type: its fields and a check for each ([] = no fields).
 export const REQUESTS = Object.freeze({
@@ -67,10 +80,20 @@ export const REQUESTS = Object.freeze({
   // the engine's state, backend ("gpu" | "cpu" | null) and, on the CPU, the reason
   "engine-status": {},
   "tokenizer-check": { chars: (v) => (Number.isInteger(v) && v >= 1 && v <= 4_000_000) || "must be an integer in [1, 4000000]" },
-  // url: the artifact's address relative to the site root; only this site's origin is fetched
+  // Load and validate a model, replacing the current one only once the new one is valid.
+  // source: {url} or {file}; sha256: null or the artifact sha256 the caller expects (the
+  // site manifest's): the cache is looked up by it and a different model is refused; name:
+  // null or a display name; cache: load from and store into Cache Storage (worker/model-cache.mjs)
   "load-model": {
-    url: (v) => (typeof v === "string" && v.length > 0 && v.length <= 2048) || "must be a non-empty string of at most 2048 characters",
+    source: checkSource,
+    sha256: (v) => v === null || (typeof v === "string" && /^[0-9a-f]{64}$/.test(v)) || "must be null or 64 lowercase hex digits",
+    name: (v) => v === null || (typeof v === "string" && v.length <= 200) || "must be null or a string of at most 200 characters",
+    cache: (v) => typeof v === "boolean" || "must be a boolean",
   },
+  // the engine on the CPU path without trying the GPU (the page's gpu: false)
+  "use-cpu": {},
+  // unload the model: its answer cancelled, its engine, GPU buffers and device released
+  unload: {},
 });
 
 const ENVELOPE = ["protocol", "id", "type"];
@@ -85,10 +108,7 @@ export class ProtocolError extends Error {
 
 // Returns { id, type, fields } or throws ProtocolError.
 export function validate(message) {
-  if (message === null || typeof message !== "object" || Array.isArray(message)) {
-    throw new ProtocolError(ERROR_CODES.badMessage, "a message must be a plain object");
-  }
-  if (Object.getPrototypeOf(message) !== Object.prototype) {
+  if (!isPlainObject(message)) {
     throw new ProtocolError(ERROR_CODES.badMessage, "a message must be a plain object");
   }
   // Echo a well-formed id in every error, so the sender can match the reply to its request.

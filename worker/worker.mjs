@@ -6,6 +6,7 @@
 //   ../assets/manifest.json  names the webslm wheel and its sha256, written at set-up
 //   ../assets/wheels/      the webslm wheel (sha256-checked here before it is unpacked)
 import * as bridge from "./bridge.mjs";
+import * as modelCache from "./model-cache.mjs";
 import { ERROR_CODES, ProtocolError, errorReply, event, reply, validate } from "./protocol.mjs";
 
 const ASSETS = new URL("../assets/", import.meta.url);
@@ -82,10 +83,25 @@ const HANDLERS = {
     const { api, model } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
     const onStage = (stage) => postMessage(event("admission-stage", { stage }));
-    return JSON.parse(await pythonCall("admit", () => api.admit(model, featureLevel, fault, navigator.userAgent, onStage)));
+    const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
+    try {
+      return JSON.parse(await pythonCall("admit", () => api.admit(model, featureLevel, fault, navigator.userAgent, onStage, progress)));
+    } finally {
+      progress.flush();
+    }
   }),
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
   "load-model": loadModel,
+  "use-cpu": (_, context) => enqueue(context, async () => {
+    if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "use-cpu: no model is loaded");
+    return JSON.parse(await pythonCall("use-cpu", () => context.api.use_cpu(context.model)));
+  }),
+  unload: async (_, context) => {
+    const model = context.model;
+    context.model = null;
+    if (model) await dropModel(context, model);
+    return { unloaded: Boolean(model) };
+  },
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
   generate,
   // Cancel the answer in progress (engine.cancel(): nothing commits once this replies), or
@@ -160,51 +176,168 @@ const engineEvent = (json) => {
   postMessage(event(kind === "state" ? "engine-state" : `engine-${kind}`, data));
 };
 
-// Stream the artifact into the Python validator chunk by chunk, reporting progress; keep the
-// validated model in the worker (the engine will take it from here).
-async function loadModel({ url }, context) {
-  const target = new URL(url, SITE);
-  if (target.origin !== self.location.origin) {
-    throw new RequestFailure(ERROR_CODES.badField, `load-model: ${target.origin} is not this site's origin`);
-  }
+// Load a model: open its bytes (the cache, the picked file or the network), stream them
+// through the Python validator while they arrive, and only when the whole file is valid make
+// it the worker's model (the previous one is unloaded then, not before: a bad file leaves the
+// model that answered answering). A model from the network or a file is then cached by its
+// sha256; a cached one that fails validation is removed and downloaded again.
+async function loadModel({ source, sha256, name, cache }, context) {
   const started = performance.now();
-  const response = await fetchOk(target);
-  const total = Number(response.headers.get("content-length")) || null;
-  const loader = context.api.ModelLoader(engineEvent);
-  const reject = (artifact) => new RequestFailure(ERROR_CODES.badArtifact, `${artifact.code} at ${artifact.where}: ${artifact.sentence}`, artifact);
-  let received = 0;
-  let lastReport = 0;
+  const url = source.url === undefined ? null : modelUrl(source.url);
+  let opened = await openModel(source, url, sha256, { lookup: cache, keep: cache });
+  let loader, model;
   try {
-    const reader = response.body.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      const rejected = loader.feed(value);
-      if (rejected) {
-        reader.cancel();   // no point downloading the rest of a bad file
-        throw reject(JSON.parse(rejected));
-      }
-      received += value.byteLength;
-      if (performance.now() - lastReport > 100) {
-        lastReport = performance.now();
-        postMessage(event("load-progress", { url, received, total }));
-      }
+    ({ loader, model } = await validateStream(opened, context));
+  } catch (error) {
+    if (opened.from !== "cache" || error.code !== ERROR_CODES.badArtifact) throw error;
+    await modelCache.remove(opened.sha256);           // a damaged cache entry: never again
+    if (!url) throw error;
+    opened = await openModel(source, url, sha256, { lookup: false, keep: cache });
+    ({ loader, model } = await validateStream(opened, context));
+  }
+  try {
+    if (sha256 && model.artifact_sha256 !== sha256) {
+      throw new RequestFailure(ERROR_CODES.badArtifact, `the model's sha256 ${model.artifact_sha256} is not the expected ${sha256}`,
+        { code: "unexpected-model", where: "artifact", sentence: "the file is a valid model, but not the one that was asked for" });
     }
-    const outcome = JSON.parse(loader.finish());
-    if (outcome.error) throw reject(outcome.error);
+    const label = name ?? opened.name ?? model.artifact_sha256.slice(0, 12);
+    let cached = opened.from === "cache";
+    if (cache && !cached) {
+      const blob = opened.from === "file" ? source.file : new Blob(opened.chunks);
+      cached = await modelCache.store({ sha256: model.artifact_sha256, name: label, url: url?.href }, blob);
+    }
+    opened.chunks = null;
     // The previous model's engine is unloaded (its answer, if any, cancelled at once) and its
     // GPU buffers and device destroyed now, not at GC.
     const previous = context.model;
     context.model = loader;
-    if (previous) {
-      previous.cancel();
-      await enqueue(context, () => previous.release()).finally(() => previous.destroy());
-    }
-    return { ...outcome.model, url, total_seconds: Math.round(performance.now() - started) / 1000 };
+    if (previous) await dropModel(context, previous);
+    return { ...model, name: label, source: opened.from, cached, url: url?.href ?? null,
+             total_seconds: Math.round(performance.now() - started) / 1000 };
   } catch (error) {
     if (context.model !== loader) loader.destroy();
     throw error;
   }
+}
+
+// http(s) only, relative to the site. Another origin is the user's explicit choice (the URL
+// box, ?model=): it is fetched under CORS and validated like any other file.
+function modelUrl(text) {
+  let target;
+  try {
+    target = new URL(text, SITE);
+  } catch {
+    throw new RequestFailure(ERROR_CODES.badField, `load-model: ${JSON.stringify(text.slice(0, 80))} is not a URL`);
+  }
+  if (target.protocol !== "https:" && target.protocol !== "http:") {
+    throw new RequestFailure(ERROR_CODES.badField, `load-model: only http and https URLs can be loaded, not ${target.protocol}`);
+  }
+  return target;
+}
+
+// {from: "cache" | "file" | "network", body (a ReadableStream), total, name, sha256, chunks}.
+// lookup: try the cache first; keep: keep the downloaded chunks, to cache them once valid.
+async function openModel(source, url, sha256, { lookup, keep }) {
+  if (source.file) {
+    return { from: "file", body: source.file.stream(), total: source.file.size, name: source.file.name || null };
+  }
+  const fileName = decodeURIComponent(url.pathname.split("/").pop() || "") || null;
+  if (lookup) {
+    const hit = await modelCache.lookup({ sha256, url: url.href });
+    if (hit) return { from: "cache", body: hit.body, total: hit.bytes, name: hit.name || fileName, sha256: hit.sha256 };
+  }
+  let response;
+  try {
+    response = await fetch(url);
+  } catch (error) {
+    throw new RequestFailure(ERROR_CODES.fetchFailed, `${url.href} could not be downloaded (${error.message}): the network is down, or the server does not allow this site to read it (CORS)`);
+  }
+  if (!response.ok) throw new RequestFailure(ERROR_CODES.fetchFailed, `${url.href} could not be downloaded: HTTP ${response.status}`);
+  const total = Number(response.headers.get("content-length")) || null;
+  // The downloaded chunks are kept for the cache (stored as one Blob once the file is valid).
+  return { from: "network", body: response.body, total, name: fileName, chunks: keep ? [] : null };
+}
+
+// Stream opened.body into a new ModelLoader. Reading runs ahead of validation (a pump fills a
+// queue while Python validates what has arrived), so the two progress bars show each.
+async function validateStream(opened, context) {
+  const loader = context.api.ModelLoader(engineEvent);
+  const reader = opened.body.getReader();
+  const progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
+  const queue = [];
+  let received = 0, validated = 0, ended = false, failure = null, wake = null;
+  const pump = (async () => {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      queue.push(value);
+      opened.chunks?.push(value);
+      received += value.byteLength;
+      progress("download", received);
+      wake?.();
+    }
+  })().then(() => { ended = true; }, (error) => { failure = error; }).finally(() => wake?.());
+  try {
+    let yielded = performance.now();
+    for (;;) {
+      if (queue.length) {
+        const chunk = queue.shift();
+        const rejected = loader.feed(chunk);
+        if (rejected) throw badArtifact(JSON.parse(rejected));
+        validated += chunk.byteLength;
+        progress("validate", validated);
+        if (performance.now() - yielded > 50) {         // let the pump and the page's messages run
+          await new Promise((resolve) => setTimeout(resolve, 0));
+          yielded = performance.now();
+        }
+      } else if (failure) {
+        throw new RequestFailure(ERROR_CODES.fetchFailed, `the model could not be read to the end: ${failure.message ?? failure}`);
+      } else if (ended) {
+        break;
+      } else {
+        await new Promise((resolve) => { wake = resolve; });
+        wake = null;
+      }
+    }
+    const outcome = JSON.parse(loader.finish());
+    if (outcome.error) throw badArtifact(outcome.error);
+    progress.flush();
+    return { loader, model: outcome.model };
+  } catch (error) {
+    reader.cancel().catch(() => {});                    // no point reading the rest of a bad file
+    await pump;
+    loader.destroy();
+    throw error;
+  }
+}
+
+const badArtifact = (artifact) => new RequestFailure(ERROR_CODES.badArtifact, `${artifact.code} at ${artifact.where}: ${artifact.sentence}`, artifact);
+
+// At most one message per key (a phase, a stage) every 100 ms, and the last one always (flush()).
+function throttled(post) {
+  const last = new Map();
+  const pending = new Map();
+  const send = (key, ...values) => {
+    if (performance.now() - (last.get(key) ?? 0) < 100) {
+      pending.set(key, values);
+      return;
+    }
+    last.set(key, performance.now());
+    pending.delete(key);
+    post(key, ...values);
+  };
+  send.flush = () => {
+    for (const [key, values] of pending) post(key, ...values);
+    pending.clear();
+  };
+  return send;
+}
+
+// Unload a model the worker held: its answer cancelled, then (after any queued engine work)
+// its engine, GPU buffers and device released, and its memory freed.
+async function dropModel(context, model) {
+  model.cancel();
+  await enqueue(context, () => model.release()).finally(() => model.destroy());
 }
 
 // One answer through the engine (webslm.worker_api.ModelLoader.generate): a delta event per

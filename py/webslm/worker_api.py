@@ -61,7 +61,7 @@ async def kernel_golden(feature_level: str, size: str, loader) -> str:
     return json.dumps(report)
 
 
-async def admit(loader, feature_level: str, fault: str | None, user_agent: str, on_stage) -> str:
+async def admit(loader, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress) -> str:
     """GPU admission of the loaded model on this browser's adapter, then the loader's engine
     for it. The engine the loader held is unloaded first (its GPU buffers and device are
     destroyed before a second admission allocates); on success the new engine runs on the
@@ -89,7 +89,7 @@ async def admit(loader, feature_level: str, fault: str | None, user_agent: str, 
     started = time.perf_counter()
     try:
         session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level), faults=faults,
-                                      user_agent=user_agent, on_stage=stage_seen)
+                                      user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress)
     except AdmissionFailure as failure:
         seconds = round(time.perf_counter() - started, 3)
         await loader.start_engine(gpu, failure=failure)
@@ -109,6 +109,16 @@ async def admit(loader, feature_level: str, fault: str | None, user_agent: str, 
                        "seconds": seconds, "engine_seconds": round(time.perf_counter() - engine_started, 3),
                        "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
                        "engine": loader.engine_summary()})
+
+
+async def use_cpu(loader) -> str:
+    """The loader's engine on the CPU path, the GPU not tried (the page asked for no GPU:
+    createEngine({gpu: false}) or ?gpu=0). The engine it held is unloaded first."""
+    from .admission.admit import AdmissionFailure
+    await loader.drop_engine()
+    await loader.start_engine(object(), failure=AdmissionFailure(
+        "entry-point", "gpu-disabled", "the GPU was turned off for this page: the model runs on the CPU path"))
+    return json.dumps({"engine": loader.engine_summary()})
 
 
 class ModelLoader:
