@@ -11,8 +11,10 @@ import time
 
 import drivers
 import serve
+from offline_proxy import OfflineProxy
 
 BOOT_TIMEOUT_S = 180       # Pyodide + numpy on a 2-core machine under a software GPU
+SCREENSHOT_DIR = pathlib.Path(__file__).resolve().parent / "results" / "screenshots"
 
 
 def serve_in_thread(routes):
@@ -23,22 +25,42 @@ def serve_in_thread(routes):
 
 
 class BootedRow:
-    """A browser row with the app open and its worker booted."""
+    """A browser row with the app open and its worker booted.
 
-    def __init__(self, row: drivers.BrowserRow, url: str, results_dir: pathlib.Path | None = None):
-        self.row, self.url, self.results_dir = row, url, results_dir
+    ``proxy`` is the OfflineProxy that ``url`` goes through, where there is one (the browser
+    tests' rows; see conftest.py): ``booted.proxy.offline = True`` takes this row offline."""
+
+    def __init__(self, row: drivers.BrowserRow, url: str, results_dir: pathlib.Path | None = None,
+                 proxy: OfflineProxy | None = None):
+        self.row, self.url, self.results_dir, self.proxy = row, url, results_dir, proxy
         self.results: dict = {"row": row.name, "launch_s": round(row.launch_s, 2)}
         self.status = self.boot("cold")
 
     def boot(self, label: str) -> dict:
+        """Open the URL, wait for the worker; record the timings as results["boot_<label>"] and
+        return the worker's status."""
         started = time.monotonic()
         self.row.open(self.url)
-        self.wait_for("window.webslm", timeout_s=30)
+        # the page sets window.webslm at once, and its client once the engine's worker exists
+        self.wait_for("window.webslm && window.webslm.client", timeout_s=BOOT_TIMEOUT_S)
         self.row.eval("window.webslm.client.ready", timeout_s=BOOT_TIMEOUT_S)
         status = self.request("status")
         status["page_to_ready_s"] = round(time.monotonic() - started, 2)
         self.results[f"boot_{label}"] = {**status["boot"], "page_to_ready_s": status["page_to_ready_s"]}
         return status
+
+    def reload(self, label: str) -> dict:
+        """Open the page again in the same browser profile (its HTTP cache, Cache Storage and
+        service worker stay) and boot as boot() does; the new page's status becomes ``status``."""
+        self.status = self.boot(label)
+        return self.status
+
+    def screenshot(self, name: str) -> pathlib.Path:
+        """Save what the viewport shows to results/screenshots/<row>-<name>.png; return the path."""
+        SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
+        path = SCREENSHOT_DIR / f"{self.row.name}-{name}.png"
+        self.row.screenshot(path)
+        return path
 
     def wait_for(self, js_expression: str, timeout_s: float = 240):
         """Poll until the page-side expression is truthy; return its value."""

@@ -1,8 +1,14 @@
 """Fixtures for the browser matrix: the served app, and one booted worker per engine row.
 
+The rows use the site as users deploy it: `python serve.py --build DIR` once per session, served
+by plain `python -m http.server`. Each row reaches that server through its own OfflineProxy, so
+each row is its own origin (its own HTTP cache, Cache Storage and service worker) and a test can
+take its row offline (`booted.proxy.offline = True`) without touching the other rows.
+
 Each row's browser is launched once per session and the app page opened once; every test
 of that row talks to that one booted worker. Measurements (boot times, adapter features
 and limits, kernel results) are printed and written to tests_browser/results/<row>.json.
+`app_url` serves the working tree through serve.py's own server, for tests of that server.
 """
 from __future__ import annotations
 
@@ -22,31 +28,49 @@ sys.path.insert(0, str(ROOT))
 import drivers  # noqa: E402
 import serve  # noqa: E402
 from app_session import BootedRow, serve_in_thread  # noqa: E402
+from offline_proxy import OfflineProxy  # noqa: E402
+
+
+def _require_assets():
+    if not (ROOT / serve.MANIFEST).is_file():
+        pytest.fail("assets missing: run `python tools/assets.py` (./dev test does)")
 
 
 @pytest.fixture(scope="session")
 def app_url():
-    if not (ROOT / serve.MANIFEST).is_file():
-        pytest.fail("assets missing: run `python tools/assets.py` (./dev test does)")
+    """The working tree served by serve.py's own server (the dev server)."""
+    _require_assets()
     server, url = serve_in_thread(serve.url_map(ROOT))
     yield url
     server.shutdown()
 
 
 @pytest.fixture(scope="session")
-def built_site_url(tmp_path_factory):
-    """`serve.py --build` output, served by plain `python -m http.server`."""
+def site_port(tmp_path_factory):
+    """`serve.py --build` output, served by plain `python -m http.server`: its port."""
+    _require_assets()
     site = tmp_path_factory.mktemp("site") / "www"
     subprocess.run([sys.executable, str(ROOT / "serve.py"), "--build", str(site)], check=True,
                    stdout=subprocess.DEVNULL)
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
                                 "-d", str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}/"
-    _wait_until_serving(url)
-    yield url
-    process.terminate()
-    process.wait(10)
+    try:
+        _wait_until_serving(f"http://127.0.0.1:{port}/")
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@pytest.fixture(scope="session")
+def built_site_url(site_port):
+    """The built site, straight from its http.server (no proxy)."""
+    return f"http://127.0.0.1:{site_port}/"
 
 
 def free_port() -> int:
@@ -70,9 +94,25 @@ def _wait_until_serving(url, timeout_s=20):
 
 
 @pytest.fixture(scope="session", params=drivers.ROW_NAMES)
-def booted(request, app_url):
+def booted(request, site_port):
+    """One row's browser with the built site open, through the row's own OfflineProxy, and its
+    worker booted."""
     row = drivers.launch_or_skip(request.param)
+    proxy = OfflineProxy(site_port)
     try:
-        yield BootedRow(row, app_url, results_dir=HERE / "results")
+        yield BootedRow(row, proxy.url, results_dir=HERE / "results", proxy=proxy)
     finally:
-        row.close()
+        try:
+            row.close()
+        finally:
+            proxy.close()
+
+
+@pytest.fixture(autouse=True)
+def _row_back_online(request):
+    """A test that takes its row offline and fails before putting it back must not take the
+    row's later tests down with it."""
+    booted = request.getfixturevalue("booted") if "booted" in request.fixturenames else None
+    yield
+    if booted is not None:
+        booted.proxy.offline = False

@@ -22,6 +22,10 @@ Usage::
     finally:
         row.close()
 
+Every row also has ``set_viewport(width, height)`` (the page's ``innerWidth`` x ``innerHeight`` in
+CSS pixels), ``screenshot(path)`` (a PNG of the viewport, one image pixel per CSS pixel) and
+``clear_requests()`` (so that a test can assert on what a reload fetched).
+
 ``eval`` has the same semantics on every row: the expression is evaluated in the page, awaited
 if it is a promise (or any thenable), and its value is passed through ``JSON.stringify`` and
 decoded in Python (``undefined`` -> ``None``).  A JS exception / rejection (including a value that
@@ -34,6 +38,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -259,6 +264,17 @@ class BrowserRow:
         """URLs requested by the page and its workers, or ``None`` where the driver cannot see them."""
         return None
 
+    def clear_requests(self) -> None:
+        """Forget the URLs that ``requests()`` has recorded so far (nothing to forget where it is ``None``)."""
+
+    def set_viewport(self, width: int, height: int) -> None:
+        """Resize the page's viewport to ``width`` x ``height`` CSS pixels."""
+        raise NotImplementedError
+
+    def screenshot(self, path: str | os.PathLike) -> None:
+        """Write a PNG of what the viewport shows to ``path``."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -363,6 +379,16 @@ class _PlaywrightRow(BrowserRow):
         with self._lock:
             return list(self._requests)
 
+    def clear_requests(self) -> None:
+        with self._lock:
+            self._requests.clear()
+
+    def set_viewport(self, width: int, height: int) -> None:
+        self._page.set_viewport_size({"width": width, "height": height})
+
+    def screenshot(self, path: str | os.PathLike) -> None:
+        self._page.screenshot(path=str(path))  # the viewport, not the full page
+
     def close(self) -> None:
         if self._closed:
             return
@@ -450,10 +476,19 @@ if (!window.__webslmConsole) {
 """
 
 
+# MiniBrowser's toolbar (back, forward, reload, the URL entry, ...) keeps its GTK window at least
+# 447 px wide, too wide for a phone-sized viewport.  This user style sheet (GTK 3 reads it from
+# $XDG_CONFIG_HOME/gtk-3.0/gtk.css) lets the buttons and the entry shrink: the window then goes
+# down to 305 px.  It styles MiniBrowser's own widgets only; WebKit draws the page's form controls
+# itself.
+_MINIBROWSER_GTK_CSS = "button, entry { min-width: 0; padding-left: 0; padding-right: 0; }\n"
+
+
 class WebKitRow(BrowserRow):
     """Selenium + WebKitWebDriver + MiniBrowser.  ``console()`` is a best-effort in-page hook
     (main-thread messages logged after ``open()`` returned; WebKitWebDriver has no log API);
-    ``requests()`` is ``None``."""
+    ``requests()`` is ``None``.  WebDriver can only size the window, so ``set_viewport`` sizes
+    it to the viewport plus MiniBrowser's toolbar (see _MINIBROWSER_GTK_CSS for how narrow)."""
 
     name = "webkit"
     expects_webgpu = False
@@ -470,9 +505,14 @@ class WebKitRow(BrowserRow):
         self._service = None
         self._pids: list[int] = []
         self._console_cache: list[str] = []
+        self._gtk_config = tempfile.TemporaryDirectory(prefix="webslm-minibrowser-")
         t0 = time.monotonic()
         env = dict(os.environ)
         try:
+            css = Path(self._gtk_config.name, "gtk-3.0", "gtk.css")
+            css.parent.mkdir()
+            css.write_text(_MINIBROWSER_GTK_CSS)
+            env["XDG_CONFIG_HOME"] = self._gtk_config.name
             if not env.get("DISPLAY"):
                 self._xvfb, display = _start_xvfb()
                 self._pids.append(self._xvfb.pid)
@@ -526,6 +566,19 @@ class WebKitRow(BrowserRow):
     def requests(self) -> list[str] | None:
         return None
 
+    def set_viewport(self, width: int, height: int) -> None:
+        # The window is the viewport plus MiniBrowser's toolbar; the page knows both sizes.
+        # Narrower than the window can go (see _MINIBROWSER_GTK_CSS), the viewport stays wider.
+        chrome_w, chrome_h = self.eval("[outerWidth - innerWidth, outerHeight - innerHeight]")
+        self._driver.set_window_size(width + chrome_w, height + chrome_h)
+        # The page reports the new size at once but paints it later: a screenshot taken now would
+        # show the old layout, cut or padded with black.  Two frames later it is on screen.
+        self.eval("new Promise(ok => requestAnimationFrame(() => requestAnimationFrame(() => ok(true))))")
+
+    def screenshot(self, path: str | os.PathLike) -> None:
+        # WebDriver's screenshot of the top-level page is what the viewport shows.
+        Path(path).write_bytes(self._driver.get_screenshot_as_png())
+
     def close(self) -> None:
         if self._closed:
             return
@@ -547,6 +600,7 @@ class WebKitRow(BrowserRow):
                     xvfb.wait(5)
 
             steps.append(stop_xvfb)
+        steps.append(self._gtk_config.cleanup)
         _run_with_watchdog(steps, self._pids)
 
 

@@ -1,22 +1,27 @@
 """Self-check of tests_browser/drivers.py: every matrix row can open a page, evaluate JS with the
-same semantics, and report WebGPU availability inside a module Web Worker.
+same semantics, report WebGPU availability inside a module Web Worker, size its viewport, take a
+screenshot, forget the requests it recorded, and sees OfflineProxy's offline as a network failure.
 
 Run:  .venv/bin/python -m pytest tests_browser/test_drivers_selfcheck.py -s -v
 (-s shows the per-row adapter features/limits.)  Firefox needs `python tools/patch_playwright.py`.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import json
+import struct
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import drivers  # noqa: E402
+from offline_proxy import OfflineProxy  # noqa: E402
 
 INDEX_HTML = """<!doctype html>
 <meta charset="utf-8"><link rel="icon" href="data:,"><title>webslm driver self-check</title>
@@ -149,3 +154,68 @@ def test_console(row):
         assert any("selfcheck console probe" in line for line in lines), lines
         # console messages from the module worker reach the page's log (exactly once)
         assert sum("worker: got adapter" in line for line in lines) == 1, lines
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG: its first chunk, IHDR, starts with them (big-endian)."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", head
+    return struct.unpack(">II", head[16:24])
+
+
+# The corner pixels of a PNG, decoded by the browser itself (no image library needed here).
+CORNERS_JS = """
+new Promise((ok, fail) => {
+  const img = new Image();
+  img.onload = () => {
+    const canvas = document.createElement("canvas");
+    [canvas.width, canvas.height] = [img.width, img.height];
+    const g = canvas.getContext("2d");
+    g.drawImage(img, 0, 0);
+    const [w, h] = [img.width - 1, img.height - 1];
+    ok([[0, 0], [w, 0], [0, h], [w, h]].map(([x, y]) => [...g.getImageData(x, y, 1, 1).data.slice(0, 3)]));
+  };
+  img.onerror = () => fail(new Error("not an image"));
+  img.src = "data:image/png;base64,%s";
+})
+"""
+
+
+@pytest.mark.parametrize("width, height", [(390, 844), (1024, 700)])  # a phone, then wider again
+def test_set_viewport_and_screenshot(row, tmp_path, width, height):
+    # enough on the page that WebKit paints a new size noticeably after the window has it
+    row.eval("""(() => { document.documentElement.style.background = "rgb(255, 221, 0)";
+      document.body.innerHTML = '<p style="margin: 8px auto; max-width: 600px; border-radius: 8px; box-shadow: 0 1px 3px black">text that wraps</p>'.repeat(200);
+    })()""")
+    row.set_viewport(width, height)
+    shot = tmp_path / f"{row.name}.png"
+    row.screenshot(shot)  # right away: set_viewport() returns once the new size is on screen
+    assert row.eval("[innerWidth, innerHeight, devicePixelRatio]") == [width, height, 1]
+    assert png_size(shot) == (width, height)
+    # the page is painted at its new size: no corner is left black (unpainted)
+    corners = row.eval(CORNERS_JS % base64.b64encode(shot.read_bytes()).decode())
+    assert all(abs(c - want) <= 2 for px in corners for c, want in zip(px, (255, 221, 0))), corners
+
+
+def test_clear_requests(row, site):
+    row.clear_requests()
+    assert row.requests() in ([], None)
+    row.open(f"{site}/index.html")
+    reqs = row.requests()
+    if reqs is not None:  # what the reload fetched, and only that
+        assert f"{site}/index.html" in reqs, reqs
+        assert f"{site}/worker.mjs" not in reqs, reqs
+
+
+def test_offline_proxy_is_a_network_failure_in_the_browser(row, site):
+    proxy = OfflineProxy(urlsplit(site).port)
+    probe = "fetch('gpu_info.mjs', {cache: 'no-store'}).then(r => r.status, e => e.name)"
+    try:
+        row.open(proxy.url + "index.html")
+        assert row.eval(probe) == 200
+        proxy.offline = True
+        assert row.eval(probe) == "TypeError"  # fetch()'s network error, not an HTTP status
+        proxy.offline = False
+        assert row.eval(probe) == 200
+    finally:
+        proxy.close()
