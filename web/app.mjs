@@ -1,276 +1,190 @@
-// The page: starts the worker, shows what it booted and what the GPU check found, which
-// engine answers (GPU or CPU, kept current from the worker's engine-state events), and a
-// minimal chat whose answers stream in with their tokens/s and time to first token.
-import { WorkerClient } from "./worker-client.mjs";
+// The chat page. It starts the engine (web/webslm.js: a Web Worker running Python), loads the
+// default model, or the one named by ?model=, and wires the views together: the conversation
+// (ui-chat.mjs), the model panel (ui-model.mjs), the engine badge and receipt (ui-engine.mjs)
+// and the settings (ui-settings.mjs). window.webslm is the page's surface for users and tests.
+//
+// URL parameters: ?gpu=0 keeps the GPU out (the CPU path answers); ?model=<url> loads that
+// .slm instead of the site's default model.
+import * as chat from "./ui-chat.mjs";
+import * as engineView from "./ui-engine.mjs";
+import * as modelPanel from "./ui-model.mjs";
+import { setTheme, showModelDefaults, wireTheme } from "./ui-settings.mjs";
 
 const $ = (id) => document.getElementById(id);
 
-function showStatus(rows, list = $("status")) {
-  list.replaceChildren();
-  for (const [term, value] of rows) {
-    const dt = document.createElement("dt");
-    const dd = document.createElement("dd");
-    dt.textContent = term;
-    dd.textContent = value;
-    list.append(dt, dd);
-  }
+const params = new URLSearchParams(location.search);
+const useGpu = params.get("gpu") !== "0";
+const firstModel = params.get("model") || "default";
+
+// Set before anything is awaited, so a test can find it at once and wait on its fields.
+const page = {
+  engine: null,        // the Engine, once createEngine has resolved
+  client: null,        // engine.protocol: the raw worker client, for tests only
+  status: null,        // engine.worker: what the worker booted
+  model: null,         // engine.model after a load; {error, code} when the first load failed
+  admission: null,     // the last `admission` event's detail
+  ready: false,        // a model is loaded and the engine can answer
+  timings: {},         // {page_ready_s}: from navigation start to the first ready
+  lastAnswer: null,    // the last answer's record (ui-chat.mjs), or its error
+  ask: (prompt, settings) => chat.send(String(prompt), settings ?? {}),
+  newChat: () => chat.newChat(),
+  regenerate: () => chat.regenerate(),
+  stop: () => chat.stop(),
+  setTheme,
+  loadModel,
+};
+window.webslm = page;
+
+function setReady(ready) {
+  page.ready = ready;
+  chat.setReady(ready);
+  if (ready && page.timings.page_ready_s === undefined) page.timings.page_ready_s = performance.now() / 1000;
 }
 
-// "auto": Python picks the adapter (a real GPU over a software fallback, core over compatibility).
-const probeGpu = (client) => client.request("gpu-probe", { featureLevel: "auto", seed: 0 });
+// Load a model (a File, a URL string or "default"): what the file picker, the URL box and a
+// dropped file call. The engine keeps the previous model when the new one fails, and the
+// page says so; an answer in progress is stopped first.
+let loading = false;
 
-// Browsers may withhold adapter details (privacy); show what there is.
-function adapterName(adapter) {
-  const name = [adapter.vendor, adapter.architecture].filter(Boolean).join(" ") || adapter.description || "unnamed adapter";
-  return adapter.is_fallback ? `${name} (software fallback)` : name;
+// Refused before anything starts: said in the model panel, like a failed load.
+function refuse(message, code) {
+  $("model-error").textContent = message;
+  return Object.assign(new Error(message), { code });
 }
 
-function describeGpu(report) {
-  if (!report.adapter) return { text: "No WebGPU adapter in this browser: answers will come from the CPU path.", ok: true };
-  const features = report.adapter.features;
-  const label = ["f32", features.includes("shader-f16") && "f16", features.includes("subgroups") && "subgroups"].filter(Boolean).join(" · ");
-  const cases = report.cases.filter((c) => c.passed).length;
-  const text = `${adapterName(report.adapter)} · ${report.feature_level} · tier ${report.tier} (${label}) · kernel check ${cases}/${report.cases.length} ${report.outcome}`;
-  return { text, ok: report.outcome === "passed" };
-}
-
-const megabytes = (n) => `${(n / 1048576).toFixed(1)} MB`;
-
-// The default model named by the site's manifest: streamed into the worker and validated there.
-async function loadDefaultModel(client) {
-  const manifest = await (await fetch(new URL("./assets/manifest.json", import.meta.url))).json();
-  const entry = (manifest.models ?? []).find((m) => m.default);
-  if (!entry) {
-    $("model-state").textContent = "No default model in this site's assets.";
-    return { absent: true };
-  }
-  const bar = $("model-progress");
-  bar.hidden = false;
-  $("model-state").textContent = `Downloading and validating ${entry.name}…`;
-  const onProgress = (e) => {
-    if (e.detail.url !== `assets/${entry.file}`) return;
-    bar.value = e.detail.received / (e.detail.total ?? entry.bytes);
-  };
-  client.addEventListener("load-progress", onProgress);
+async function loadModel(source) {
+  const engine = page.engine;
+  if (!engine) throw refuse("The engine is still starting: load the model again in a moment.", "no-engine");
+  if (loading) throw refuse("A model is already loading: wait for it to finish, then load this one.", "busy");
+  loading = true;
+  let previous = null;
   try {
-    const model = await client.request("load-model", { url: `assets/${entry.file}` });
-    if (model.artifact_sha256 !== entry.artifact_sha256) throw new Error(`the model's sha256 ${model.artifact_sha256} is not the one this site lists`);
-    bar.value = 1;
-    $("model-state").textContent = `${entry.name}: valid.`;
-    $("model-state").className = "ok";
-    const a = model.architecture;
-    showStatus([
-      ["Size", `${megabytes(model.bytes)}, ${model.tensors} tensors (${model.encodings.join(", ")})`],
-      ["Shape", `${a.n_layers} layers · hidden ${a.hidden} · ${a.n_heads} heads / ${a.n_kv_heads} KV · vocab ${a.vocab} · context ${a.context_length}`],
-      ["sha256", model.artifact_sha256],
-      ["Validated", `in ${model.validation_seconds.toFixed(2)} s (${model.total_seconds.toFixed(2)} s with the download)`],
-    ], $("model"));
-    return model;
+    await chat.stopAndWait();
+    previous = engine.model;
+    setReady(false);
+    modelPanel.startLoad(source, { replacing: Boolean(previous) });
+    engineView.showLoading();
+    await engine.load(source);
+    page.model = engine.model;
+    modelPanel.showModel(engine.model);
+    engineView.showAfterLoad(engine, { gpuDisabled: !useGpu });
+    showModelDefaults(engine.model.generation);
+    return engine.model;
   } catch (error) {
-    $("model-state").textContent = `The model could not be loaded: ${error.message}`;
-    $("model-state").className = "bad";
-    return { error: error.message, code: error.code };
-  } finally {
-    client.removeEventListener("load-progress", onProgress);
-    bar.hidden = true;
-  }
-}
-
-// Admission: the worker proves on this GPU that the model fits and computes correctly
-// (webslm.admission), then holds the engine for it; the badge says which engine answers, and why.
-async function admitModel(client) {
-  const onStage = (e) => { $("admission-state").textContent = `Admitting the model on the GPU: ${e.detail.stage}…`; };
-  client.addEventListener("admission-stage", onStage);
-  try {
-    const result = await client.request("admit", { featureLevel: "auto", fault: null });
-    if (result.admitted) {
-      const label = ["GPU", ...result.features.map((f) => (f === "shader-f16" ? "f16" : f))].join(" · ");
-      engine.gpuLabel = result.features.length ? label : "GPU · f32";
-      $("admission-state").textContent = `Admitted at tier ${result.tier} in ${result.seconds.toFixed(1)} s: ${result.self_test_cases} kernel self-tests agree with the CPU oracle.`;
-    } else {
-      $("admission-state").textContent = `The GPU was not admitted (${result.code} at ${result.stage}): ${result.sentence}`;
-    }
-    Object.assign(engine, result.engine);
-    showEngine();
-    $("receipt").textContent = result.receipt_text;
-    return result;
-  } catch (error) {
-    $("admission-state").textContent = `Admission could not run: ${error.message}`;
-    return { error: error.message };
-  } finally {
-    client.removeEventListener("admission-stage", onStage);
-  }
-}
-
-// The engine as the worker reports it: every state change (py/webslm/engine/states.py) is an
-// engine-state event, so the badge follows a GPU lost in the middle of an answer at once.
-const GPU_STATES = new Set(["Probing", "Preparing", "GPUReady", "Generating"]);
-const CPU_STATES = new Set(["CPUReady", "CPUGenerating", "CPURebuild", "Lost", "VisibleFailure"]);
-const engine = { state: "Empty", backend: null, cpu_reason: null, gpuLabel: "GPU", events: [] };
-
-function onEngineState({ detail }) {
-  const { protocol, id, type, event: name, ...change } = detail;
-  engine.events.push({ ...change, at_ms: Math.round(performance.now()) });
-  if (engine.events.length > 500) engine.events.splice(0, engine.events.length - 500);
-  engine.state = change.to;
-  if (GPU_STATES.has(change.to)) engine.backend = "gpu";
-  else if (CPU_STATES.has(change.to)) engine.backend = "cpu";
-  else if (change.to === "Empty") engine.backend = null;
-  engine.cpu_reason = change.cpu_reason ?? null;
-  showEngine();
-}
-
-function describeReason(why) {
-  if (!why) return "";
-  if (why.reason === "GPU lost") return `The GPU was lost (${why.code}): ${why.sentence}. Answers continue on the CPU path.`;
-  const where = why.stage ? ` at ${why.stage}` : "";
-  return `On the CPU path: ${why.reason} (${why.code}${where}).`;
-}
-
-function showEngine() {
-  const badge = $("engine-badge");
-  if (engine.backend === "gpu" && engine.state !== "Lost") {
-    badge.textContent = engine.gpuLabel;
-    badge.className = "badge ok";
-    badge.title = `engine: ${engine.state}`;
-    $("engine-note").textContent = "";
-  } else if (engine.backend === "cpu") {
-    badge.textContent = "CPU";
-    badge.className = "badge bad";
-    badge.title = `engine: ${engine.state}${engine.cpu_reason ? ` · ${engine.cpu_reason.code}` : ""}`;
-    $("engine-note").textContent = describeReason(engine.cpu_reason);
-  }
-  const idle = ["GPUReady", "CPUReady"].includes(engine.state);
-  $("send").disabled = $("prompt").disabled = !idle || asking !== null;
-}
-
-// One question, one answer: the text streams in as the worker commits it; under it, the
-// answer's tokens/s, time to first token and the engine(s) that produced it.
-let asking = null;
-const rate = (x) => (x >= 1 || x === 0 ? x.toFixed(1) : x.toPrecision(2));   // 0.047, not 0.0
-const backendName = (b) => (b === "gpu" ? "GPU" : b === "cpu" ? "CPU" : "?");
-
-async function ask(client, prompt, settings = {}) {
-  if (asking) throw new Error("an answer is already being generated");
-  const item = document.createElement("li");
-  const question = Object.assign(document.createElement("p"), { className: "question", textContent: prompt });
-  const answer = Object.assign(document.createElement("p"), { className: "answer" });
-  const meta = Object.assign(document.createElement("p"), { className: "answer-meta", textContent: "…" });
-  item.append(question, answer, meta);
-  $("answers").append(item);
-  const sent = performance.now();
-  let first = null;
-  const seen = [];
-  const { id, result } = client.start("generate", { messages: [{ role: "user", content: prompt }], settings });
-  asking = { id, item };
-  const onDelta = ({ detail }) => {
-    if (detail.request !== id) return;
-    if (first === null) first = performance.now() - sent;
-    answer.textContent += detail.text;
-    if (seen.at(-1) !== detail.backend) seen.push(detail.backend);
-    meta.textContent = `${seen.map(backendName).join(" → ")} · generating…`;
-  };
-  client.addEventListener("delta", onDelta);
-  $("stop").disabled = false;
-  showEngine();
-  try {
-    const reply = await result;
-    const ttft = first === null ? null : first / 1000;
-    const timings = { ...reply.timings, page_time_to_first_token_s: ttft, page_total_s: (performance.now() - sent) / 1000 };
-    const done = { ...reply, timings, request: id, shown_text: answer.textContent };
-    const parts = [
-      `${reply.usage?.completion_tokens ?? 0} tokens`,
-      `${rate(reply.timings?.decode_tokens_per_s ?? 0)} tokens/s`,
-      ttft === null ? "no text" : `first token ${ttft.toFixed(2)} s`,
-      (reply.backends ?? [reply.backend]).map(backendName).join(" → "),
-    ];
-    if (reply.finish_reason === "abort") parts.push("stopped");
-    if (reply.finish_reason === "length") parts.push("length limit");
-    meta.textContent = parts.join(" · ");
-    meta.dataset.tokensPerS = reply.timings?.decode_tokens_per_s ?? "";
-    meta.dataset.ttftS = ttft ?? "";
-    window.webslm.lastAnswer = done;
-    return done;
-  } catch (error) {
-    meta.textContent = `The answer failed: ${error.message}`;
-    window.webslm.lastAnswer = { error: error.message, code: error.code, request: id };
+    modelPanel.showLoadFailure(error, source, previous);
+    if (!previous) page.model = { error: error.message, code: error.code ?? null };
     throw error;
   } finally {
-    client.removeEventListener("delta", onDelta);
-    asking = null;
-    $("stop").disabled = true;
-    showEngine();
+    loading = false;
+    engineView.showEngine(engine);
+    setReady(Boolean(engine.model));
+    modelPanel.showCache(engine, engine.model?.artifact_sha256);
   }
 }
 
-function wireChat(client) {
-  const form = $("ask-form");
-  const prompt = $("prompt");
-  form.addEventListener("submit", (e) => {
-    e.preventDefault();
-    const text = prompt.value.trim();
-    if (!text || asking) return;
-    prompt.value = "";
-    ask(client, text).catch(() => {});
+async function removeCached(sha256) {
+  await page.engine.models.remove(sha256);
+  await modelPanel.showCache(page.engine, page.engine.model?.artifact_sha256);
+}
+
+// The engine's events drive the views: state (badge, note, the answer in progress),
+// progress (the load's bars) and admission (the admission line).
+function follow(engine) {
+  engine.addEventListener("statechange", ({ detail }) => {
+    engineView.showEngine(engine, detail);
+    chat.followEngine(detail);
   });
-  prompt.addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey) {
+  engine.addEventListener("progress", ({ detail }) => {
+    modelPanel.showProgress(detail);
+    if (detail.phase === "admission") engineView.showAdmissionStage(detail.stage);
+  });
+  engine.addEventListener("admission", ({ detail }) => {
+    page.admission = detail;
+    // with ?gpu=0 no admission runs: the "admission" is the CPU path being set up (showAfterLoad)
+    if (useGpu) engineView.showAdmission(detail);
+  });
+}
+
+// The worker (or the engine's script) could not start: nothing can answer, and the page says why.
+function failStart(error) {
+  engineView.showEngineFailure(error);
+  page.model = { error: error.message, code: error.code ?? "worker-failed" };
+  $("model-state").textContent = "No model: the engine did not start.";
+  $("model-error").textContent = `Nothing can be loaded: the engine did not start (${error.code ?? "worker-failed"}).`;
+  $("header-status").textContent = "The engine did not start";
+  for (const id of ["model-file", "model-url", "load-url"]) $(id).disabled = true;
+}
+
+// The service worker keeps the page, the worker, Pyodide and the model for offline visits.
+// It is a convenience: the page works without it, and the note says which case this is.
+async function offerOffline(api) {
+  const note = $("offline-note");
+  try {
+    const { ok, reason } = await api.registerOfflineSupport();
+    note.textContent = ok ? "Works offline after this visit." : `Not available offline: ${reason}`;
+  } catch (error) {
+    note.textContent = `Not available offline: ${error.message}`;
+  }
+}
+
+// Phones: the panel is a drawer over the conversation. Esc closes it (and is not taken as "stop").
+function wireDrawer() {
+  const panel = $("panel");
+  const toggle = $("panel-toggle");
+  const setOpen = (open) => {
+    panel.classList.toggle("open", open);
+    toggle.setAttribute("aria-expanded", String(open));
+    $("backdrop").hidden = !open;
+    (open ? $("panel-close") : toggle).focus();
+  };
+  toggle.addEventListener("click", () => setOpen(true));
+  $("panel-close").addEventListener("click", () => setOpen(false));
+  $("backdrop").addEventListener("click", () => setOpen(false));
+  panel.addEventListener("keydown", (e) => {
+    if (e.key === "Escape" && panel.classList.contains("open")) {
       e.preventDefault();
-      form.requestSubmit();
+      setOpen(false);
     }
   });
-  $("stop").addEventListener("click", () => client.request("abort").catch(() => {}));
 }
 
-async function main() {
-  const client = new WorkerClient(new URL("./worker/worker.mjs", import.meta.url));
-  window.webslm = {
-    client, status: null, gpu: null, model: null, admission: null,
-    engine,                 // {state, backend, cpu_reason, events}: kept current from engine-state events
-    lastAnswer: null,       // the last answer: text, finish_reason, usage, timings (worker and page), backends
-    ask: (prompt, settings) => ask(client, prompt, settings),
-  };
-  client.addEventListener("engine-state", onEngineState);
-  wireChat(client);
-  client.addEventListener("booting", (e) => { $("engine-state").textContent = `Loading ${e.detail.stage}…`; });
+async function start() {
+  wireTheme();
+  wireDrawer();
+  chat.wireChat({ getEngine: () => page.engine, onAnswer: (record) => { page.lastAnswer = record; } });
+  modelPanel.wireModelControls({ load: loadModel, remove: removeCached });
+  if (firstModel !== "default") $("model-url").value = firstModel;
+  engineView.showStarting("Starting Python in a worker…");
+
+  // Imported here rather than at the top so that a missing or broken engine script is
+  // reported on the page instead of leaving it blank.
+  let api;
   try {
-    await client.ready;
+    api = await import("./webslm.js");
   } catch (error) {
-    $("engine-state").textContent = `The worker could not start: ${error.message}`;
-    $("engine-state").className = "bad";
+    failStart({ message: `The engine's script could not be loaded (${error.message}).`, advice: "Reload the page; if this persists, the site is incomplete." });
     return;
   }
-  const status = await client.request("status");
-  window.webslm.status = status;
-  $("engine-state").textContent = `Worker ready in ${(status.boot.total_ms / 1000).toFixed(1)} s.`;
-  const rows = [
-    ["Pyodide", status.pyodide], ["Python", status.python], ["numpy", status.numpy], ["webslm", status.webslm],
-    ["Shader bundle", status.shader_bundle_hash],
-    ["Boot", `Pyodide ${status.boot.pyodide_ms} ms · numpy ${status.boot.numpy_ms} ms · webslm ${status.boot.webslm_ms} ms`],
-    ["WebGPU", status.has_navigator_gpu ? "checking…" : "no WebGPU (navigator.gpu is absent)"],
-  ];
-  showStatus(rows);
-  window.webslm.model = await loadDefaultModel(client);
+  offerOffline(api);
+  let engine;
   try {
-    const report = await probeGpu(client);
-    window.webslm.gpu = report;
-    const { text, ok } = describeGpu(report);
-    rows[rows.length - 1][1] = report.adapter ? `${adapterName(report.adapter)} · ${report.feature_level} · tier ${report.tier}` : "no WebGPU adapter";
-    showStatus(rows);
-    $("gpu-summary").textContent = text;
-    $("gpu-summary").className = ok ? "ok" : "bad";
-    $("gpu-details").textContent = JSON.stringify(report, null, 1);
+    // model: null, then load(): the engine exists (and its events are followed) before the
+    // first model arrives, and a failed first load still leaves an engine to load another.
+    // The worker's boot is reported before there is an engine to listen to: through
+    // onProgress. Everything later comes as the engine's progress events (follow()).
+    const onProgress = (detail) => { if (detail.phase === "boot") modelPanel.showProgress(detail); };
+    engine = await api.createEngine({ model: null, gpu: useGpu, onProgress });
   } catch (error) {
-    window.webslm.gpu = { error: error.message };
-    $("gpu-summary").textContent = `GPU check failed: ${error.message}`;
-    $("gpu-summary").className = "bad";
+    failStart(error);
+    return;
   }
-  if (window.webslm.model && !window.webslm.model.error && !window.webslm.model.absent) {
-    window.webslm.admission = await admitModel(client);
-  } else {
-    $("admission-state").textContent = "No model to admit.";
-    window.webslm.admission = { admitted: false, code: "no-model" };
-  }
+  page.engine = engine;
+  page.client = engine.protocol;
+  page.status = engine.worker;
+  follow(engine);
+  engineView.showWorker(engine.worker);
+  engineView.showEngine(engine);
+  await loadModel(firstModel).catch(() => {});   // a failure is shown in the model panel
 }
 
-main();
+start();

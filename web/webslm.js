@@ -20,6 +20,24 @@ const ADVICE = {
   failed: "Try again; if it keeps failing, reload the page.",
 };
 
+// Why the CPU answers, by the admission (or loss) code, and what the user can do about it:
+// added to engine.cpuReason as `advice`.
+const CPU_ADVICE = {
+  "no-webgpu": "This browser has no WebGPU: a recent Chrome, Edge, Firefox or Safari answers faster on the GPU.",
+  "no-adapter": "WebGPU is turned off or finds no usable GPU here: check the browser's GPU settings.",
+  "gpu-disabled": "Turn the GPU back on (remove ?gpu=0) to try it.",
+  "out-of-memory": "The GPU has not enough free memory for this model: close other tabs or apps that use it, or pick a smaller model.",
+  "allocation-failed": "The GPU refused the model's buffers: close other tabs or apps that use it, or pick a smaller model.",
+  "limit-too-small": "This GPU's limits are too small for this model: a smaller model may fit.",
+  "missing-feature": "This GPU lacks a feature the model needs on the GPU.",
+  "unsupported-model": "The GPU path does not run this model's architecture yet.",
+  "self-test-failed": "This GPU computed a kernel wrongly, so it is not trusted with the model; a driver or browser update may fix it.",
+  "pipeline-failed": "This GPU could not compile a kernel; a driver or browser update may fix it.",
+  "device-lost": "The GPU was reset (a driver update, too much load, or the system reclaimed it): reload the page to try it again.",
+  "readback-failed": "The GPU stopped answering: reload the page to try it again.",
+};
+const withAdvice = (reason) => (reason ? { ...reason, advice: reason.advice ?? CPU_ADVICE[reason.code] ?? "Reload the page to try the GPU again." } : null);
+
 export class WebSlmError extends Error {
   constructor(code, message, details = null) {
     super(message);
@@ -41,6 +59,7 @@ function fromWorker(error) {
 // The engine's states (py/webslm/engine/states.py) by the backend that answers in them.
 const GPU_STATES = new Set(["Probing", "Preparing", "GPUReady", "Generating"]);
 const CPU_STATES = new Set(["CPUReady", "CPUGenerating", "CPURebuild", "Lost", "VisibleFailure"]);
+const NO_MODEL_STATES = new Set(["Empty", "Destroying", "Unloaded"]);
 // Admission reports progress for its three long stages; the API names what the user sees.
 const ADMISSION_PHASES = { allocate: "upload", compile: "compile", "self-test": "self-test" };
 const REQUEST_FIELDS = new Set(["messages", "stream", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
@@ -110,13 +129,16 @@ class Engine extends EventTarget {
 
   #changeState({ protocol, id, type, event, ...change }) {
     this.#engineState = change.to;
-    this.backend = GPU_STATES.has(change.to) ? "gpu" : CPU_STATES.has(change.to) ? "cpu" : null;
-    this.cpuReason = change.cpu_reason ?? null;
+    // CancelPending keeps the backend it happens on; no model, no backend
+    if (GPU_STATES.has(change.to)) this.backend = "gpu";
+    else if (CPU_STATES.has(change.to)) this.backend = "cpu";
+    else if (NO_MODEL_STATES.has(change.to)) this.backend = null;
+    this.cpuReason = withAdvice(change.cpu_reason);
     if (this.backend !== "gpu") {
       this.tier = null;
       this.features = [];
     }
-    const detail = { ...change, backend: this.backend, at_ms: Math.round(performance.now()) };
+    const detail = { ...change, cpu_reason: this.cpuReason, backend: this.backend, at_ms: Math.round(performance.now()) };
     this.events.push(detail);
     if (this.events.length > MAX_EVENTS) this.events.splice(0, this.events.length - MAX_EVENTS);
     this.dispatchEvent(new CustomEvent("statechange", { detail }));
@@ -174,7 +196,8 @@ class Engine extends EventTarget {
       return { source: { url: url.href }, sha256: null, name: null, cache };
     }
     if (source instanceof Blob) return { source: { file: source }, sha256: null, name: source.name ?? null, cache };
-    throw new WebSlmError("bad-request", "A model is \"default\", a URL, or a File.");
+    if (typeof source?.sha256 === "string") return { source: { cached: source.sha256 }, sha256: null, name: null, cache };
+    throw new WebSlmError("bad-request", "A model is \"default\", a URL, a File, or {sha256} of a cached one.");
   }
 
   async #defaultModel() {
@@ -207,7 +230,7 @@ class Engine extends EventTarget {
     this.receiptText = result.receipt_text ?? null;
     this.tier = result.admitted ? result.tier : null;
     this.features = result.admitted ? result.features : [];
-    if (result.engine) this.cpuReason = result.engine.cpu_reason ?? null;
+    if (result.engine) this.cpuReason = withAdvice(result.engine.cpu_reason);
     this.dispatchEvent(new CustomEvent("admission", { detail: result }));
   }
 

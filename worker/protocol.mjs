@@ -31,14 +31,16 @@ const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see gpu_smok
 const isUint32 = (v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 const isPlainObject = (v) => v !== null && typeof v === "object" && Object.getPrototypeOf(v) === Object.prototype;
 
-// A model source: {url} (http/https, relative to the site) or {file} (a File or Blob the user picked).
+// A model source: {url} (http/https, relative to the site), {file} (a File or Blob the user
+// picked) or {cached} (the sha256 of a model in Cache Storage).
 function checkSource(v) {
-  if (!isPlainObject(v) || Object.keys(v).length !== 1) return "must be {url} or {file}";
+  if (!isPlainObject(v) || Object.keys(v).length !== 1) return "must be {url}, {file} or {cached}";
   if (Object.hasOwn(v, "url")) {
     return (typeof v.url === "string" && v.url.length > 0 && v.url.length <= 2048) || "url must be a non-empty string of at most 2048 characters";
   }
   if (Object.hasOwn(v, "file")) return (typeof Blob !== "undefined" && v.file instanceof Blob) || "file must be a File or Blob";
-  return "must be {url} or {file}";
+  if (Object.hasOwn(v, "cached")) return (typeof v.cached === "string" && /^[0-9a-f]{64}$/.test(v.cached)) || "cached must be 64 lowercase hex digits";
+  return "must be {url}, {file} or {cached}";
 }
 
 // For each request type: its fields and a check for each ([] = no fields).
@@ -81,7 +83,7 @@ export const REQUESTS = Object.freeze({
   "engine-status": {},
   "tokenizer-check": { chars: (v) => (Number.isInteger(v) && v >= 1 && v <= 4_000_000) || "must be an integer in [1, 4000000]" },
   // Load and validate a model, replacing the current one only once the new one is valid.
-  // source: {url} or {file}; sha256: null or the artifact sha256 the caller expects (the
+  // source: {url}, {file} or {cached}; sha256: null or the artifact sha256 the caller expects (the
   // site manifest's): the cache is looked up by it and a different model is refused; name:
   // null or a display name; cache: load from and store into Cache Storage (worker/model-cache.mjs)
   "load-model": {

@@ -184,6 +184,7 @@ const engineEvent = (json) => {
 async function loadModel({ source, sha256, name, cache }, context) {
   const started = performance.now();
   const url = source.url === undefined ? null : modelUrl(source.url);
+  if (source.cached) sha256 = source.cached;
   let opened = await openModel(source, url, sha256, { lookup: cache, keep: cache });
   let loader, model;
   try {
@@ -240,6 +241,11 @@ function modelUrl(text) {
 async function openModel(source, url, sha256, { lookup, keep }) {
   if (source.file) {
     return { from: "file", body: source.file.stream(), total: source.file.size, name: source.file.name || null };
+  }
+  if (source.cached) {
+    const hit = await modelCache.lookup({ sha256: source.cached });
+    if (!hit) throw new RequestFailure(ERROR_CODES.failed, `load-model: no model with sha256 ${source.cached} is cached`);
+    return { from: "cache", body: hit.body, total: hit.bytes, name: hit.name || null, sha256: hit.sha256 };
   }
   const fileName = decodeURIComponent(url.pathname.split("/").pop() || "") || null;
   if (lookup) {

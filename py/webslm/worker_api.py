@@ -397,6 +397,7 @@ def model_summary(model, validation_seconds: float) -> dict:
         "architecture": {"family": a.family, "n_layers": a.n_layers, "hidden": a.hidden, "n_heads": a.n_heads,
                          "n_kv_heads": a.n_kv_heads, "vocab": a.vocab, "context_length": a.context_length},
         "encodings": sorted({i.encoding for i in model.manifest.tensors.values()}),
+        "generation": dict(model.manifest.generation),      # the model's sampling defaults
         "validation_seconds": round(validation_seconds, 3),
     }
 
