@@ -36,7 +36,7 @@ def measure_row(name: str, url: str, warm_runs: int) -> dict:
     row = drivers.launch(name)
     try:
         booted = BootedRow(row, url)                      # the cold boot
-        gpu = booted.wait_for("window.webslm.gpu")
+        gpu = booted.request("gpu-probe", {"featureLevel": "auto", "seed": 0})
         for i in range(warm_runs):
             booted.boot(f"warm{i}")
         warm = [booted.results[f"boot_warm{i}"] for i in range(warm_runs)]

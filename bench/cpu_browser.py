@@ -34,7 +34,7 @@ def measure(name: str, url: str, tokens: int) -> dict:
     row = drivers.launch(name)
     try:
         booted = BootedRow(row, url)
-        booted.wait_for("window.webslm.model", timeout_s=600)
+        booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
         request = {"messages": [{"role": "user", "content": PROMPT}], "settings": {"temperature": 0, "max_tokens": tokens}}
         runs = []
         for label in ("cold", "warm"):

@@ -47,7 +47,7 @@ def browser_run(name: str, url: str, repeat: int) -> tuple[str, dict, str]:
     row = drivers.launch(name)
     try:
         booted = BootedRow(row, url)
-        booted.wait_for("window.webslm.model", timeout_s=600)
+        booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
         runs = [booted.request("tokenizer-check", {"chars": CORPUS_CHARS}, timeout_s=900) for _ in range(repeat)]
         python = booted.status["python"]
     finally:

@@ -55,10 +55,12 @@ def browser_runs(name: str, url: str, repeat: int) -> dict:
         for i in range(repeat):
             if i:
                 booted.boot(f"reload{i}")
-            model = booted.wait_for("window.webslm.model", timeout_s=600)
+            model = booted.wait_for("window.webslm && window.webslm.model", timeout_s=600)
             if "error" in model:
                 raise RuntimeError(f"{name}: {model['error']}")
-            runs.append({"validation_s": model["validation_seconds"], "with_download_s": model["total_seconds"]})
+            # the first load downloads the model; reloads read it from Cache Storage
+            runs.append({"validation_s": model["validation_seconds"], "with_reading_s": model["total_seconds"],
+                         "source": model["source"]})
         return {"row": name, "browser": booted.status["user_agent"], "runs": runs}
     finally:
         row.close()
@@ -84,13 +86,13 @@ def main(argv=None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     size = f"{entry['bytes'] / 2**20:.1f} MiB"
-    print(f"| runtime | {entry['id']} ({size}): validation, first / median of {args.repeat} | with download (median) |")
+    print(f"| runtime | {entry['id']} ({size}): validation, first / median of {args.repeat} | with reading it (median; the first run downloads, later ones read Cache Storage) |")
     print("|---|---|---|")
     c = record["cpython"]
     print(f"| CPython {platform.python_version()} | {c[0]:.2f} s / {statistics.median(c):.2f} s | – |")
     for b in record["browsers"]:
         v = [r["validation_s"] for r in b["runs"]]
-        d = [r["with_download_s"] for r in b["runs"]]
+        d = [r["with_reading_s"] for r in b["runs"]]
         print(f"| Pyodide 0.27.7 in {b['row']} worker | {v[0]:.2f} s / {statistics.median(v):.2f} s | {statistics.median(d):.2f} s |")
     return 0
 

@@ -116,3 +116,29 @@ def _row_back_online(request):
     yield
     if booted is not None:
         booted.proxy.offline = False
+
+
+GREEDY_PROMPT = "What is the capital of France?"
+GREEDY_MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="session")
+def cpu_reference() -> dict:
+    """The greedy CPU-only answer to GREEDY_PROMPT (chat-templated, no system prompt, at most
+    GREEDY_MAX_TOKENS), computed here in CPython: the sampler and the CPU engine are
+    bit-identical to the worker's (tests_browser/test_app.py checks the sampler), so every
+    engine in every row must give exactly this text and these token ids."""
+    import json
+
+    import webslm
+    from webslm.cpu import CpuBackend
+    from webslm.generate import generate, prompt_ids
+    from webslm.semantic.ledger import Ledger
+    entry = next(m for m in json.loads((ROOT / serve.MANIFEST).read_text())["models"] if m["default"])
+    model = webslm.open_model(ROOT / ".assets/site" / entry["file"])
+    ledger = Ledger()
+    settings = webslm.SamplerSettings(temperature=0, max_tokens=GREEDY_MAX_TOKENS)
+    text = "".join(d.text for d in generate(model, CpuBackend(model), prompt_ids(model, GREEDY_PROMPT, chat=True),
+                                            settings, ledger=ledger))
+    return {"text": text, "token_ids": list(ledger.committed_ids)}
+

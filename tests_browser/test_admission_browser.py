@@ -13,7 +13,8 @@ FORBIDDEN = ("description", "vendor", "architecture", "driver", "prompt", "token
 
 
 def _admission(booted) -> dict:
-    return booted.wait_for("window.webslm.admission", timeout_s=900)
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
+    return booted.row.eval("window.webslm.admission")
 
 
 def test_the_page_admits_the_default_model_or_says_why_not(booted):

@@ -1,0 +1,371 @@
+"""The chat page in every browser row, driven as a user drives it, on the built static site
+(`serve.py --build`, served by `python -m http.server` behind a switchable proxy: conftest.py).
+
+In order, in each row: the default model answers "What is the capital of France?" with a
+streamed answer that names Paris (on the admitted GPU in the GPU rows, on the CPU path in
+WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again;
+the page in light and dark, desktop and phone width, is photographed (tests_browser/results/
+screenshots/); a corrupted model file, picked or dropped, is refused with the validator's
+error and the model that answered keeps answering; the JS API keeps OpenAI's shapes; after
+unload, a second visit loads the model from Cache Storage without fetching it; and with the
+network gone, the page opens from its service worker and answers.
+
+The UI is driven through DOM events (input, keydown, click, change, drop), the same in every
+driver. Page-ready and first-token times per engine go to tests_browser/results/<row>.json
+under "chat". Answers are short where the test allows: SwiftShader (Chromium) takes ~20 s a
+token.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+from conftest import GREEDY_MAX_TOKENS, GREEDY_PROMPT as PROMPT   # the cpu_reference fixture's question
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LONG_PROMPT = "Write a long story about a dragon who learns to cook."
+ANSWER_TIMEOUT_S = 900
+# the badge of each GPU row's admitted tier (SwiftShader: subgroups; Dawn GL ES: neither; Firefox: f16)
+GPU_BADGE = {"chromium": "GPU · subgroups", "chromium-compat": "GPU · f32", "firefox": "GPU · f16"}
+READY_TIMEOUT_S = 900
+
+# Small helpers the tests' page scripts share: set a control as typing would, press a key,
+# read the conversation, wait for a condition.
+UI = r"""
+const ui = {
+  $: (id) => document.getElementById(id),
+  set(id, value) {
+    const el = ui.$(id);
+    el.value = String(value);
+    el.dispatchEvent(new Event("input", { bubbles: true }));
+    el.dispatchEvent(new Event("change", { bubbles: true }));
+  },
+  key(target, key, extra = {}) {
+    target.dispatchEvent(new KeyboardEvent("keydown", { key, bubbles: true, cancelable: true, ...extra }));
+  },
+  turns: () => [...document.querySelectorAll("#messages li.message")].map((li) => ({
+    role: li.classList.contains("user") ? "user" : "assistant",
+    text: li.querySelector(".content")?.textContent ?? "",
+    meta: li.querySelector(".meta")?.textContent ?? null,
+    finish: li.dataset.finishReason ?? null,
+  })),
+  lastAssistant: () => [...document.querySelectorAll("#messages li.assistant")].pop() ?? null,
+  until: (check, ms) => new Promise((ok, fail) => {
+    const t = setInterval(() => { const v = check(); if (v) { clearInterval(t); ok(v); } }, 20);
+    setTimeout(() => { clearInterval(t); fail(new Error("timed out: " + check)); }, ms);
+  }),
+};
+"""
+
+
+def _page(booted, script: str, timeout_s: float = ANSWER_TIMEOUT_S):
+    """Run an async page script with `ui` in scope; return its value."""
+    return booted.row.eval(f"(async () => {{ {UI}\n{script} }})()", timeout_s=timeout_s + 30)
+
+
+def _ready(booted) -> dict:
+    """The page ready to chat; in a GPU row, with the engine on the GPU (an earlier test may have
+    left it on the CPU: then the page loads the model again, from its cache, and admits it)."""
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
+    if booted.row.expects_webgpu is True and booted.row.eval("window.webslm.engine.backend") != "gpu":
+        booted.row.eval("window.webslm.loadModel('default').then(() => true)", timeout_s=READY_TIMEOUT_S)
+    engine = booted.row.eval("window.webslm.engine")
+    expected = "gpu" if booted.row.expects_webgpu is True else "cpu"
+    if booted.row.expects_webgpu is not None:
+        assert engine["backend"] == expected, engine
+    return engine
+
+
+def _record(booted, key: str, value) -> None:
+    booted.results.setdefault("chat", {})[key] = value
+    booted.record()
+
+
+def _default_entry() -> dict:
+    manifest = json.loads((ROOT / ".assets/site/manifest.json").read_text())
+    return next(m for m in manifest["models"] if m["default"])
+
+
+# ------------------------------------------------------------------------------ chatting
+
+def test_the_default_model_answers_paris_streamed(booted, cpu_reference):
+    """Typed and sent with Enter: the answer streams in (its text seen growing), is exactly
+    the greedy CPU-only answer computed in CPython (text and token ids), on the row's engine,
+    with its tokens/s, time to first token and engine under it."""
+    engine = _ready(booted)
+    out = _page(booted, """
+      window.webslm.newChat();
+      ui.set("temperature", 0); ui.set("max-tokens", %d);
+      const prompt = ui.$("prompt");
+      ui.set("prompt", %s);
+      ui.key(prompt, "Enter", { shiftKey: true });                // Shift+Enter: a new line, not a send
+      const afterShiftEnter = ui.turns().length;
+      const seen = [];                                            // the answer's text as it grows
+      const watch = new MutationObserver(() => {
+        const text = ui.lastAssistant()?.querySelector(".content")?.textContent;
+        if (text && text !== seen.at(-1)) seen.push(text);
+      });
+      watch.observe(ui.$("messages"), { subtree: true, childList: true, characterData: true });
+      ui.key(prompt, "Enter");
+      await ui.until(() => ui.$("stop").disabled === false, 30000);
+      const whileStreaming = { send: ui.$("send").disabled, stop: ui.$("stop").disabled };
+      await ui.until(() => ui.lastAssistant()?.dataset.finishReason, %d);
+      watch.disconnect();
+      return { afterShiftEnter, seen, whileStreaming, turns: ui.turns(), last: window.webslm.lastAnswer,
+               badge: ui.$("engine-badge").textContent, timings: window.webslm.timings,
+               after: { send: ui.$("send").disabled, stop: ui.$("stop").disabled, prompt: ui.$("prompt").value } };
+    """ % (GREEDY_MAX_TOKENS, json.dumps(PROMPT), ANSWER_TIMEOUT_S * 1000))
+    last, turns = out["last"], out["turns"]
+    print(f"\n{booted.row.name}: {last['text']!r} {last['backends']} seen {len(out['seen'])} states | {turns[-1]['meta']}")
+    assert out["afterShiftEnter"] == 0, "Shift+Enter sent the message"
+    assert [t["role"] for t in turns] == ["user", "assistant"] and turns[0]["text"] == PROMPT
+    assert "Paris" in last["text"] and last["finish_reason"] == "stop", last
+    assert last["text"] == cpu_reference["text"] and last["token_ids"] == cpu_reference["token_ids"], (last, cpu_reference)
+    assert turns[1]["text"] == last["text"] == out["seen"][-1] and turns[1]["finish"] == "stop"
+    assert len(out["seen"]) >= 2 and all(b.startswith(a) for a, b in zip(out["seen"], out["seen"][1:])), out["seen"]
+    assert out["whileStreaming"] == {"send": True, "stop": False}
+    assert out["after"] == {"send": False, "stop": True, "prompt": ""}
+    assert last["backends"] == [engine["backend"]]
+    meta = turns[1]["meta"]
+    assert "tokens/s" in meta and "first token" in meta and engine["backend"].upper() in meta, meta
+    assert out["badge"].startswith("GPU") if engine["backend"] == "gpu" else out["badge"] == "CPU"
+    t = last["timings"]
+    if engine["backend"] == "gpu":    # one GPU decode step per committed token (the last one chose EOS)
+        assert t["gpu_steps"]["decode_steps"] == last["usage"]["completion_tokens"], t
+    _record(booted, f"{engine['backend']}_answer", {
+        "badge": out["badge"], "page_ready_s": round(out["timings"]["page_ready_s"], 2),
+        "page_time_to_first_token_s": round(t["page_time_to_first_token_s"], 3),
+        "time_to_first_token_s": t["time_to_first_token_s"], "prefill_seconds": t["prefill_seconds"],
+        "decode_tokens_per_s": t["decode_tokens_per_s"], "prompt_tokens": last["usage"]["prompt_tokens"],
+        "completion_tokens": last["usage"]["completion_tokens"], "gpu_steps": t.get("gpu_steps")})
+
+
+def test_escape_stops_an_answer_mid_way(booted):
+    _ready(booted)
+    out = _page(booted, """
+      window.webslm.newChat();
+      ui.set("temperature", 0); ui.set("max-tokens", 40);
+      ui.set("prompt", %s);
+      ui.key(ui.$("prompt"), "Enter");
+      await ui.until(() => ui.lastAssistant()?.querySelector(".content")?.textContent, %d);
+      ui.key(document.activeElement ?? document.body, "Escape");
+      await ui.until(() => ui.lastAssistant()?.dataset.finishReason, %d);
+      return { turns: ui.turns(), last: window.webslm.lastAnswer, send: ui.$("send").disabled };
+    """ % (json.dumps(LONG_PROMPT), ANSWER_TIMEOUT_S * 1000, ANSWER_TIMEOUT_S * 1000))
+    last, turns = out["last"], out["turns"]
+    assert last["finish_reason"] == "abort", last
+    assert turns[-1]["finish"] == "abort" and "stopped" in turns[-1]["meta"], turns[-1]
+    assert 1 <= last["usage"]["completion_tokens"] < 40
+    assert turns[-1]["text"] == last["text"] and last["text"]
+    assert out["send"] is False
+    print(f"\n{booted.row.name}: stopped after {last['usage']['completion_tokens']} tokens: {last['text']!r}")
+
+
+def test_regenerate_answers_the_same_conversation_again(booted):
+    """After the stopped answer: Regenerate replaces it with a new one (a fresh seed, the
+    sampling controls as set), the conversation otherwise unchanged."""
+    _ready(booted)
+    out = _page(booted, """
+      const before = ui.turns();
+      const previous = window.webslm.lastAnswer;
+      ui.set("temperature", 0.8); ui.set("max-tokens", 2); ui.set("seed", "");
+      ui.$("regenerate").click();
+      await ui.until(() => window.webslm.lastAnswer !== previous && ui.lastAssistant()?.dataset.finishReason, %d);
+      return { before, after: ui.turns(), previous, last: window.webslm.lastAnswer };
+    """ % (ANSWER_TIMEOUT_S * 1000))
+    before, after, last = out["before"], out["after"], out["last"]
+    assert [t["role"] for t in before] == [t["role"] for t in after] == ["user", "assistant"], (before, after)
+    assert after[0]["text"] == before[0]["text"] == LONG_PROMPT
+    assert last["finish_reason"] in ("length", "stop") and after[1]["finish"] == last["finish_reason"]
+    assert 1 <= last["usage"]["completion_tokens"] <= 2
+    assert after[1]["text"] == last["text"]
+    assert last["seed"] != out["previous"].get("seed"), "an empty seed box means a fresh seed"
+
+
+def test_screenshots_light_and_dark_desktop_and_phone(booted):
+    """The page with a conversation in it, in both themes at both widths: saved, nothing wider
+    than the screen, the themes really differ, the prompt and Send reachable on a phone."""
+    _ready(booted)
+    shots = {}
+    try:
+        for width, height, size in ((1280, 900, "desktop"), (390, 844, "phone")):
+            booted.row.set_viewport(width, height)
+            for theme in ("light", "dark"):
+                look = _page(booted, """
+                  ui.set("theme", %s);
+                  await new Promise((r) => setTimeout(r, 400));          // the layout's transitions (0.2 s) end
+                  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+                  const box = (id) => { const r = ui.$(id).getBoundingClientRect(); return [r.left, r.right, r.width]; };
+                  return { theme: document.documentElement.dataset.theme ?? null,
+                           background: getComputedStyle(document.body).backgroundColor,
+                           overflow: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+                           width: document.documentElement.clientWidth, prompt: box("prompt"), send: box("send"),
+                           badge: box("engine-badge"), badge_text: ui.$("engine-badge").textContent };
+                """ % json.dumps(theme), timeout_s=30)
+                name = f"{size}-{theme}"
+                shots[name] = {"path": str(booted.screenshot(name)), **look}
+    finally:
+        booted.row.set_viewport(1280, 900)
+        _page(booted, 'ui.set("theme", "system"); return true;', timeout_s=30)
+    _record(booted, "screenshots", {k: v["path"] for k, v in shots.items()})
+    print(f"\n{booted.row.name}: " + ", ".join(v["path"] for v in shots.values()))
+    for name, look in shots.items():
+        assert look["theme"] == name.split("-")[1], look
+        assert look["badge_text"] == GPU_BADGE.get(booted.row.name, look["badge_text"]), look
+        assert look["overflow"] <= 1, f"{name}: the page is {look['overflow']} px wider than the window"
+        for part in ("prompt", "send", "badge"):
+            left, right, width = look[part]
+            assert width > 0 and left >= 0 and right <= look["width"] + 1, (name, part, look[part])
+
+    def luminance(css: str) -> float:          # "rgb(247, 248, 249)"
+        r, g, b = (float(x) for x in re.findall(r"[\d.]+", css)[:3])
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    for size in ("desktop", "phone"):
+        assert luminance(shots[f"{size}-light"]["background"]) > luminance(shots[f"{size}-dark"]["background"]) + 100
+
+
+# ------------------------------------------------------------------------------ models
+
+def _corrupted(data: bytes, offset: int, length: int | None) -> dict:
+    """What the validator says of the default model with the byte at `offset` flipped and the
+    file cut to `length` bytes: the error the page must show."""
+    from webslm.artifact import ArtifactError, Validator
+    bad = bytearray(data if length is None else data[:length])
+    bad[offset] ^= 0xFF
+    validator = Validator()
+    try:
+        validator.feed(bad)
+        validator.finish()
+    except ArtifactError as exc:
+        return {"code": exc.code, "where": exc.where, "sentence": exc.sentence}
+    raise AssertionError("the corrupted file validated")
+
+
+def test_a_corrupted_model_is_refused_and_the_loaded_one_keeps_answering(booted):
+    engine = _ready(booted)
+    entry = _default_entry()
+    data = (ROOT / ".assets/site" / entry["file"]).read_bytes()
+    cases = {"picked": (len(data) // 2, None), "dropped": (200_000, 4_000_000)}   # a flipped byte; a flipped byte in a cut file
+    expected = {how: _corrupted(data, *case) for how, case in cases.items()}
+    shown = {}
+    for how, (offset, length) in cases.items():
+        shown[how] = _page(booted, """
+          const bytes = new Uint8Array(await (await fetch("assets/" + %s)).arrayBuffer()).slice(0, %s ?? undefined);
+          bytes[%d] ^= 0xff;
+          const file = new File([bytes], "corrupted.slm");
+          const transfer = new DataTransfer();
+          transfer.items.add(file);
+          const previous = window.webslm.model;
+          if (%s === "picked") {
+            ui.$("model-file").files = transfer.files;
+            ui.$("model-file").dispatchEvent(new Event("change", { bubbles: true }));
+          } else {
+            document.body.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+          }
+          await ui.until(() => ui.$("model-error").textContent.trim(), 300000);
+          await ui.until(() => ["GPUReady", "CPUReady"].includes(window.webslm.engine.state), 60000);
+          return { error: ui.$("model-error").textContent, role: ui.$("model-error").getAttribute("role"),
+                   model: window.webslm.engine.model.artifact_sha256, state: window.webslm.engine.state,
+                   backend: window.webslm.engine.backend, same: window.webslm.model === previous };
+        """ % (json.dumps(entry["file"]), json.dumps(length), offset, json.dumps(how)), timeout_s=400)
+    print(f"\n{booted.row.name}: " + " | ".join(f"{how}: {s['error']}" for how, s in shown.items()))
+    for how, page in shown.items():
+        said = expected[how]
+        assert f"({said['code']} at {said['where']})" in page["error"], (said, page)
+        assert said["sentence"].lower() in page["error"].lower(), (said, page)     # the page capitalizes it
+        assert page["role"] == "alert"
+        assert page["model"] == entry["artifact_sha256"] and page["backend"] == engine["backend"], page
+
+
+def test_the_js_api_keeps_openai_shapes(booted):
+    """web/webslm.js as a developer calls it: typed errors before any work, chunks of
+    chat.completion.chunk with a final finish_reason and usage, leaving the loop early aborts
+    the answer, one answer at a time, a non-streaming chat.completion, statechange events."""
+    engine = _ready(booted)
+    out = _page(booted, """
+      const e = window.webslm.engine;
+      const errors = {};
+      const grab = (p) => p.then(() => null, (x) => ({ name: x.name, code: x.code, advice: x.advice, message: x.message }));
+      errors.temperature = await grab(e.chat.completions.create({ messages: [{ role: "user", content: "x" }], temperature: -1 }));
+      errors.role = await grab(e.chat.completions.create({ messages: [{ role: "root", content: "x" }] }));
+      errors.field = await grab(e.chat.completions.create({ messages: [{ role: "user", content: "x" }], best_of: 2 }));
+      const states = [];
+      const onState = (ev) => states.push([ev.detail.from, ev.detail.to]);
+      e.addEventListener("statechange", onState);
+      const stream = await e.chat.completions.create({ messages: [{ role: "user", content: %s }], stream: true, temperature: 0, max_tokens: 40 });
+      errors.busy = await grab(e.chat.completions.create({ messages: [{ role: "user", content: "x" }] }));
+      const chunks = [];
+      for await (const chunk of stream) { chunks.push(chunk); if (chunk.choices[0].delta.content) break; }
+      await ui.until(() => ["GPUReady", "CPUReady"].includes(e.state), 60000);
+      const whole = await e.chat.completions.create({ messages: [{ role: "user", content: "Name a color." }], max_tokens: 1, seed: 3 });
+      e.removeEventListener("statechange", onState);
+      return { errors, chunks, whole, states, state: e.state, features: e.features, admitted: e.admission.features ?? [] };
+    """ % json.dumps(LONG_PROMPT))
+    errors, chunks, whole = out["errors"], out["chunks"], out["whole"]
+    for name in ("temperature", "role", "field"):
+        assert errors[name]["name"] == "WebSlmError" and errors[name]["code"] == "bad-request", errors
+        assert errors[name]["advice"], errors
+    assert errors["busy"]["code"] == "busy", errors
+    assert chunks[0]["object"] == "chat.completion.chunk" and chunks[0]["id"].startswith("chatcmpl-")
+    assert chunks[-1]["choices"][0]["delta"]["role"] == "assistant" and chunks[-1]["choices"][0]["delta"]["content"]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert whole["object"] == "chat.completion" and whole["choices"][0]["message"]["role"] == "assistant"
+    assert whole["choices"][0]["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == 1
+    assert whole["usage"]["total_tokens"] == whole["usage"]["prompt_tokens"] + 1
+    assert whole["webslm"]["backends"] == [engine["backend"]] and whole["webslm"]["seed"] == 3
+    if engine["backend"] == "gpu":       # a cancel (CancelPending) does not lose what was admitted
+        assert out["features"] == out["admitted"], out
+    generating = "Generating" if engine["backend"] == "gpu" else "CPUGenerating"
+    assert ("CancelPending", "GPUReady" if engine["backend"] == "gpu" else "CPUReady") in [tuple(s) for s in out["states"]], out["states"]
+    assert [tuple(s) for s in out["states"]].count(tuple([("GPUReady" if engine["backend"] == "gpu" else "CPUReady"), generating])) == 2
+
+
+def test_after_unload_a_second_visit_loads_the_model_from_cache(booted):
+    """unload() frees the engine (state Unloaded, answers refused); the page opened again
+    loads the default model from Cache Storage: no request for the .slm, by the page or its
+    worker. (Opened with ?gpu=0: admission is not what this checks, and on SwiftShader it
+    takes half a minute.)"""
+    _ready(booted)
+    unloaded = _page(booted, """
+      const e = window.webslm.engine;
+      await e.unload();
+      const refused = await e.chat.completions.create({ messages: [{ role: "user", content: "x" }] }).then(() => null, (x) => x.code);
+      return { state: e.state, refused, cached: (await e.models.list()).map((m) => m.sha256), usage: await e.models.usage() };
+    """, timeout_s=60)
+    entry = _default_entry()
+    assert unloaded["state"] == "Unloaded" and unloaded["refused"] == "unloaded", unloaded
+    assert entry["artifact_sha256"] in unloaded["cached"], unloaded
+    assert unloaded["usage"]["models_bytes"] >= entry["bytes"]
+    booted.row.clear_requests()
+    booted.row.open(booted.url + "?gpu=0")           # the model's cache is the point here, not the GPU
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
+    model = booted.row.eval("window.webslm.engine.model")
+    worker_urls = booted.request("resource-log")["urls"]
+    seen = booted.row.requests() or []
+    assert model["source"] == "cache" and model["artifact_sha256"] == entry["artifact_sha256"], model
+    assert [u for u in [*worker_urls, *seen] if u.endswith(".slm")] == [], "the model was fetched"
+    assert "cache" in booted.row.eval("document.getElementById('model-state').textContent").lower()
+    _record(booted, "second_visit", {"page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
+                                     "model_total_seconds": model["total_seconds"],
+                                     "validation_seconds": model["validation_seconds"]})
+
+
+def test_offline_the_page_opens_from_its_copy_and_answers(booted):
+    """With the server unreachable (the proxy refuses every connection), the page opens from
+    its service worker's copy, the worker boots Pyodide from it, the model comes from Cache
+    Storage, and the engine answers (on the GPU in the GPU rows)."""
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
+    booted.wait_for("navigator.serviceWorker && navigator.serviceWorker.controller", timeout_s=60)
+    booted.proxy.offline = True
+    try:
+        booted.reload("offline")
+        engine = _ready(booted)
+        answer = booted.row.eval("window.webslm.newChat(), window.webslm.ask(%s, {temperature: 0, max_tokens: 1})"
+                                 % json.dumps(PROMPT), timeout_s=ANSWER_TIMEOUT_S)
+    finally:
+        booted.proxy.offline = False
+    assert engine["model"]["source"] == "cache", engine["model"]
+    assert answer["usage"]["completion_tokens"] >= 1 and answer["backends"] == [engine["backend"]], answer
+    _record(booted, "offline", {"page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
+                                "backend": engine["backend"]})
