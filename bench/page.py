@@ -23,7 +23,6 @@ import os
 import pathlib
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests_browser"), str(ROOT)]
 
 import drivers  # noqa: E402
-from conftest import free_port, _wait_until_serving  # noqa: E402
+from app_session import static_site  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 READY_TIMEOUT_S = 900
@@ -88,23 +87,12 @@ def main(argv=None) -> int:
     ap.add_argument("--visits", type=int, default=3)
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "page.json")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        site = pathlib.Path(tmp) / "site"
-        subprocess.run([sys.executable, str(ROOT / "serve.py"), "--build", str(site)], check=True, stdout=subprocess.DEVNULL)
-        results = []
-        for name in [n for n in args.rows.split(",") if n]:
-            # a server (so an origin, so a Cache Storage) of its own for each row: each first visit is a first
-            port = free_port()
-            server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(site)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
-                url = f"http://127.0.0.1:{port}/"
-                _wait_until_serving(url)
-                print(f"page: {name} ...", file=sys.stderr, flush=True)
-                results.append(measure_row(name, url, args.visits))
-            finally:
-                server.terminate()
-                server.wait(10)
+    results = []
+    for name in [n for n in args.rows.split(",") if n]:
+        # a server (so an origin, so a Cache Storage) of its own for each row: each first visit is a first
+        with tempfile.TemporaryDirectory() as tmp, static_site(ROOT, pathlib.Path(tmp)) as port:
+            print(f"page: {name} ...", file=sys.stderr, flush=True)
+            results.append(measure_row(name, f"http://127.0.0.1:{port}/", args.visits))
     record = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
               "cpus": len(os.sched_getaffinity(0)), "question": QUESTION, "visits": args.visits, "rows": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)

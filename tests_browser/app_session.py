@@ -4,10 +4,15 @@ Used by the browser tests (conftest.py) and by bench/boot.py.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
+import socket
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 
 import drivers
 import serve
@@ -15,6 +20,46 @@ from offline_proxy import OfflineProxy
 
 BOOT_TIMEOUT_S = 180       # Pyodide + numpy on a 2-core machine under a software GPU
 SCREENSHOT_DIR = pathlib.Path(__file__).resolve().parent / "results" / "screenshots"
+
+
+@contextlib.contextmanager
+def static_site(root: pathlib.Path, where: pathlib.Path):
+    """`serve.py --build` into `where`, served by plain `python -m http.server` (as users deploy
+    it) on a free loopback port: yields the port; the server is stopped on exit."""
+    site = where / "www"
+    subprocess.run([sys.executable, str(root / "serve.py"), "--build", str(site)], check=True, stdout=subprocess.DEVNULL)
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(site)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until_serving(f"http://127.0.0.1:{port}/")
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago (fine for a test's own server)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_serving(url: str, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def serve_in_thread(routes):

@@ -13,10 +13,7 @@ and limits, kernel results) are printed and written to tests_browser/results/<ro
 from __future__ import annotations
 
 import pathlib
-import socket
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -27,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 import drivers  # noqa: E402
 import serve  # noqa: E402
-from app_session import BootedRow, serve_in_thread  # noqa: E402
+from app_session import BootedRow, serve_in_thread, static_site  # noqa: E402
 from offline_proxy import OfflineProxy  # noqa: E402
 
 
@@ -49,48 +46,14 @@ def app_url():
 def site_port(tmp_path_factory):
     """`serve.py --build` output, served by plain `python -m http.server`: its port."""
     _require_assets()
-    site = tmp_path_factory.mktemp("site") / "www"
-    subprocess.run([sys.executable, str(ROOT / "serve.py"), "--build", str(site)], check=True,
-                   stdout=subprocess.DEVNULL)
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                                "-d", str(site)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_until_serving(f"http://127.0.0.1:{port}/")
+    with static_site(ROOT, tmp_path_factory.mktemp("site")) as port:
         yield port
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @pytest.fixture(scope="session")
 def built_site_url(site_port):
     """The built site, straight from its http.server (no proxy)."""
     return f"http://127.0.0.1:{site_port}/"
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (fine for a test's own server)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_until_serving(url, timeout_s=20):
-    import urllib.request
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session", params=drivers.ROW_NAMES)
