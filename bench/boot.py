@@ -7,7 +7,7 @@ Pyodide, numpy and the webslm wheel over loopback from serve.py. Warm: the same 
 reloaded in the same profile (HTTP cache and compiled-Wasm cache populated), repeated
 --warm times; the median is reported. The worker measures its own phases with
 performance.now(); page_to_ready_s is the wall time from navigation to "ready" seen from
-Python. The GPU check is the page's own gpu-probe (adapter, device, 9 mat-vec cases).
+Python. The GPU check is the worker's gpu-probe request (adapter, device, 9 mat-vec cases).
 
 Figures depend on the machine: record it with the results (docs/RESULTS.md does).
 """

@@ -87,6 +87,50 @@ def _default_entry() -> dict:
     return next(m for m in manifest["models"] if m["default"])
 
 
+# ------------------------------------------------------------------------------ the page
+
+def test_the_last_load_showed_each_phase_to_its_end(booted):
+    """The model panel's bars after the page's load: the bytes read (downloaded, or from the
+    cache) and validated, and in a GPU row the upload, the pipelines compiled and the kernel
+    families self-tested, each bar full, with its numbers."""
+    _ready(booted)
+    bars = _page(booted, """
+      return Object.fromEntries(["download", "validate", "upload", "compile", "self-test"].map((phase) => {
+        const bar = ui.$("progress-" + phase);
+        return [phase, { shown: !bar.closest(".progress-row").hidden, value: bar.value, max: bar.max,
+                         numbers: ui.$("progress-" + phase + "-numbers").textContent }];
+      }));
+    """, timeout_s=30)
+    phases = ["download", "validate"] + (["upload", "compile", "self-test"] if booted.row.expects_webgpu is True else [])
+    for phase in phases:
+        bar = bars[phase]
+        assert bar["shown"] and bar["max"] > 0 and bar["value"] == bar["max"] and bar["numbers"], (phase, bar)
+    assert bars["download"]["max"] == bars["validate"]["max"] == _default_entry()["bytes"]
+    if booted.row.expects_webgpu is False:
+        assert not any(bars[p]["shown"] for p in ("upload", "compile", "self-test")), bars
+
+
+def test_every_control_is_labelled_and_reachable_by_keyboard(booted):
+    """Every input, select, textarea and button has an accessible name; nothing is taken out of
+    the natural tab order or put before it (no positive tabindex); the prompt comes before Send,
+    Send before Stop."""
+    _ready(booted)
+    out = _page(booted, """
+      const named = (el) => Boolean((el.labels && el.labels.length && el.labels[0].textContent.trim())
+        || el.getAttribute("aria-label") || (el.getAttribute("aria-labelledby") && document.getElementById(el.getAttribute("aria-labelledby"))?.textContent.trim())
+        || (el.tagName === "BUTTON" && el.textContent.trim()));
+      const controls = [...document.querySelectorAll("input, select, textarea, button")];
+      const order = (id) => controls.indexOf(ui.$(id));
+      return { unnamed: controls.filter((el) => !named(el)).map((el) => el.outerHTML.slice(0, 80)),
+               positive: [...document.querySelectorAll("[tabindex]")].filter((el) => el.tabIndex > 0).map((el) => el.id),
+               order: [order("prompt"), order("send"), order("stop")], alert: ui.$("model-error").getAttribute("role"),
+               live: ui.$("engine-badge").getAttribute("aria-live") };
+    """, timeout_s=30)
+    assert out["unnamed"] == [] and out["positive"] == [], out
+    assert out["order"] == sorted(out["order"]) and out["order"][0] >= 0, out
+    assert out["alert"] == "alert" and out["live"] == "polite"
+
+
 # ------------------------------------------------------------------------------ chatting
 
 def test_the_default_model_answers_paris_streamed(booted, cpu_reference):
@@ -257,6 +301,9 @@ def test_a_corrupted_model_is_refused_and_the_loaded_one_keeps_answering(booted)
           const transfer = new DataTransfer();
           transfer.items.add(file);
           const previous = window.webslm.model;
+          const phases = new Set();
+          const onProgress = (e) => phases.add(e.detail.phase + ":" + e.detail.source);
+          window.webslm.engine.addEventListener("progress", onProgress);
           if (%s === "picked") {
             ui.$("model-file").files = transfer.files;
             ui.$("model-file").dispatchEvent(new Event("change", { bubbles: true }));
@@ -265,7 +312,8 @@ def test_a_corrupted_model_is_refused_and_the_loaded_one_keeps_answering(booted)
           }
           await ui.until(() => ui.$("model-error").textContent.trim(), 300000);
           await ui.until(() => ["GPUReady", "CPUReady"].includes(window.webslm.engine.state), 60000);
-          return { error: ui.$("model-error").textContent, role: ui.$("model-error").getAttribute("role"),
+          window.webslm.engine.removeEventListener("progress", onProgress);
+          return { error: ui.$("model-error").textContent, phases: [...phases], role: ui.$("model-error").getAttribute("role"),
                    model: window.webslm.engine.model.artifact_sha256, state: window.webslm.engine.state,
                    backend: window.webslm.engine.backend, same: window.webslm.model === previous };
         """ % (json.dumps(entry["file"]), json.dumps(length), offset, json.dumps(how)), timeout_s=400)
@@ -276,6 +324,24 @@ def test_a_corrupted_model_is_refused_and_the_loaded_one_keeps_answering(booted)
         assert said["sentence"].lower() in page["error"].lower(), (said, page)     # the page capitalizes it
         assert page["role"] == "alert"
         assert page["model"] == entry["artifact_sha256"] and page["backend"] == engine["backend"], page
+    # the picked file was refused half-way, validated as it was read; the cut one at its manifest
+    assert {"download:file", "validate:file"} <= set(shown["picked"]["phases"]), shown["picked"]["phases"]
+
+
+def test_a_url_that_cannot_be_downloaded_is_explained(booted):
+    """The URL box with an address the server does not have: the page says it could not be
+    downloaded (HTTP 404) and what to do; the loaded model keeps answering."""
+    engine = _ready(booted)
+    out = _page(booted, """
+      ui.set("model-url", "assets/models/no-such-model.slm");
+      ui.$("url-form").requestSubmit();
+      await ui.until(() => ui.$("model-error").textContent.trim(), 60000);
+      await ui.until(() => ["GPUReady", "CPUReady"].includes(window.webslm.engine.state), 60000);
+      return { error: ui.$("model-error").textContent, model: window.webslm.engine.model.artifact_sha256,
+               backend: window.webslm.engine.backend };
+    """, timeout_s=120)
+    assert "HTTP 404" in out["error"] and "Check the address" in out["error"], out
+    assert out["model"] == _default_entry()["artifact_sha256"] and out["backend"] == engine["backend"], out
 
 
 def test_the_js_api_keeps_openai_shapes(booted):

@@ -264,6 +264,10 @@ async function openModel(source, url, sha256, { lookup, keep }) {
   return { from: "network", body: response.body, total, name: fileName, chunks: keep ? [] : null };
 }
 
+// The validator is fed at most this much at a time, so that its progress (and the page's
+// messages) move every few milliseconds whatever size of chunks the stream hands over.
+const FEED_BYTES = 1 << 20;
+
 // Stream opened.body into a new ModelLoader. Reading runs ahead of validation (a pump fills a
 // queue while Python validates what has arrived), so the two progress bars show each.
 async function validateStream(opened, context) {
@@ -287,7 +291,11 @@ async function validateStream(opened, context) {
     let yielded = performance.now();
     for (;;) {
       if (queue.length) {
-        const chunk = queue.shift();
+        let chunk = queue.shift();
+        if (chunk.byteLength > FEED_BYTES) {             // a Blob's stream may hand over many MB at once
+          queue.unshift(chunk.subarray(FEED_BYTES));
+          chunk = chunk.subarray(0, FEED_BYTES);
+        }
         const rejected = loader.feed(chunk);
         if (rejected) throw badArtifact(JSON.parse(rejected));
         validated += chunk.byteLength;
