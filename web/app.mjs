@@ -95,6 +95,7 @@ function follow(engine) {
     chat.followEngine(detail);
   });
   engine.addEventListener("progress", ({ detail }) => {
+    if (!loading) return;       // a load the page did not start (a tool on engine.protocol) is not shown
     modelPanel.showProgress(detail);
     if (detail.phase === "admission") engineView.showAdmissionStage(detail.stage);
   });
