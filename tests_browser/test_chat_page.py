@@ -387,6 +387,33 @@ def test_the_js_api_keeps_openai_shapes(booted):
     assert [tuple(s) for s in out["states"]].count(tuple([("GPUReady" if engine["backend"] == "gpu" else "CPUReady"), generating])) == 2
 
 
+def test_a_misfiled_cache_entry_is_removed_and_the_model_downloaded_again(booted, tmp_path):
+    """Cache Storage is not trusted: a valid model (the tiny fixture) filed under the default
+    model's sha256 is validated, found to be another model, removed, and the default model is
+    downloaded again and cached in its place."""
+    import base64
+
+    from webslm.fixture import make_fixture
+    engine = _ready(booted)
+    entry = _default_entry()
+    fixture = tmp_path / "fixture.slm"
+    make_fixture(fixture)
+    out = _page(booted, """
+      const cache = await import("./worker/model-cache.mjs");
+      const bytes = Uint8Array.from(atob(%s), (c) => c.charCodeAt(0));
+      await cache.store({ sha256: %s, name: "misfiled" }, new Blob([bytes]));
+      const before = (await cache.list()).find((m) => m.sha256 === %s);
+      const model = await window.webslm.loadModel("default");
+      const after = (await cache.list()).find((m) => m.sha256 === %s);
+      return { before, after, source: model.source, sha: model.artifact_sha256, backend: window.webslm.engine.backend };
+    """ % (json.dumps(base64.b64encode(fixture.read_bytes()).decode()), json.dumps(entry["artifact_sha256"]),
+           json.dumps(entry["artifact_sha256"]), json.dumps(entry["artifact_sha256"])))
+    assert out["before"]["bytes"] == fixture.stat().st_size and out["before"]["name"] == "misfiled", out
+    assert out["source"] == "network" and out["sha"] == entry["artifact_sha256"], out
+    assert out["after"]["bytes"] == entry["bytes"] and out["after"]["name"] != "misfiled", out
+    assert out["backend"] == engine["backend"], out
+
+
 def test_after_unload_a_second_visit_loads_the_model_from_cache(booted):
     """unload() frees the engine (state Unloaded, answers refused); the page opened again
     loads the default model from Cache Storage: no request for the .slm, by the page or its

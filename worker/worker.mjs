@@ -180,7 +180,8 @@ const engineEvent = (json) => {
 // through the Python validator while they arrive, and only when the whole file is valid make
 // it the worker's model (the previous one is unloaded then, not before: a bad file leaves the
 // model that answered answering). A model from the network or a file is then cached by its
-// sha256; a cached one that fails validation is removed and downloaded again.
+// sha256; a cached one that fails validation, or is not the model it is filed as, is removed
+// and downloaded again.
 async function loadModel({ source, sha256, name, cache }, context) {
   const started = performance.now();
   const url = source.url === undefined ? null : modelUrl(source.url);
@@ -189,9 +190,13 @@ async function loadModel({ source, sha256, name, cache }, context) {
   let loader, model;
   try {
     ({ loader, model } = await validateStream(opened, context));
+    if (opened.from === "cache" && sha256 && model.artifact_sha256 !== sha256) {
+      loader.destroy();                               // a valid model, filed under another's sha256
+      throw badArtifact({ code: "unexpected-model", where: "cache", sentence: "the cached file is not the model it is filed as" });
+    }
   } catch (error) {
     if (opened.from !== "cache" || error.code !== ERROR_CODES.badArtifact) throw error;
-    await modelCache.remove(opened.sha256);           // a damaged cache entry: never again
+    await modelCache.remove(opened.sha256);           // a damaged or misfiled cache entry: never again
     if (!url) throw error;
     opened = await openModel(source, url, sha256, { lookup: false, keep: cache });
     ({ loader, model } = await validateStream(opened, context));
