@@ -48,8 +48,13 @@ def visit(row, url: str) -> dict:
     answer = row.eval(f"(window.webslm.newChat(), window.webslm.ask({json.dumps(QUESTION)}, {{temperature: 0, max_tokens: 24}}))",
                       timeout_s=READY_TIMEOUT_S)
     t = answer["timings"]
+    admission = row.eval("window.webslm.admission") or {}
     return {
         "backend": engine["backend"], "tier": engine["tier"], "model_source": engine["model"]["source"],
+        # where "ready" went: the worker's boot, reading + validating the model, GPU admission
+        "boot_s": round(engine["worker"]["boot"]["total_ms"] / 1000, 2),
+        "model_s": engine["model"]["total_seconds"],
+        "admission_s": admission.get("seconds"),
         "page_ready_s": round(row.eval("window.webslm.timings.page_ready_s"), 2),
         "page_ready_wall_s": round(ready_wall, 2),
         "page_first_token_s": round(t["page_time_to_first_token_s"], 2),
