@@ -133,7 +133,7 @@ def blas_info() -> dict:
         try:
             blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
             info["blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")}
-        except Exception as e:  # numpy < 1.26 has no mode="dicts"
+        except Exception as e:  # noqa: BLE001 -- numpy < 1.26 has no mode="dicts"
             info["blas"] = f"unknown ({e})"
         info["threadpools"] = "threadpoolctl not installed"
     return info

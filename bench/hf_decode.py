@@ -392,7 +392,7 @@ def main(argv=None) -> int:
                     entry["peak_memory_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
                 if mode in ("static", "cuda-graph"):
                     entry["max_cache_len"] = n_prompt + n_new
-            except Exception as exc:   # report and carry on with the other modes
+            except Exception as exc:   # noqa: BLE001 -- report and carry on with the other modes
                 failed = True
                 entry["error"] = f"{type(exc).__name__}: {exc}"
                 entry["traceback"] = traceback.format_exc()

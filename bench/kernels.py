@@ -151,7 +151,7 @@ async def bench_family(device, module, quick: bool, copy_gbps: float, only: set[
             bytes_per_instance = sum(_size(b) for b in probe.buffers)
             probe.release(device)
 
-            async def prepare(variant=variant, shape=shape):
+            async def prepare(variant=variant, shape=shape, rng=rng):
                 return await module.prepare_bench(device, variant, shape, rng)
             result = await measure(device, prepare, bytes_per_instance, quick)
             result["gbps"] = result["bytes_moved"] / result["us"] / 1e3

@@ -79,8 +79,11 @@ def markdown(results: list[dict]) -> str:
     for r in results:
         first, later = r["runs"][0], r["runs"][1:]
         engine = first["backend"].upper() + (f" tier {first['tier']}" if first["tier"] else "")
-        median = (lambda k: statistics.median(v[k] for v in later)) if later else None
-        later_text = f"{median('page_ready_s'):.1f} / {median('page_first_token_s'):.1f}" if later else "-"
+        later_text = "-"
+        if later:
+            ready = statistics.median(run["page_ready_s"] for run in later)
+            token = statistics.median(run["page_first_token_s"] for run in later)
+            later_text = f"{ready:.1f} / {token:.1f}"
         lines.append(f"| {r['row']} ({engine}) | {first['page_ready_s']:.1f} / {first['page_first_token_s']:.1f} "
                      f"| {later_text} | {first['decode_tokens_per_s']} |")
     return "\n".join(lines)

@@ -28,23 +28,23 @@ PROPS = settings(max_examples=400, derandomize=True, database=None, deadline=Non
 
 def reference_weights(logits, s: SamplerSettings, history):
     """Spec steps 3-6 up to the final renormalization: (tokens, weights) or an int (greedy)."""
-    l = [float(x) for x in logits]
+    scores = [float(x) for x in logits]
     window = history[-s.penalty_window:] if s.penalty_window else list(history)
     if s.penalties_active:
         for token, count in Counter(window).items():
-            v = l[token]
+            v = scores[token]
             if s.repetition_penalty != 1.0:
                 v = v / s.repetition_penalty if v > 0 else v * s.repetition_penalty
             if s.frequency_penalty != 0.0 or s.presence_penalty != 0.0:
                 v = v - (float(count) * s.frequency_penalty + s.presence_penalty)
-            l[token] = v
+            scores[token] = v
     if s.greedy:
-        return max(range(len(l)), key=lambda i: (l[i], -i))
-    ranked = sorted((i for i in range(len(l)) if l[i] > -math.inf), key=lambda i: (-l[i], i))
+        return max(range(len(scores)), key=lambda i: (scores[i], -i))
+    ranked = sorted((i for i in range(len(scores)) if scores[i] > -math.inf), key=lambda i: (-scores[i], i))
     if s.top_k:
         ranked = ranked[: s.top_k]
-    top = l[ranked[0]]
-    w = [exp_scalar((l[i] - top) / s.temperature) for i in ranked]
+    top = scores[ranked[0]]
+    w = [exp_scalar((scores[i] - top) / s.temperature) for i in ranked]
     if s.top_p < 1.0:
         cum, total = [], 0.0
         for x in w:

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import drivers  # noqa: E402
-from offline_proxy import OfflineProxy  # noqa: E402
+import drivers
+from offline_proxy import OfflineProxy
 
 INDEX_HTML = """<!doctype html>
 <meta charset="utf-8"><link rel="icon" href="data:,"><title>webslm driver self-check</title>

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from offline_proxy import OfflineProxy  # noqa: E402
+from offline_proxy import OfflineProxy
 
 BIG = 50 * 1024 * 1024
 NETWORK_FAILURES = (urllib.error.URLError, ConnectionError, http.client.IncompleteRead)

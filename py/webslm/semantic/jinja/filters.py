@@ -130,7 +130,7 @@ def _is_sequence(value) -> bool:
     try:
         len(value)
         value.__getitem__  # noqa: B018 -- Jinja's own check
-    except Exception:
+    except Exception:  # noqa: BLE001 -- as Jinja: whatever len() raises means no
         return False
     return True
 

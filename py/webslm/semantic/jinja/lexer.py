@@ -161,5 +161,5 @@ def _decode_string(src: Source, body: str, pos: int) -> str:
     # escapes stay as written; non-ASCII text survives the round trip through backslashreplace.
     try:
         return body.encode("ascii", "backslashreplace").decode("unicode-escape")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- whatever the codec raises, the literal is bad
         raise src.error(TemplateSyntaxError, f"bad string literal: {exc}", pos, "string") from None
