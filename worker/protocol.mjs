@@ -27,7 +27,7 @@ export const ERROR_CODES = Object.freeze({
   fetchFailed: "fetch-failed",   // the model could not be downloaded (network, HTTP status, CORS)
 });
 
-const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see gpu_smoke.choose_adapter
+const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see py/webslm/webgpu/adapters.py choose_adapter
 const isUint32 = (v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 const isPlainObject = (v) => v !== null && typeof v === "object" && Object.getPrototypeOf(v) === Object.prototype;
 

@@ -6,7 +6,7 @@ one set of cases and one tolerance rule (kernels/probe.py: check_matvec).
 
 This is the foundation's probe, not admission: it reports what an adapter offers and
 whether our WGSL computes correctly there. Admission (feature/limit planning, self-test
-suite, receipt) builds on it.
+suite, receipt) builds on it. Which adapter, and its tier, are webgpu/adapters.py's.
 """
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ from . import shader_bundle
 from .kernels.probe import check_matvec, probe_matvec
 from .kernels.registry import KERNELS, compile_kernel
 from .kernels.runner import largest_workgroup, max_invocations
-from .webgpu.interface import Adapter, Device, Gpu
+# The probe uses these two; admission/admit.py and tests/test_kernels_native.py still reach
+# them as gpu_smoke.choose_adapter / gpu_smoke.tier_for until they import webgpu.adapters.
+from .webgpu.adapters import choose_adapter, tier_for
+from .webgpu.interface import Device, Gpu
 
 # (rows, cols, workgroup size, data): odd tails, a row shorter than the workgroup, a
 # single element, a grid taller than one dimension allows, and extreme magnitudes.
@@ -51,16 +54,6 @@ def make_case(rng: np.random.Generator, rows: int, cols: int, data: str) -> tupl
     return w, x
 
 
-def tier_for(features: frozenset[str] | set[str]) -> str:
-    """The design report's kernel tiers, from what an adapter offers:
-    C = subgroups available, B = shader-f16 available, A = f32 baseline."""
-    if "subgroups" in features:
-        return "C"
-    if "shader-f16" in features:
-        return "B"
-    return "A"
-
-
 def fit_workgroup(wanted: int, limits: dict[str, int]) -> int:
     """The largest allowlisted probe workgroup size <= wanted that the device admits."""
     size = largest_workgroup(limits, KERNELS["probe_matvec_f32"].overrides["WG"], wanted)
@@ -82,24 +75,6 @@ async def run_matvec_cases(device: Device, seed: int = 0) -> list[dict]:
         check = check_matvec(w, x, y, workgroup)
         results.append({**dataclasses.asdict(check), "data": data, "passed": check.passed})
     return results
-
-
-async def choose_adapter(gpu: Gpu, feature_level: str) -> Adapter | None:
-    """The adapter for a feature level; "auto" prefers a real (non-fallback) adapter.
-
-    A browser may answer a core request with a software fallback (Chromium's SwiftShader)
-    while a compatibility-mode request reaches the actual GPU through OpenGL ES; then the
-    compatibility adapter is the better choice. A fallback is used only when it is all
-    there is."""
-    if feature_level != "auto":
-        return await gpu.request_adapter(feature_level)
-    core = await gpu.request_adapter("core")
-    if core is not None and not core.summary().is_fallback:
-        return core
-    compatibility = await gpu.request_adapter("compatibility")
-    if compatibility is not None and not compatibility.summary().is_fallback:
-        return compatibility
-    return core or compatibility
 
 
 async def probe(gpu: Gpu, feature_level: str = "auto", seed: int = 0) -> dict:

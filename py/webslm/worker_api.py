@@ -11,6 +11,7 @@ import numpy as np
 
 from . import __version__, gpu_smoke, shader_bundle
 from .artifact import ArtifactError, Validator
+from .webgpu.adapters import choose_adapter
 
 
 def status() -> str:
@@ -36,7 +37,7 @@ async def kernel_golden(feature_level: str, size: str, loader) -> str:
     feature it offers, so each tier's variants run), optionally on the loaded model's weights."""
     from .kernels import golden
     from .webgpu.browser import BrowserGpu
-    adapter = await gpu_smoke.choose_adapter(BrowserGpu(), feature_level)
+    adapter = await choose_adapter(BrowserGpu(), feature_level)
     if adapter is None:
         return json.dumps({"outcome": "no-webgpu-adapter"})
     from .kernels.registry import KERNEL_FEATURES

@@ -1,4 +1,5 @@
-"""The WebGPU-shaped GPU interface (interface.py) and its implementations.
+"""The WebGPU-shaped GPU interface (interface.py), its implementations, and the choice of
+an adapter and its kernel tier (adapters.py).
 
 Import an implementation explicitly: `webslm.webgpu.native` needs PyPI `wgpu`,
 `webslm.webgpu.browser` needs Pyodide; neither is imported here.
