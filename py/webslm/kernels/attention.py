@@ -44,11 +44,12 @@ PREFILL_BINDINGS = ("uniform", "read-only-storage", "read-only-storage", "read-o
 HEADS_PER_GROUP = tuple(range(1, 9))
 ROW_VEC4S = tuple(range(1, 65))      # head_dim / 4 for head_dim 4..256
 PRELUDES = {"f32": ("attention_kv_f32.wgsl",), "f16": ("enable_f16.wgsl", "attention_kv_f16.wgsl")}
+DECODE_SOURCES = ("attention_decode_core.wgsl", "attention_decode.wgsl")   # core: shared with attention_rope.py
 for _dtype, _features in (("f32", frozenset()), ("f16", frozenset({"shader-f16"}))):
     register(
-        KernelSpec(f"attention_decode_{_dtype}", (*PRELUDES[_dtype], "attention_decode.wgsl"), "decode_chunk",
+        KernelSpec(f"attention_decode_{_dtype}", (*PRELUDES[_dtype], *DECODE_SOURCES), "decode_chunk",
                    DECODE_BINDINGS, {"WG": WORKGROUPS, "GW": HEADS_PER_GROUP, "HD4": ROW_VEC4S}, _features),
-        KernelSpec(f"attention_combine_{_dtype}", (*PRELUDES[_dtype], "attention_decode.wgsl"), "combine",
+        KernelSpec(f"attention_combine_{_dtype}", (*PRELUDES[_dtype], *DECODE_SOURCES), "combine",
                    DECODE_BINDINGS, {"WG": WORKGROUPS, "HD4": ROW_VEC4S}, _features),
         KernelSpec(f"attention_prefill_{_dtype}", (*PRELUDES[_dtype], "attention_prefill.wgsl"), "prefill",
                    PREFILL_BINDINGS, {"WG": WORKGROUPS, "HD4": ROW_VEC4S}, _features),
