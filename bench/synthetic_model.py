@@ -11,6 +11,9 @@ Shapes (`SHAPES`):
               vocab 49152, context 8192, RoPE base 100000, tied output
     tiny      2 layers, hidden 48, ffn 80, 4 heads / 2 KV heads, head_dim 12, vocab 320, context 64:
               48 and 80 are not multiples of 32, so every quantized row ends in a partial block
+    stacked   2 layers, hidden 128, ffn 256, 4 heads / 2 KV heads, head_dim 32, vocab 384, context
+              320: the smallest test shape the planner stacks (q|k|v and gate|up one matrix each),
+              so the fully fused decode step runs; past 256 positions attention takes two passes
 
 Encodings, those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every layer matrix
 q4 (block 32, zero "min", f16 scales and mins), token_embd q8 (block 32, f16 scales), norm
@@ -77,6 +80,10 @@ SHAPES = {
     "tiny": {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 12, "hidden": 48,
              "ffn": 80, "vocab": 320, "context_length": 64, "rope_base": 10000.0,
              "notes": ["a tiny shape for tests; rows end in partial blocks"]},
+    "stacked": {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "hidden": 128,
+                "ffn": 256, "vocab": 384, "context_length": 320, "rope_base": 10000.0,
+                "notes": ["a tiny shape for tests that the planner stacks: every q/k/v and gate/up part "
+                          "is a whole number of 256-byte units and the decode outputs lie back to back"]},
 }
 
 

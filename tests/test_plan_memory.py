@@ -193,18 +193,20 @@ def test_fixture_model_plans_and_verifies(fixture_plan):
 
 def same_schedule_sharing(d: dict) -> dict:
     """The plan with prefill.attn_out moved onto prefill.attn_in's bytes and the interval proof a
-    planner would write for it (attn_in is last read at layer.qkv, attn_out made at attention)."""
+    planner would write for it (attn_in is last read by the v projection, attn_out made by attention)."""
     a, o = region(d, "prefill.attn_in"), region(d, "prefill.attn_out")
+    steps = d["schedules"]["prefill"]["steps"]
     o["buffer"], o["offset"] = a["buffer"], a["offset"]
     d["proofs"] = [q for q in d["proofs"] if "prefill.attn_out" not in (q["first"], q["then"])]   # moved away
     d["proofs"].append({"first": "prefill.attn_in", "then": "prefill.attn_out", "offset": a["offset"],
-                        "size": min(a["size"], o["size"]), "last_consumer": "layer.qkv",
-                        "producer": "layer.attention", "buffer": a["buffer"],
+                        "size": min(a["size"], o["size"]), "last_consumer": steps[a["interval"][1]],
+                        "producer": steps[o["interval"][0]], "buffer": a["buffer"],
                         "reason": f"intervals disjoint: {a['interval'][1]} < {o['interval'][0]}"})
-    decode = region(d, "decode.attn_in")         # in that buffer too: the schedules' own proof
-    d["proofs"].append({"first": "decode.attn_in", "then": "prefill.attn_out", "offset": decode["offset"],
-                        "size": min(decode["size"], o["size"]), "last_consumer": None, "producer": None,
-                        "buffer": a["buffer"], "reason": "schedules exclusive: decode / prefill"})
+    decode = next((r for r in d["regions"] if r["name"] == "decode.attn_in"), None)
+    if decode is not None:       # in that buffer too (the unfused decode program): the schedules' own proof
+        d["proofs"].append({"first": "decode.attn_in", "then": "prefill.attn_out", "offset": decode["offset"],
+                            "size": min(decode["size"], o["size"]), "last_consumer": None, "producer": None,
+                            "buffer": a["buffer"], "reason": "schedules exclusive: decode / prefill"})
     from webslm.plan.proof import plan_hash
     d["hash"] = plan_hash(d)
     return d
@@ -219,10 +221,12 @@ def test_removed_proof_is_overlap_without_proof(fixture_plan):
 def test_proof_with_overlapping_intervals_is_rejected(fixture_plan):
     d = same_schedule_sharing(fixture_plan[1].as_dict())
     proof = next(q for q in d["proofs"] if q["first"] == "prefill.attn_in" and q["then"] == "prefill.attn_out")
-    # attn_out is now said to be written at the qkv step, while attn_in is still read there;
-    # the proof is updated to match, so only the overlap itself is left to catch.
-    region(d, "prefill.attn_out")["interval"] = [3, 7]
-    proof["producer"], proof["reason"] = "layer.qkv", "intervals disjoint: 3 < 3"
+    # attn_out is now said to be written at the step that last reads attn_in; the proof is
+    # updated to match, so only the overlap itself is left to catch.
+    last_read = region(d, "prefill.attn_in")["interval"][1]
+    region(d, "prefill.attn_out")["interval"] = [last_read, region(d, "prefill.attn_out")["interval"][1]]
+    proof["producer"] = d["schedules"]["prefill"]["steps"][last_read]
+    proof["reason"] = f"intervals disjoint: {last_read} < {last_read}"
     expect(d, "bad-proof", "live ranges overlap")
 
 
@@ -318,7 +322,7 @@ def test_llama3_8b_shape_is_split_by_rows():
     assert embd["strategy"] == "split-rows" and embd["rows_per_piece"] == 32768
     assert [len(v) for v in embd["pieces"].values()] == [4, 4] and len(embd["buffers"]) > 1
     assert plan.required_limits["maxStorageBufferBindingSize"] <= 128 << 20
-    assert sum(1 for d in plan.as_dict()["schedules"]["decode"]["dispatches"] if d.startswith("lm_head#")) == 4
+    assert sum(1 for d in plan.as_dict()["schedules"]["decode"]["ops"] if d.startswith("head#")) == 4
     # With large limits nothing is split, and the KV cache is the same formula.
     big = {**SPEC_DEFAULT_LIMITS["core"], "maxStorageBufferBindingSize": 1 << 31, "maxBufferSize": 1 << 34}
     whole = plan_memory(manifest, big, PlanPolicy())

@@ -80,6 +80,7 @@ class AdmissionPolicy:
     self_test_size: str = "quick"
     context: int | None = None              # KV capacity in tokens (None: the planner's default)
     kv_dtype: str | None = None             # "f32" | "f16" (None: f16 when the tier has it)
+    fusions: tuple[str, ...] | None = None  # program/fusion.py rules (None: all; (): the reference program)
 
 
 @dataclasses.dataclass
@@ -181,7 +182,6 @@ class _Admission:
         reason = pipeline_set.unsupported(self.model.manifest)
         if reason:
             self._fail("unsupported-model", f"the GPU path cannot run this model: {reason}")
-        required = pipeline_set.requirements(self.model.manifest)
 
         await self._enter("adapter")
         self.adapter = await gpu_smoke.choose_adapter(self.gpu, self.policy.feature_level)
@@ -230,7 +230,7 @@ class _Admission:
         await self._enter("compile")
         pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
         key_facts = self._pipeline_key_facts()
-        mandatory = pipeline_set.pipelines(self.model, self.device, required)
+        mandatory = pipeline_set.pipelines(self.model, self.device, self.plan)
         try:
             for done, (name, overrides) in enumerate(mandatory, 1):
                 key = pipeline_key(KERNELS[name], overrides, **key_facts)
@@ -333,7 +333,7 @@ class _Admission:
     def _plan(self, limits: dict[str, int]):
         from ..plan import PlanPolicy, PlanRejected, plan_memory
         kv_dtype = self.policy.kv_dtype or ("f16" if "shader-f16" in self.features else "f32")
-        settings = {"kv_dtype": kv_dtype}
+        settings = {"kv_dtype": kv_dtype, "fusions": self.policy.fusions}
         if self.policy.context:
             settings["context_capacity"] = min(self.policy.context, self.model.manifest.architecture.context_length)
         try:

@@ -85,56 +85,24 @@ def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "co
     return wanted
 
 
-def pipelines(model, device, required: Requirements) -> list[tuple[str, dict]]:
-    """Every mandatory (kernel, overrides) for this model on this device, decode and prefill."""
-    from ..kernels import attention, embed, gemm, kv_cache, logits, matvec, norm, rope, rope_kv, swiglu
-    from ..kernels.weights import Weights
-    limits = device.limits
+def pipelines(model, device, plan) -> list[tuple[str, dict]]:
+    """Exactly the (kernel, overrides) the plan's step programs lower to on this device: every op
+    of the decode program (both attention forms when the context passes the single-pass length)
+    and of a prefill chunk, with each reduction the engine may read back."""
+    from ..plan.memory import plan_programs
+    from ..program.lowering import Lowering
+    lowering = Lowering(device, model, plan)
+    programs = plan_programs(model, plan)
     chosen: list[tuple[str, dict]] = []
-
-    def add(name: str, overrides: dict) -> None:
-        if (name, overrides) not in chosen:
-            chosen.append((name, dict(overrides)))
-
-    for encoding, block, zero, scale_type, cols in required.matrices:
-        weights = Weights(encoding, 64, cols, {}, block, zero, scale_type)
-        add(*matvec.choose_kernel(device, weights))
-        # the executor's fused decode variants (backends/gpu/forward.py): norm on the input
-        # of q|k|v and gate|up, ACCUMULATE into x for o, SwiGLU input + ACCUMULATE for down
-        for fused in ({"input": "norm"}, {"accumulate": True}, {"input": "swiglu", "accumulate": True}):
-            add(*matvec.choose_kernel(device, weights, **fused))
-        g = gemm.plan(limits, weights, 64)
-        add(g.kernel, g.overrides)
-    for residual in (False, True):
-        for tokens in (1, 64):
-            p = norm.plan_norm(limits, tokens, required.hidden, required.eps, residual=residual)
-            add(p.kernel, p.overrides)
-    add("rope", rope.plan_rope(limits, 1, required.heads + required.kv_heads, required.head_dim,
-                               required.head_dim, 0, 1, "rotate-half").overrides)
-    for tokens in (1, 64):
-        p = swiglu.plan_swiglu(limits, tokens, required.ffn)
-        add(p.kernel, p.overrides)
-    p = embed.plan_embed(limits, np.zeros(1, np.uint32), embed.model_embedding(model))
-    add(p.kernel, p.overrides)
-    for dtype in (["f16"] if "shader-f16" in device.features else []) + ["f32"]:
-        shape = attention.AttentionShape(required.heads, required.kv_heads, required.head_dim, 256, dtype)
-        p = kv_cache.plan_append(limits, shape.layout, 0, 1)
-        add(p.kernel, p.overrides)
-        p = rope_kv.plan_rope_kv_append(limits, shape.layout, 1, required.heads, required.rotary_dim, 0, 256,
-                                        required.convention)
-        add(p.kernel, p.overrides)
-        d = attention.plan_decode(limits, shape, 255)
-        add(d.chunk_pass.kernel, d.chunk_pass.overrides)
-        if d.combine is not None:
-            add(d.combine.kernel, d.combine.overrides)
-        short = attention.plan_decode(limits, shape, 3)
-        add(short.chunk_pass.kernel, short.chunk_pass.overrides)
-        pre = attention.plan_prefill(limits, shape, 0, 64)
-        add(pre.dispatch.kernel, pre.dispatch.overrides)
-    for op, k in (("argmax", 1), ("topk", 64)):
-        choice = logits.choose(device, op, k)
-        add(choice.partial, choice.overrides)
-        add(choice.merge, choice.overrides)
+    forms = [(0, False)] + ([(lowering.capacity - 1, True)] if lowering.decode_combine_grid is not None else [])
+    for schedule, program in programs.items():
+        tokens = lowering.planned_tokens(schedule)
+        for op in program.ops:
+            for readback in (("argmax", "top-k") if op.kind == "reduce" else ("argmax",)):
+                for start, long_attention in (forms if schedule == "decode" else [(0, False)]):
+                    for launch in lowering.lower(op, schedule, tokens, start, readback, long_attention):
+                        if (launch.kernel, launch.overrides) not in chosen:
+                            chosen.append((launch.kernel, dict(launch.overrides)))
     return chosen
 
 

@@ -61,6 +61,8 @@ import math
 from typing import Any, Mapping
 
 from ..errors import CodedError
+from ..program.fusion import ALL as ALL_FUSIONS, fuse
+from ..program.ops import SCHEDULES, Layout, Program, activation_bytes, ffn_padded, qkv_offsets, reference
 from .proof import plan_hash
 
 MiB = 1 << 20
@@ -73,13 +75,7 @@ USAGE = {"MAP_READ": 0x1, "MAP_WRITE": 0x2, "COPY_SRC": 0x4, "COPY_DST": 0x8, "U
 # The largest params block a kernel declares: attention's 11 u32 words (kernels/attention.py
 # plan_decode), padded to 16 bytes by runner.params_words -> 48; 64 leaves room for 16 words.
 PARAMS_BYTES = 64
-# Decode attention (kernels/attention.py plan_decode): up to SINGLE_PASS_MAX keys take one pass
-# (scratch of 4 + 2 f32 still bound); past it no chunk is shorter than MIN_CHUNK, so a context
-# of C keys needs at most ceil(C / MIN_CHUNK) chunks of partials.
-SINGLE_PASS_MAX, MIN_CHUNK = 256, 64
-# Logits reductions (kernels/logits.py default_chunk / plan): top-k pass 1 takes chunks of
-# round_up(isqrt(V k) + 1, LOAD) logits; argmax aims for ARGMAX_GROUPS workgroups.
-LOGITS_LOAD, ARGMAX_GROUPS, MAX_TOP_K = 512, 256, 256
+MAX_TOP_K = 256                                      # kernels/logits.py MAX_K
 
 # WebGPU's default limits (the specification's tables; compatibility mode per its proposal).
 # For memory the two feature levels are the same: 128 MiB bindings, 256 MiB buffers.
@@ -110,6 +106,7 @@ class PlanPolicy:
     upload_chunk: int = 4 * MiB              # bytes per bounded upload
     reserve: str = "reserve-v1"
     feature_level: str = "core"
+    fusions: tuple[str, ...] | None = None   # program/fusion.py rules; None: all of them
 
 
 def _fail(code: str, where: str, sentence: str):
@@ -155,6 +152,8 @@ def _resolve_policy(policy: PlanPolicy, arch) -> dict[str, Any]:
         (policy.reserve in RESERVE_POLICIES, "reserve", f"must be one of {RESERVE_POLICIES}, not {policy.reserve!r}"),
         (policy.feature_level in FEATURE_LEVELS, "feature_level",
          f"must be one of {FEATURE_LEVELS}, not {policy.feature_level!r}"),
+        (policy.fusions is None or (isinstance(policy.fusions, tuple) and set(policy.fusions) <= set(ALL_FUSIONS)),
+         "fusions", f"must be None or a tuple of rules from {list(ALL_FUSIONS)}, not {policy.fusions!r}"),
     ]
     for ok, field, sentence in checks:
         if not ok:
@@ -164,7 +163,8 @@ def _resolve_policy(policy: PlanPolicy, arch) -> dict[str, Any]:
             "prefill_chunk": min(policy.prefill_chunk, capacity),
             "top_k_capacity": min(policy.top_k_capacity, arch.vocab),
             "upload_chunk": policy.upload_chunk, "reserve": policy.reserve,
-            "feature_level": policy.feature_level}
+            "feature_level": policy.feature_level,
+            "fusions": [r for r in ALL_FUSIONS if policy.fusions is None or r in policy.fusions]}
 
 
 # -- the plan's records ---------------------------------------------------------------------------
@@ -264,68 +264,55 @@ class _Packer:
         return [Buffer(name, self.part, size, self.usage, bits) for name, size in zip(self.names, self.sizes)]
 
 
-# -- the schedules: the steps of one decode step and one prefill chunk ---------------------------
+# -- the schedules: the step program of one decode step and one prefill chunk --------------------
 
-# Steps in execution order. The "layer." steps are the layer body: they run once per layer, in
-# order, on the same regions (a temporary inside the body is re-made by every layer).
-STEPS = ("upload", "embed",
-         "layer.attn_norm", "layer.qkv", "layer.rope", "layer.kv_append", "layer.attention",
-         "layer.o_proj", "layer.ffn_norm", "layer.gate_up", "layer.swiglu", "layer.down",
-         "final_norm", "lm_head", "logits_reduce", "readback")
-LAYER_LOOP = (STEPS.index("layer.attn_norm"), STEPS.index("layer.down"))
-SCHEDULES = ("decode", "prefill")          # separate submits: never both in flight
-
-
-def _temporaries(arch, schedule: str, tokens: int, capacity: int, k: int, s_align: int) -> list[tuple]:
-    """(name, part, producer step, last consumer step, bytes) of every temporary of a schedule.
-
-    Activations are f32 rows of T tokens, laid out as the GPU executor (backends/gpu) binds
-    them. x, the residual stream, lives from embed to the final norm; `delta` holds what
-    o_proj and down produce until the next residual norm adds it into x, across the layer
-    loop. qkv is planar, q [T, H E] | k [T, K E] | v [T, K E], each section at an aligned
-    offset so it can be bound alone (RoPE in place, kv_append reads k and v rows). gate_up is
-    [T, 2 F'] with F' = F rounded up to a whole alignment unit, so the up projection's output
-    columns start at an aligned offset; ffn_act is [T, F'] (down masks the padding). The final
-    norm runs on all T rows; its last row is copied to last_row for the LM head: one row of
-    logits per submit."""
-    t, d, f = tokens, arch.hidden, arch.ffn
-    h, kv, e, v = arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.vocab
-    f_pad = _align(f, s_align // 4)
-    qkv = _align(4 * t * h * e, s_align) + _align(4 * t * kv * e, s_align) + 4 * t * kv * e
-    rows = [
-        ("token_ids", "arena", "upload", "embed", 4 * t),
-        ("x", "arena", "embed", "final_norm", 4 * t * d),
-        ("delta", "arena", "embed", "final_norm", 4 * t * d),      # crosses the loop: surrounds it
-        ("attn_in", "arena", "layer.attn_norm", "layer.qkv", 4 * t * d),
-        ("qkv", "arena", "layer.qkv", "layer.attention", qkv),   # RoPE in place
-        ("attn_out", "arena", "layer.attention", "layer.o_proj", 4 * t * h * e),
-        ("ffn_in", "arena", "layer.ffn_norm", "layer.gate_up", 4 * t * d),
-        ("gate_up", "arena", "layer.gate_up", "layer.swiglu", 4 * t * 2 * f_pad),
-        ("ffn_act", "arena", "layer.swiglu", "layer.down", 4 * t * f_pad),
-        ("final_in", "arena", "final_norm", "lm_head", 4 * t * d),
-        ("last_row", "arena", "final_norm", "lm_head", 4 * d),
-        ("logits_partials", "scratch", "logits_reduce", "logits_reduce", 4 * _logits_partials_words(v, k)),
-        ("logits", "logits", "lm_head", "readback", 4 * v),
-        ("logits_result", "logits", "logits_reduce", "readback", 4 * (2 * k + 1)),
-    ]
-    if schedule == "decode":     # prefill attention keeps its running softmax in workgroup memory
-        chunks = -(-capacity // MIN_CHUNK) if capacity > SINGLE_PASS_MAX else 0
-        rows += [("attn_acc", "scratch", "layer.attention", "layer.attention", 4 * max(4, h * chunks * e)),
-                 ("attn_ml", "scratch", "layer.attention", "layer.attention", 4 * max(2, h * chunks * 2))]
-    return rows
+def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int) -> tuple[dict[str, Program], Layout]:
+    """The fused step program of each schedule (program/ops.py, program/fusion.py). What the
+    planner decided about the weights changes it: split tensors run one matmul per piece, and
+    q|k|v (gate|up) multiply as one stacked matrix when every layer's group was laid out back
+    to back and their outputs are back to back too (no alignment gap between the q, k, v
+    sections of a decode row; F a whole number of alignment units)."""
+    arch = manifest.architecture
+    pieces = {s["tensor"]: len(next(iter(s["pieces"].values()))) for s in splits}
+    _, k_at, v_at = qkv_offsets(arch, 1, s_align)
+    contiguous = {"qkv": k_at == 4 * arch.n_heads * arch.head_dim
+                  and v_at == k_at + 4 * arch.n_kv_heads * arch.head_dim,
+                  "gate_up": ffn_padded(arch, s_align) == arch.ffn}
+    first = {"qkv": "attn_q", "gate_up": "ffn_gate"}
+    stacks = frozenset(name for name, ok in contiguous.items()
+                       if ok and all(f"blk.{i}.{first[name]}" in groups for i in range(arch.n_layers)))
+    layout = Layout(pieces, stacks)
+    return _build_programs(arch, resolved, layout), layout
 
 
-def _logits_partials_words(vocab: int, k: int) -> int:
-    """Words of the pass-1 partials [2 G k + G] (kernels/logits.py LogitsPlan.partials_words),
-    the most any k' <= k needs with the host's default chunk, or argmax's (G <= ARGMAX_GROUPS)."""
-    most = 3 * min(ARGMAX_GROUPS, vocab)
-    for kk in range(1, k + 1):
-        chunk = min(_align(math.isqrt(vocab * kk) + 1, LOGITS_LOAD), _align(vocab, LOGITS_LOAD))
-        most = max(most, (2 * kk + 1) * -(-vocab // chunk))
-    return most
+def _build_programs(arch, resolved, layout: Layout) -> dict[str, Program]:
+    tokens = {"decode": 1, "prefill": resolved["prefill_chunk"]}
+    return {s: fuse(reference(arch, s, tokens[s], layout), layout, tuple(resolved["fusions"])) for s in SCHEDULES}
 
 
-def _place(temps: list[tuple], alignment: int) -> tuple[list[tuple[str, int]], list[dict]]:
+def plan_programs(manifest, plan: "MemoryPlan") -> dict[str, Program]:
+    """The step programs a plan was made for, rebuilt from its own record (the executor and
+    admission run exactly these); checked op by op against the names the plan recorded."""
+    manifest = getattr(manifest, "manifest", manifest)
+    data = plan.data
+    layout = Layout(dict(data["program"]["pieces"]), frozenset(data["program"]["stacks"]))
+    programs = _build_programs(manifest.architecture, data["policy"], layout)
+    for schedule, program in programs.items():
+        if [op.name for op in program.ops] != list(data["schedules"][schedule]["ops"]):
+            raise PlanRejected("bad-manifest", schedule, "the model does not give the step program this plan "
+                                                         "recorded (a plan of another model?)")
+    return programs
+
+
+def _temporaries(program: Program, arch, capacity: int, k: int, s_align: int) -> list[tuple]:
+    """(name, part, producer step, last consumer step, bytes) of every temporary of a schedule:
+    the activations its program names (program/ops.py activation_bytes has their layouts),
+    live from the step that first writes them to the one that last reads them."""
+    sizes = activation_bytes(arch, program.schedule, program.tokens, capacity, k, s_align)
+    return [(name, sizes[name][0], first, last, sizes[name][1]) for name, (first, last) in program.intervals().items()]
+
+
+def _place(temps: list[tuple], alignment: int, steps: dict[str, list[str]]) -> tuple[list[tuple[str, int]], list[dict]]:
     """First fit, largest first: each temporary goes to the lowest aligned offset where it
     touches no temporary of its schedule whose interval overlaps its own. Then every pair that
     shares bytes anyway gets its proof record. temps: (name, schedule, (b, e), size)."""
@@ -354,7 +341,7 @@ def _place(temps: list[tuple], alignment: int) -> tuple[list[tuple[str, int]], l
                 continue
             (fa, ivf), (th, ivt) = sorted(((n1, iv1), (n2, iv2)), key=lambda x: x[1])
             proofs.append({"first": fa, "then": th, "offset": start, "size": end - start,
-                           "last_consumer": STEPS[ivf[1]], "producer": STEPS[ivt[0]],
+                           "last_consumer": steps[s1][ivf[1]], "producer": steps[s1][ivt[0]],
                            "reason": f"intervals disjoint: {ivf[1]} < {ivt[0]}"})
     return [(name, offset) for name, _, _, _, offset in placed], proofs
 
@@ -490,26 +477,6 @@ def _kv(arch, limits, resolved, s_align: int) -> tuple[_Packer, dict]:
     return packer, facts
 
 
-def _dispatches(arch, splits: list[dict]) -> list[str]:
-    """The params slot of every dispatch of one schedule, in order. A split tensor's matrix
-    product runs once per piece, each with its own params."""
-    pieces = {s["tensor"]: len(next(iter(s["pieces"].values()))) for s in splits}
-
-    def per(tensor: str, label: str) -> list[str]:
-        n = pieces.get(tensor, 1)
-        return [label] if n == 1 else [f"{label}#{i}" for i in range(n)]
-
-    head = "token_embd" if arch.tied_output else "output"
-    names = per("token_embd", "embed")
-    for i in range(arch.n_layers):
-        b = f"blk.{i}."
-        names += [f"L{i}.attn_norm", *per(b + "attn_q", f"L{i}.q"), *per(b + "attn_k", f"L{i}.k"),
-                  *per(b + "attn_v", f"L{i}.v"), f"L{i}.rope", f"L{i}.kv_append", f"L{i}.attention",
-                  *per(b + "attn_output", f"L{i}.o_proj"), f"L{i}.ffn_norm", *per(b + "ffn_gate", f"L{i}.gate"),
-                  *per(b + "ffn_up", f"L{i}.up"), f"L{i}.swiglu", *per(b + "ffn_down", f"L{i}.down")]
-    return names + ["final_norm", *per(head, "lm_head"), "logits_reduce"]
-
-
 # -- the planner ---------------------------------------------------------------------------------
 
 UNMEASURED = ("Not counted: shader modules, compiled pipelines, bind groups, command encoders and "
@@ -533,16 +500,21 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     weights, splits = _weights(manifest, used, w_align, s_align)
     kv, kv_facts = _kv(arch, used, resolved, s_align)
 
-    # metadata: one params slot per dispatch of each schedule (the host writes a submit's slots
-    # before it), and the RoPE (cos, sin) table [capacity][rotary_dim / 2][2] f32 (kernels/rope.py).
-    dispatches = _dispatches(arch, splits)
+    # The step program of each schedule: what runs, over which temporaries, with which params.
+    groups = _row_groups(manifest, binding, w_align)
+    programs, layout = _programs(manifest, resolved, splits, groups, s_align)
+    steps = {s: programs[s].steps() for s in SCHEDULES}
+
+    # metadata: one params slot per op label of each schedule's program (the host writes a
+    # submit's slots before it), and the RoPE (cos, sin) table [capacity][rotary_dim / 2][2] f32.
     stride = _align(PARAMS_BYTES, u_align)
     if PARAMS_BYTES > used["maxUniformBufferBindingSize"]:
         _fail("too-large", "params", f"a {PARAMS_BYTES}-byte params block exceeds maxUniformBufferBindingSize")
     params = _Packer("params", "metadata", ("UNIFORM", "COPY_DST"), used["maxBufferSize"])
     for schedule in SCHEDULES:
-        params.add(f"params.{schedule}", len(dispatches) * stride, u_align, "uniform",
-                   slots=len(dispatches), slot_stride=stride, binding_size=PARAMS_BYTES)
+        slots = len(programs[schedule].slots())
+        params.add(f"params.{schedule}", slots * stride, u_align, "uniform",
+                   slots=slots, slot_stride=stride, binding_size=PARAMS_BYTES)
     rope = _Packer("rope", "metadata", ("STORAGE", "COPY_DST"), used["maxBufferSize"])
     table = resolved["context_capacity"] * (arch.rope.rotary_dim // 2) * 8
     _check_bound("rope_table", max(4, table), binding, "a smaller context capacity")
@@ -553,12 +525,12 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     by_part: dict[str, list[tuple]] = {"arena": [], "scratch": [], "logits": []}
     for schedule in SCHEDULES:
         for name, part, producer, consumer, size in _temporaries(
-                arch, schedule, tokens[schedule], resolved["context_capacity"], resolved["top_k_capacity"],
-                s_align):
+                programs[schedule], arch, resolved["context_capacity"], resolved["top_k_capacity"], s_align):
             _check_bound(f"{schedule}.{name}", size, binding,
                          "a smaller prefill chunk" if part == "arena" else "a smaller context capacity or k")
             by_part[part].append((f"{schedule}.{name}", schedule,
-                                  (STEPS.index(producer), STEPS.index(consumer)), _align(size, 4)))
+                                  (steps[schedule].index(producer), steps[schedule].index(consumer)),
+                                  _align(size, 4)))
     usage = {"arena": ("STORAGE", "COPY_DST", "COPY_SRC"), "scratch": ("STORAGE",), "logits": ("STORAGE", "COPY_SRC")}
     # One buffer per temporary name: WebGPU's usage-scope rule makes a dispatch that binds one
     # buffer both read-only and writable invalid, whatever the ranges, and almost every kernel
@@ -569,7 +541,7 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
         packer = _Packer(part, part, usage[part], used["maxBufferSize"])
         for base in sorted({n.split(".", 1)[1] for n, _, _, _ in temps}):
             group = [t for t in temps if t[0].split(".", 1)[1] == base]
-            offsets, group_proofs = _place(group, s_align)
+            offsets, group_proofs = _place(group, s_align, steps)
             where, buffer = dict(offsets), f"{part}.{base}"
             size = max(where[n] + z for n, _, _, z in group)
             if size > used["maxBufferSize"]:
@@ -620,8 +592,11 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
                             "maxUniformBufferBindingSize": PARAMS_BYTES,
                             "minStorageBufferOffsetAlignment": s_align,
                             "minUniformBufferOffsetAlignment": u_align},
-        "schedules": {s: {"tokens": tokens[s], "steps": list(STEPS), "layer_loop": list(LAYER_LOOP),
-                          "layers": arch.n_layers, "dispatches": dispatches} for s in SCHEDULES},
+        "schedules": {s: {"tokens": tokens[s], "steps": steps[s], "layer_loop": list(programs[s].layer_loop()),
+                          "layers": arch.n_layers, "fusions": list(programs[s].fusions),
+                          "ops": [op.name for op in programs[s].ops], "slots": programs[s].slots()}
+                      for s in SCHEDULES},
+        "program": {"stacks": sorted(layout.stacks), "pieces": dict(sorted(layout.pieces.items()))},
         "exclusive_schedules": [list(SCHEDULES)],
         "buffers": [_as_json(b) for b in buffers],
         "regions": [_as_json(r) for r in regions],

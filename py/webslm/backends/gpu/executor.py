@@ -28,7 +28,7 @@ import numpy as np
 from ...kernels.rope import rope_table
 from ...webgpu.interface import Copy
 from ..scores import BackendCancelled, BackendLost, Scores, Want
-from .forward import POSITION_SLOTS, Forward
+from .forward import Forward
 
 
 class GpuBackendError(ValueError):
@@ -71,6 +71,8 @@ class GpuBackend:
             table = rope_table(forward.capacity, a.rope.rotary_dim, a.rope.base, a.rope.position_offset)
             device.write_buffer(forward.regions.buffer("rope_table"), forward.regions.offset("rope_table"),
                                 table.reshape(-1))
+            forward.set_params("decode", 1, 0)
+            device.write_buffer(*forward.tables["decode"].write())    # the static slots, once
             for op, k in (("argmax", 1), ("top-k", forward.top_k), ("full", 0)):
                 await backend._decode_recording(False, op, k)
                 if forward.decode_combine_grid is not None:
@@ -86,36 +88,29 @@ class GpuBackend:
         return backend
 
     async def _decode_recording(self, long_attention: bool, op: str, k: int):
+        """The whole decode program, recorded once per (attention form, readback)."""
         key = ("decode", long_attention, op, k)
         if key not in self._recordings:
-            body_key = ("decode-body", long_attention)
-            if body_key not in self._recordings:
-                self._recordings[body_key] = await self.forward.body("decode", 1, 0, long_attention)
-            row = self.forward.regions.bind("decode.final_in")
-            tail = await self.forward.head("decode", row, op, k)
-            self._recordings[key] = self.device.record(self._recordings[body_key] + tail, self._readback_copies("decode", op, k))
-            self.device.write_buffer(*self.forward.tables["decode"].write())   # the static slots, once
+            forward = self.forward
+            dispatches, copies = await forward.record("decode", list(forward.programs["decode"].ops), 1, 0,
+                                                      readback=op, long_attention=long_attention)
+            self._recordings[key] = self.device.record(dispatches, copies + self._readback_copies("decode", op, k))
         return self._recordings[key]
 
     async def _prefill_recordings(self, tokens: int, start: int, last: bool, op: str, k: int):
         """(body, head or None) for a chunk of `tokens`; lists cached per chunk size, params
-        rewritten per chunk."""
+        rewritten per chunk. The body's copy of the last row runs after its dispatches."""
+        forward = self.forward
+        body_ops, head_ops = forward.prefill_parts(last)
         key = ("prefill", tokens, last)
         if key not in self._recordings:
-            body = await self.forward.body("prefill", tokens, start, final=last)
-            copies = []
-            if last:      # the head reads the last row, copied out of final_in after the pass
-                r = self.forward.regions
-                row_bytes = 4 * self.model.architecture.hidden
-                copies.append(Copy(r.buffer("prefill.final_in"), r.offset("prefill.final_in") + (tokens - 1) * row_bytes,
-                                   r.buffer("prefill.last_row"), r.offset("prefill.last_row"), row_bytes))
-            self._recordings[key] = self.device.record(body, copies)
+            self._recordings[key] = self.device.record(*await forward.record("prefill", body_ops, tokens, start))
         head = None
         if last:
             head_key = ("prefill-head", op, k)
             if head_key not in self._recordings:
-                tail = await self.forward.head("prefill", self.forward.regions.bind("prefill.last_row"), op, k)
-                self._recordings[head_key] = self.device.record(tail, self._readback_copies("prefill", op, k))
+                dispatches, copies = await forward.record("prefill", head_ops, 1, 0, readback=op)
+                self._recordings[head_key] = self.device.record(dispatches, copies + self._readback_copies("prefill", op, k))
             head = self._recordings[head_key]
         return self._recordings[key], head
 
@@ -124,7 +119,7 @@ class GpuBackend:
         if op == "full":
             source, size, target = f"{schedule}.logits", 4 * self.vocab, "readback.logits"
         else:
-            source, size, target = f"{schedule}.logits_result", self.forward.result_layout(op, k).result_bytes, "readback.result"
+            source, size, target = f"{schedule}.logits_result", self._result_layout(op, k).result_bytes, "readback.result"
         return [Copy(r.buffer(source), r.offset(source), r.buffer(target), r.offset(target), size)]
 
     # -- the backend surface ---------------------------------------------------------------------
@@ -137,7 +132,7 @@ class GpuBackend:
             chunk = ids[begin:begin + forward.chunk]
             last = begin + forward.chunk >= len(ids)
             body, head = await self._prefill_recordings(len(chunk), self.position, last, op, k)
-            forward.set_params("prefill", forward.launches("prefill", len(chunk), self.position))
+            forward.set_params("prefill", len(chunk), self.position)
             self._check_epoch(epoch)                       # before submit
             r = forward.regions
             writes = [forward.tables["prefill"].write(),
@@ -155,12 +150,11 @@ class GpuBackend:
         self._check_epoch(epoch)
         op, k = self._op(want)
         forward, position = self.forward, self.position
-        launches = forward.position_launches("decode", 1, position)
-        forward.set_params("decode", launches)
+        forward.set_params("decode", 1, position, positional=True)
         long_attention = not forward.single_pass_at(position)
         recording = await self._decode_recording(long_attention, op, k)
         r = forward.regions
-        writes = [forward.tables["decode"].write(0, len(POSITION_SLOTS)),
+        writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
                   (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
         self._check_epoch(epoch)                           # before submit
         submitted = time.perf_counter()
@@ -194,6 +188,9 @@ class GpuBackend:
         self.session.destroy()
 
     # -- helpers -----------------------------------------------------------------------------------
+    def _result_layout(self, op: str, k: int):
+        return self.forward.lowering.reduce_layout(op, k)[1]
+
     def _op(self, want: Want) -> tuple[str, int]:
         if want.kind == "argmax":
             return "argmax", 1
@@ -206,7 +203,7 @@ class GpuBackend:
     def _read(self, op: str, k: int) -> tuple:
         r = self.forward.regions
         name = "readback.logits" if op == "full" else "readback.result"
-        size = 4 * self.vocab if op == "full" else self.forward.result_layout(op, k).result_bytes
+        size = 4 * self.vocab if op == "full" else self._result_layout(op, k).result_bytes
         return r.buffer(name), r.offset(name), size
 
     def _checked(self, ids) -> list[int]:
@@ -263,7 +260,7 @@ class GpuBackend:
             if not np.isfinite(logits).all():
                 raise BackendLost("gpu-error", "logits", "the GPU produced non-finite logits")
             return Scores(self.position, epoch, self.sequence, logits=logits)
-        result = self.forward.result_layout(op, k).decode(np.frombuffer(raw, np.uint32))
+        result = self._result_layout(op, k).decode(np.frombuffer(raw, np.uint32))
         if result.nan_count:
             raise BackendLost("gpu-error", "logits", f"the GPU produced {result.nan_count} NaN logits")
         return Scores(self.position, epoch, self.sequence, ids=result.indices, values=result.values.copy())

@@ -1,0 +1,174 @@
+"""Fusion as named rewrite rules over the step program (ops.py).
+
+Each rule takes the op list and returns a shorter one computing the same step with fewer
+dispatches, using a fused kernel variant (docs/kernels.md). A rule only rewrites what it can
+prove safe from the list itself (who reads and writes which ref), and leaves the rest alone, so
+applying every rule to any program is always valid. Order matters: a rule may create the shape
+the next one matches (residual-into-accumulate turns the residual norms into plain ones, which
+norm-into-matmul then folds away).
+
+    rule                       schedule  what it does                                     dispatches a layer
+    stack-projections          decode    q|k|v and gate|up as one stacked mat-vec each      13 -> 10
+    residual-into-accumulate   decode    o and down add into x (ACCUMULATE); the residual
+                                         norms become plain norms of x
+    norm-into-matmul           decode    a plain RMSNorm read only by mat-vecs moves into     -> 8
+                                         their input (also the final norm into the head)
+    swiglu-into-down           decode    SwiGLU moves into down's input                       -> 7
+    rope-kv-into-attention     decode    RoPE and the KV append move into attention           -> 6 ... 5
+
+(The counts are for a decode layer whose q|k|v and gate|up stack; tests/test_program.py
+checks each rule against the reference numerically on the GPU.) Prefill multiplies with the
+GEMM, which has no fused input modes: its program stays the reference.
+
+`fuse(program, layout, rules)` applies the named rules in RULES order; `ALL` names them all.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .ops import Layout, Op, Program, base
+
+
+def _consumers(ops: list[Op], start: int, ref: str) -> list[int]:
+    """Indices of ops after `start` that read activation `ref` before anything writes it again."""
+    out = []
+    for i in range(start + 1, len(ops)):
+        if any(base(r) == ref for _, r in ops[i].reads):
+            out.append(i)
+        if any(base(r) == ref for _, r in ops[i].writes):
+            break
+    return out
+
+
+def _with(op: Op, reads: dict | None = None, writes: dict | None = None, **mode) -> Op:
+    new_reads = tuple((reads or {}).items()) if reads is not None else op.reads
+    new_writes = tuple((writes or {}).items()) if writes is not None else op.writes
+    return op.replace(reads=new_reads, writes=new_writes, mode=tuple(sorted({**dict(op.mode), **mode}.items())))
+
+
+# -- the rules -----------------------------------------------------------------------------------
+
+def stack_projections(ops: list[Op], layout: Layout) -> list[Op]:
+    """A layer's q, k, v (and gate, up) matmuls read one input row; when the planner laid their
+    weights out back to back (layout.stacks), one mat-vec over the stacked rows writes the whole
+    qkv (gate_up) activation."""
+    groups = {"qkv": (("q", "k", "v"), "attn_", "qkv"), "gate_up": (("gate", "up"), "ffn_", "gate_up")}
+    out = list(ops)
+    for stack, (labels, prefix, target) in groups.items():
+        if stack not in layout.stacks:
+            continue
+        rewritten = []
+        for op in out:
+            if op.layer is None or op.kind != "matmul" or op.label not in labels:
+                rewritten.append(op)
+                continue
+            if op.label != labels[0]:
+                continue                                   # folded into the first of the group
+            tensors = "+".join(f"blk.{op.layer}.{prefix}{label}" for label in labels)
+            rewritten.append(Op(f"L{op.layer}.{stack}", "matmul", (("x", op.read("x")), ("w", f"w:{tensors}")),
+                                (("y", target),), (("piece", 0),), op.layer))
+        out = rewritten
+    return out
+
+
+def residual_into_accumulate(ops: list[Op], layout: Layout) -> list[Op]:
+    """matmul -> delta, then a residual norm x += delta: the matmul adds into x itself
+    (ACCUMULATE: y += W x), and the norm becomes a plain RMSNorm of x. No delta at all."""
+    out, writers = list(ops), []          # writers: ops that wrote delta since the last residual norm
+    for i, op in enumerate(out):
+        if any(base(r) == "delta" for _, r in op.writes) and not (op.kind == "norm"):
+            writers.append(i)
+        if op.kind != "norm" or not op.option("residual"):
+            continue
+        if writers and all(out[j].kind == "matmul" and not out[j].option("accumulate") for j in writers):
+            for j in writers:
+                out[j] = _with(out[j], writes={"y": "x"}, accumulate=True)
+            out[i] = _with(op, reads={"x": "x", "weight": op.read("weight")}, writes={"out": op.write("out")},
+                           residual=False)
+        writers = []
+    return out
+
+
+def norm_into_matmul(ops: list[Op], layout: Layout) -> list[Op]:
+    """A plain RMSNorm whose output only mat-vecs read (without another input mode): each of
+    them normalizes its own input row instead (the row is small; the norm costs a dispatch)."""
+    out = list(ops)
+    i = 0
+    while i < len(out):
+        op = out[i]
+        if op.kind == "norm" and not op.option("residual"):
+            readers = _consumers(out, i, op.write("out"))
+            if readers and all(out[j].kind == "matmul" and out[j].option("input", "plain") == "plain"
+                               and out[j].read("x") == op.write("out") for j in readers):
+                for j in readers:
+                    reads = {**dict(out[j].reads), "x": op.read("x"), "weight": op.read("weight")}
+                    out[j] = _with(out[j], reads=reads, input="norm")
+                del out[i]
+                continue
+        i += 1
+    return out
+
+
+def swiglu_into_down(ops: list[Op], layout: Layout) -> list[Op]:
+    """SwiGLU read only by the down projection: down computes silu(gate) * up on its input."""
+    out = list(ops)
+    i = 0
+    while i < len(out):
+        op = out[i]
+        if op.kind == "swiglu":
+            readers = _consumers(out, i, op.write("out"))
+            if readers and all(out[j].kind == "matmul" and out[j].option("input", "plain") == "plain"
+                               for j in readers):
+                for j in readers:
+                    out[j] = _with(out[j], reads={**dict(out[j].reads), "x": op.read("h")}, input="swiglu")
+                del out[i]
+                continue
+        i += 1
+    return out
+
+
+def rope_kv_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
+    """RoPE + KV append, then attention of the same layer: attention rotates q and the new k
+    itself and writes the new cache row (kernels/attention_rope.py)."""
+    out = []
+    for op in ops:
+        if op.kind == "attention" and out and out[-1].kind == "rope_kv" and out[-1].layer == op.layer:
+            rope = out.pop()
+            caches = {role: rope.write(role) for role in ("k_cache", "v_cache")}
+            writes = {**caches, **{role: ref for role, ref in op.writes}}
+            out.append(op.replace(kind="attention_rope", reads=(("qkv", "qkv"), ("table", rope.read("table"))),
+                                  writes=tuple(writes.items())))
+            continue
+        out.append(op)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    rewrite: Callable[[list[Op], Layout], list[Op]]
+    schedules: tuple[str, ...]
+
+
+RULES = (
+    Rule("stack-projections", stack_projections, ("decode",)),
+    Rule("residual-into-accumulate", residual_into_accumulate, ("decode",)),
+    Rule("norm-into-matmul", norm_into_matmul, ("decode",)),
+    Rule("swiglu-into-down", swiglu_into_down, ("decode",)),
+    Rule("rope-kv-into-attention", rope_kv_into_attention, ("decode",)),
+)
+ALL = tuple(rule.name for rule in RULES)
+
+
+def fuse(program: Program, layout: Layout, rules: tuple[str, ...] = ALL) -> Program:
+    """The program with the named rules applied (in RULES order; unknown names are refused)."""
+    unknown = set(rules) - set(ALL)
+    if unknown:
+        raise ValueError(f"unknown fusion rules {sorted(unknown)}; known: {list(ALL)}")
+    ops, applied = list(program.ops), []
+    for rule in RULES:
+        if rule.name in rules and program.schedule in rule.schedules:
+            ops = rule.rewrite(ops, layout)
+            applied.append(rule.name)
+    return dataclasses.replace(program, ops=tuple(ops), fusions=tuple(applied))

@@ -1,0 +1,243 @@
+"""Lowering: an op of the step program -> the kernel launch(es) that compute it on this device.
+
+A `Launch` is a registry kernel with its overrides, params words and grid, and its bindings by
+name in the kernel's order: `inputs` are its read-only storage bindings, `outputs` its writable
+ones (the params uniform always comes first). A binding names the op's ref, and for a weight
+the part ("codes", "scales", "mins", "data") and the row piece; the executor resolves each to a
+range of the plan's buffers. Every size is validated here, on the host, by the kernel families'
+own plan functions, before any GPU work.
+
+    op kind          kernel family                        inputs                         outputs
+    embed            embed_<enc>                          ids, table parts               x
+    norm             rms_norm[_residual]                  weight, x (or delta)           out (and x)
+    matmul decode    matvec[_norm|_swiglu]_<enc>          weight parts, x (+ norm weight)  y
+    matmul prefill   gemm_<enc>                           x, weight parts                y
+    rope_kv          rope_kv_append_<kv dtype>            rope_table                     qkv, k_cache, v_cache
+    attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
+    attention_rope   attention_decode_rope                qkv, rope_table                k_cache, v_cache, out, acc, ml
+    swiglu           swiglu                               h (gate | up)                  out
+    reduce           logits argmax / top-k (two passes)   logits (+ partials)            partials / result
+
+The head always multiplies one row (the mat-vec, in both schedules). Decode attention has one
+head grouping and grid for every position (the full cache's), so a decode recording never
+changes; past the single-pass length it adds the combine pass (`long_attention`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..kernels import attention, embed, gemm, logits, matvec, norm, rope_kv, swiglu
+from ..kernels.weights import PART_NAMES, Weights
+from .ops import Op, ffn_padded, qkv_offsets
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    role: str
+    ref: str                       # the op's ref
+    part: str | None = None        # a weight's part
+    piece: int | None = None       # a weight's row piece (plan splits)
+    offset: int = 0                # bytes into the ref (a piece's output rows start here)
+    size: int | None = None        # bytes, when only part of the ref is bound
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    kernel: str
+    overrides: dict
+    params: np.ndarray
+    grid: tuple[int, int, int]
+    inputs: tuple[Binding, ...]
+    outputs: tuple[Binding, ...]
+    label: str
+
+
+def weight_pieces(manifest, splits: list[dict], tensor: str) -> list[tuple[Weights, int]]:
+    """(shape-only Weights, first row) of each row piece of a 2-D tensor (one without a split)."""
+    info = manifest.tensors[tensor]
+    rows, cols = info.shape
+    q = info.quant
+    split = next((s for s in splits if s["tensor"] == tensor), None)
+    step = rows if split is None else split["rows_per_piece"]
+    return [(Weights(info.encoding, min(a + step, rows) - a, cols, {}, q.block_elements if q else None,
+                     q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None), a)
+            for a in range(0, rows, step)]
+
+
+def weight_of(manifest, splits: list[dict], ref: str, piece: int = 0) -> tuple[Weights, int]:
+    """The Weights of a "w:" ref (stacked refs: the members' rows summed) and its first row."""
+    tensors = ref[2:].split("+")
+    pieces = [weight_pieces(manifest, splits, t) for t in tensors]
+    if len(tensors) == 1:
+        return pieces[0][piece]
+    first = pieces[0][0][0]
+    return dataclasses.replace(first, rows=sum(p[0][0].rows for p in pieces)), 0
+
+
+def part_names(weights: Weights) -> tuple[str, ...]:
+    """The kernels' weight bindings in order: q4 "offset" binds its scales in the mins slot."""
+    if weights.encoding == "q4" and weights.zero == "offset":
+        return ("codes", "scales", "scales")
+    return PART_NAMES[weights.encoding]
+
+
+class Lowering:
+    """Launches for one admitted session: device limits and features, shapes, plan facts."""
+
+    def __init__(self, device, model, plan):
+        self.device, self.limits = device, device.limits
+        self.arch = a = model.architecture
+        self.manifest = model.manifest
+        self.plan = plan
+        policy = plan.as_dict()["policy"]
+        self.capacity, self.chunk, self.top_k = (policy["context_capacity"], policy["prefill_chunk"],
+                                                 policy["top_k_capacity"])
+        self.splits = plan.splits
+        self.s_align = plan.required_limits["minStorageBufferOffsetAlignment"]
+        self.f_pad = ffn_padded(a, self.s_align)
+        self.shape = attention.AttentionShape(a.n_heads, a.n_kv_heads, a.head_dim, self.capacity, plan.kv["dtype"])
+        self.embedding = embed.model_embedding(model)
+        # Decode attention: one head grouping and grid for every position (those of a full
+        # cache), so the pipeline and grid stay fixed; workgroups past a position's chunks exit.
+        # Up to single_pass keys take one pass with the whole context as one chunk.
+        widest = attention.plan_decode(self.limits, self.shape, self.capacity - 1)
+        self.decode_chunk = widest.chunk
+        self.decode_heads = widest.chunk_pass.overrides["GW"]
+        self.decode_grid = widest.chunk_pass.grid
+        self.decode_combine_grid = widest.combine.grid if widest.combine else None
+        self.single_pass = min(attention.SINGLE_PASS_MAX, attention.SCORE_WORDS // self.decode_heads)
+        self._reduce_layouts: dict[tuple, logits.LogitsPlan] = {}
+
+    # -- facts the executor shares ---------------------------------------------------------------
+    def planned_tokens(self, schedule: str) -> int:
+        """T the schedule's activations were laid out for (sections sit at these offsets)."""
+        return 1 if schedule == "decode" else self.chunk
+
+    def single_pass_at(self, position: int) -> bool:
+        """Whether decode attention at this position is one pass (the "short" recording)."""
+        return position + 1 <= self.single_pass or self.decode_combine_grid is None
+
+    def section(self, schedule: str, ref: str) -> tuple[int, int | None]:
+        """(byte offset, byte size or None: to the end) of a section ref inside its activation."""
+        q_at, k_at, v_at = qkv_offsets(self.arch, self.planned_tokens(schedule), self.s_align)
+        return {"qkv.q": (q_at, k_at - q_at), "qkv.k": (k_at, v_at - k_at), "qkv.v": (v_at, None),
+                "gate_up.gate": (0, None), "gate_up.up": (4 * self.f_pad, None)}.get(ref, (0, None))
+
+    def reduce_layout(self, op: str, k: int) -> tuple[logits.LogitsChoice, logits.LogitsPlan]:
+        """The reduction's kernels and layout, planned once per (op, k): decode reads it every token."""
+        key = (op, k)
+        if key not in self._reduce_layouts:
+            choice = logits.choose(self.device, "argmax" if op == "argmax" else "topk", k)
+            self._reduce_layouts[key] = (choice, logits.plan(self.device, choice, self.arch.vocab, k))
+        return self._reduce_layouts[key]
+
+    # -- ops -> launches ------------------------------------------------------------------------
+    def lower(self, op: Op, schedule: str, tokens: int, start: int, readback: str = "argmax",
+              long_attention: bool = False) -> list[Launch]:
+        """The launches of `op` in a step of `tokens` tokens at `start` ([] for a copy, or a
+        reduce when the whole logits row is read back)."""
+        return getattr(self, f"_{op.kind}")(op, schedule, tokens, start, readback, long_attention)
+
+    def _copy(self, op, schedule, tokens, start, readback, long_attention):
+        return []
+
+    def _launch(self, op: Op, planned, inputs, outputs) -> Launch:
+        return Launch(planned.kernel, dict(planned.overrides), planned.params, tuple(planned.grid),
+                      tuple(inputs), tuple(outputs), op.label.split("#")[0])
+
+    def _embed(self, op, schedule, tokens, start, readback, long_attention):
+        p = embed.plan_embed(self.limits, np.zeros(tokens, np.uint32), self.embedding)
+        parts = [Binding(part, op.read("table"), part=part) for part in self.embedding.part_order]
+        return [self._launch(op, p, [Binding("ids", op.read("ids")), *parts], [Binding("x", op.write("x"))])]
+
+    def _norm(self, op, schedule, tokens, start, readback, long_attention):
+        residual = bool(op.option("residual"))
+        p = norm.plan_norm(self.limits, tokens, self.arch.hidden, self.arch.norm_eps, residual=residual)
+        source = "delta" if residual else "x"
+        outputs = [Binding("out", op.write("out"))] + ([Binding("x", op.write("x"))] if residual else [])
+        return [self._launch(op, p, [Binding("weight", op.read("weight")), Binding(source, op.read(source))], outputs)]
+
+    def _swiglu(self, op, schedule, tokens, start, readback, long_attention):
+        p = swiglu.plan_swiglu(self.limits, tokens, self.f_pad)
+        return [self._launch(op, p, [Binding("h", op.read("h"))], [Binding("out", op.write("out"))])]
+
+    def _strides(self, op: Op, weights: Weights) -> tuple[int, int]:
+        """(x_stride, y_stride) in floats: the input row and the whole output row."""
+        a = self.arch
+        q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+        x_ref, y_ref = op.read("x"), op.write("y")
+        x_stride = {"attn_out": q, "ffn_act": self.f_pad, "gate_up": 2 * self.f_pad}.get(x_ref, a.hidden)
+        y_stride = {"qkv.q": q, "qkv.k": kv, "qkv.v": kv, "gate_up.gate": 2 * self.f_pad,
+                    "gate_up.up": 2 * self.f_pad, "logits": a.vocab}.get(y_ref, a.hidden)
+        if y_ref in ("qkv", "gate_up"):
+            y_stride = weights.rows                  # a stacked decode row: its members back to back
+        return x_stride, y_stride
+
+    def _matmul(self, op, schedule, tokens, start, readback, long_attention):
+        piece = op.option("piece", 0)
+        weights, row_start = weight_of(self.manifest, self.splits, op.read("w"), piece)
+        parts = [Binding(part, op.read("w"), part=part, piece=piece) for part in part_names(weights)]
+        y = Binding("y", op.write("y"), offset=4 * row_start)
+        x_stride, y_stride = self._strides(op, weights)
+        if schedule == "decode" or op.option("head"):
+            mode = op.option("input", "plain")
+            extra = {}
+            if mode == "norm":
+                extra = {"eps": float(self.arch.norm_eps), "norm_elements": self.arch.hidden}
+            elif mode == "swiglu":
+                extra = {"up_offset": self.f_pad}
+            m = 1 if op.option("head") else tokens
+            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode,
+                            accumulate=bool(op.option("accumulate")), **extra)
+            inputs = {"x": Binding("x", op.read("x")), "h": Binding("h", op.read("x"))}
+            if mode == "norm":
+                inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
+            return [self._launch(op, p, parts + [inputs[name] for name in p.inputs], [y])]
+        if op.option("input", "plain") != "plain" or op.option("accumulate"):
+            raise ValueError(f"{op.name}: the prefill GEMM has no fused input or ACCUMULATE")
+        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows)    # one tile for every chunk size
+        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, tile=tile)
+        return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
+
+    def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
+        a = self.arch
+        t = self.planned_tokens(schedule)
+        q_at, k_at, v_at = qkv_offsets(a, t, self.s_align)
+        qkv_bytes = v_at + 4 * t * a.n_kv_heads * a.head_dim
+        p = rope_kv.plan_rope_kv_append(self.limits, self.shape.layout, tokens, a.n_heads, a.rope.rotary_dim, start,
+                                        self.capacity, a.rope.convention, q_at // 4, k_at // 4, v_at // 4,
+                                        qkv_bytes // 4)
+        outputs = [Binding("qkv", op.write("qkv")), Binding("k_cache", op.write("k_cache")),
+                   Binding("v_cache", op.write("v_cache"))]
+        return [self._launch(op, p, [Binding("table", op.read("table"))], outputs)]
+
+    def _attention(self, op, schedule, tokens, start, readback, long_attention):
+        inputs = [Binding("q", op.read("q")), Binding("k_cache", op.read("k_cache")),
+                  Binding("v_cache", op.read("v_cache"))]
+        if schedule == "prefill":
+            p = attention.plan_prefill(self.limits, self.shape, start, tokens).dispatch
+            return [self._launch(op, p, inputs, [Binding("out", op.write("out"))])]
+        d = attention.plan_decode(self.limits, self.shape, start, heads_per_workgroup=self.decode_heads,
+                                  chunk=start + 1 if self.single_pass_at(start) else self.decode_chunk)
+        outputs = [Binding("out", op.write("out")), Binding("acc", op.write("acc")), Binding("ml", op.write("ml"))]
+        chunk_pass = dataclasses.replace(self._launch(op, d.chunk_pass, inputs, outputs), grid=tuple(self.decode_grid))
+        if not long_attention:
+            return [chunk_pass]
+        combine = dataclasses.replace(chunk_pass, kernel=chunk_pass.kernel.replace("decode", "combine"),
+                                      overrides={k: v for k, v in chunk_pass.overrides.items() if k != "GW"},
+                                      grid=tuple(self.decode_combine_grid), label="combine")
+        return [chunk_pass, combine]
+
+    def _reduce(self, op, schedule, tokens, start, readback, long_attention):
+        if readback == "full":
+            return []
+        k = 1 if readback == "argmax" else self.top_k
+        choice, lp = self.reduce_layout(readback, k)
+        lg = Binding("logits", op.read("logits"), size=4 * self.arch.vocab)
+        partials, result = Binding("partials", op.write("partials")), Binding("result", op.write("result"))
+        return [Launch(choice.partial, dict(choice.overrides), lp.params, tuple(lp.partial_grid), (lg,), (partials,),
+                       f"{readback} pass 1"),
+                Launch(choice.merge, dict(choice.overrides), lp.params, tuple(lp.merge_grid), (lg, partials),
+                       (result,), f"{readback} pass 2")]

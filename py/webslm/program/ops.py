@@ -1,0 +1,286 @@
+"""The reference step program: what one forward step computes, op by op, over named regions.
+
+One step of T tokens at positions start .. start + T - 1 (x is the residual stream [T, D]),
+the CPU oracle's steps (cpu/backend.py `_forward`) one for one:
+
+    embed        token_ids [T]               -> x [T, D]
+    per layer i (ops named "L{i}.<label>"):
+      attn_norm  x (+= delta from layer 1)   -> attn_in [T, D]              RMSNorm
+      q, k, v    attn_in                     -> qkv: q [T, H E] | k [T, K E] | v [T, K E]
+      rope_kv    q rotated in place; k rotated and v written to the layer's cache rows
+      attention  q, cache[0 .. start + T)    -> attn_out [T, H E]
+      o          attn_out                    -> delta [T, D]
+      ffn_norm   x += delta                  -> ffn_in [T, D]
+      gate, up   ffn_in                      -> gate_up [T, 2 F'] (gate | up, F' = F padded)
+      swiglu     gate_up                     -> ffn_act [T, F']
+      down       ffn_act                     -> delta [T, D]
+    final_norm   x += delta                  -> final_in [T, D]
+    (prefill)    last_row = final_in[T - 1]  (a copy: the head sees one row)
+    head         final_in (decode) / last_row -> logits [V]
+    reduce       logits -> argmax / top-k words (or the full row is read back)
+
+fusion.py rewrites this list; the planner, admission and the executor all read the rewritten
+list, so a fusion is one rule there and nothing else.
+
+An op names what it reads and writes by role -> ref. Refs:
+    activations      "x", "delta", "qkv", "qkv.q" (a section of qkv), "gate_up.up", ...; the
+                     planner gives each a region per schedule ("decode.qkv")
+    weights          "w:blk.3.attn_q" (a matrix), "w:blk.3.attn_q+blk.3.attn_k+blk.3.attn_v"
+                     (rows stacked: the planner laid the parts out back to back)
+    norm vectors     "v:blk.3.attn_norm"
+    caches           "kv:L3.k", "kv:L3.v";  the RoPE table: "rope_table"
+A weight split into row pieces (binding limits) is one matmul op per piece ("L3.o#1").
+Ops of the same label share one params slot across layers (the layers have one shape).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+SCHEDULES = ("decode", "prefill")
+# Ops whose params depend on the position: their slots come first, a decode step rewrites them.
+POSITIONAL_KINDS = ("rope_kv", "attention", "attention_rope")
+# What a step may read back: the reduce op has one params slot per reduction ("full" has none).
+READBACKS = ("argmax", "top-k", "full")
+# Decode attention scratch (kernels/attention.py plan_decode): up to SINGLE_PASS_MAX keys take one
+# pass; past it no chunk is shorter than MIN_CHUNK, so C keys need at most ceil(C / MIN_CHUNK) chunks.
+SINGLE_PASS_MAX, MIN_CHUNK = 256, 64
+# Logits reductions (kernels/logits.py default_chunk / plan): top-k pass 1 takes chunks of
+# round_up(isqrt(V k) + 1, LOAD) logits; argmax aims for ARGMAX_GROUPS workgroups.
+LOGITS_LOAD, ARGMAX_GROUPS = 512, 256
+
+
+def align(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str                                  # unique in its program: "embed", "L3.qkv", "head#1"
+    kind: str                                  # embed, norm, matmul, rope_kv, attention, attention_rope,
+                                               # swiglu, copy, reduce
+    reads: tuple[tuple[str, str], ...]         # (role, ref), in no particular order
+    writes: tuple[tuple[str, str], ...]
+    mode: tuple[tuple[str, Any], ...] = ()     # the kind's options: input, accumulate, residual, piece
+    layer: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The name without its layer: "qkv", "o#1", "head#0"."""
+        return self.name.split(".", 1)[1] if self.layer is not None else self.name
+
+    @property
+    def slot(self) -> str:
+        return self.label
+
+    @property
+    def step(self) -> str:
+        """The planner's step: layer ops share one step per label ("layer.qkv")."""
+        return f"layer.{self.label}" if self.layer is not None else self.name
+
+    def read(self, role: str) -> str:
+        return dict(self.reads)[role]
+
+    def write(self, role: str) -> str:
+        return dict(self.writes)[role]
+
+    def option(self, key: str, default: Any = None) -> Any:
+        return dict(self.mode).get(key, default)
+
+    def refs(self) -> list[str]:
+        return [ref for _, ref in self.reads + self.writes]
+
+    def replace(self, **changes) -> "Op":
+        return dataclasses.replace(self, **changes)
+
+
+def base(ref: str) -> str:
+    """The activation a ref names ("qkv.q" -> "qkv"); other refs as they are."""
+    return ref if ":" in ref else ref.split(".", 1)[0]
+
+
+def is_activation(ref: str) -> bool:
+    return ":" not in ref and ref != "rope_table"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What the memory planner decided about the weights that changes the program: tensors cut
+    into row pieces (binding limits) and the row groups laid out back to back in every layer."""
+    pieces: Mapping[str, int] = dataclasses.field(default_factory=dict)   # tensor -> pieces, when > 1
+    stacks: frozenset[str] = frozenset()                                  # "qkv", "gate_up"
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    schedule: str                  # "decode" or "prefill"
+    tokens: int                    # T of the step (decode 1, prefill the chunk)
+    n_layers: int
+    ops: tuple[Op, ...]
+    fusions: tuple[str, ...] = ()  # the rules applied, in order
+
+    # -- the list's parts -------------------------------------------------------------------
+    def layer(self, i: int) -> list[Op]:
+        return [op for op in self.ops if op.layer == i]
+
+    @property
+    def before(self) -> list[Op]:
+        first = next(i for i, op in enumerate(self.ops) if op.layer is not None)
+        return list(self.ops[:first])
+
+    @property
+    def after(self) -> list[Op]:
+        last = max(i for i, op in enumerate(self.ops) if op.layer is not None)
+        return list(self.ops[last + 1:])
+
+    def dispatch_ops(self) -> list[Op]:
+        """Ops that run as dispatches (a copy is a buffer copy)."""
+        return [op for op in self.ops if op.kind != "copy"]
+
+    def dispatches_per_layer(self) -> int:
+        return sum(1 for op in self.layer(0) if op.kind != "copy")
+
+    # -- what the planner derives -------------------------------------------------------------
+    def steps(self) -> list[str]:
+        """The schedule's steps in order: upload, the ops before the layers, one layer (the
+        loop body, run once per layer on the same regions), the ops after, readback."""
+        return (["upload"] + [op.step for op in self.before] + [op.step for op in self.layer(0)]
+                + [op.step for op in self.after] + ["readback"])
+
+    def layer_loop(self) -> tuple[int, int]:
+        steps = self.steps()
+        body = [op.step for op in self.layer(0)]
+        return steps.index(body[0]), steps.index(body[-1])
+
+    def slots(self) -> list[str]:
+        """Params slots, one per label; the position-dependent ones first (a decode step
+        rewrites one contiguous range)."""
+        labels = list(dict.fromkeys(op.slot for op in self.ops if op.kind not in ("copy", "reduce")))
+        kinds = {op.slot: op.kind for op in self.ops}
+        reductions = [f"reduce:{r}" for r in READBACKS[:2]] if any(op.kind == "reduce" for op in self.ops) else []
+        return [s for s in labels if kinds[s] in POSITIONAL_KINDS] + \
+               [s for s in labels if kinds[s] not in POSITIONAL_KINDS] + reductions
+
+    def activations(self) -> list[str]:
+        """Every activation the program reads or writes, in first-use order."""
+        return list(dict.fromkeys(base(ref) for op in self.ops for ref in op.refs() if is_activation(ref)))
+
+    def intervals(self) -> dict[str, tuple[str, str]]:
+        """activation -> (first producer step, last consumer step). One used outside the layer
+        loop and inside it, or read in a layer before that layer writes it (carried from the
+        previous layer), surrounds the loop; the readback reads the logits and the result."""
+        steps = self.steps()
+        lo, hi = self.layer_loop()
+        template = self.before + self.layer(0) + self.after
+        out = {}
+        for name in self.activations():
+            touched = [steps.index(op.step) for op in template
+                       if name in {base(r) for r in op.refs() if is_activation(r)}]
+            written = [steps.index(op.step) for op in template if name in {base(r) for _, r in op.writes}]
+            first, last = min(touched), max(touched)
+            if name == "token_ids":
+                first = 0                                   # uploaded before the step
+            if name in ("logits", "logits_result"):
+                last = len(steps) - 1                       # read back after it
+            inside_first_write = min((w for w in written if lo <= w <= hi), default=None)
+            carried = inside_first_write is not None and any(
+                lo <= t < inside_first_write for t in touched)
+            straddles = (first < lo <= last) or (first <= hi < last)
+            if carried or straddles:
+                first, last = min(first, lo - 1), max(last, hi + 1)
+            out[name] = (steps[first], steps[last])
+        return out
+
+
+# -- activation sizes ----------------------------------------------------------------------------
+
+def qkv_offsets(arch, tokens: int, s_align: int) -> tuple[int, int, int]:
+    """Byte offsets of the q, k and v sections of the planar qkv activation: each at an aligned
+    offset so it can be bound alone."""
+    k_at = align(4 * tokens * arch.n_heads * arch.head_dim, s_align)
+    return 0, k_at, k_at + align(4 * tokens * arch.n_kv_heads * arch.head_dim, s_align)
+
+
+def ffn_padded(arch, s_align: int) -> int:
+    """F' = F rounded up to a whole alignment unit of floats: up's columns start aligned."""
+    return align(arch.ffn, s_align // 4)
+
+
+def logits_partials_words(vocab: int, k: int) -> int:
+    """Words of the pass-1 partials [2 G k + G] (kernels/logits.py LogitsPlan.partials_words),
+    the most any k' <= k needs with the host's default chunk, or argmax's (G <= ARGMAX_GROUPS)."""
+    import math
+    most = 3 * min(ARGMAX_GROUPS, vocab)
+    for kk in range(1, k + 1):
+        chunk = min(align(math.isqrt(vocab * kk) + 1, LOGITS_LOAD), align(vocab, LOGITS_LOAD))
+        most = max(most, (2 * kk + 1) * -(-vocab // chunk))
+    return most
+
+
+def activation_bytes(arch, schedule: str, tokens: int, capacity: int, k: int, s_align: int) -> dict[str, tuple]:
+    """activation -> (part, bytes): f32 rows of T tokens laid out as the executor binds them.
+    Parts: "arena" (activations), "scratch" (partial sums), "logits" (what is read back)."""
+    t, d, h, kv, e, v = tokens, arch.hidden, arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.vocab
+    f_pad = ffn_padded(arch, s_align)
+    _, _, v_at = qkv_offsets(arch, t, s_align)
+    chunks = -(-capacity // MIN_CHUNK) if capacity > SINGLE_PASS_MAX else 0
+    return {
+        "token_ids": ("arena", 4 * t), "x": ("arena", 4 * t * d), "delta": ("arena", 4 * t * d),
+        "attn_in": ("arena", 4 * t * d), "qkv": ("arena", v_at + 4 * t * kv * e),
+        "attn_out": ("arena", 4 * t * h * e), "ffn_in": ("arena", 4 * t * d),
+        "gate_up": ("arena", 4 * t * 2 * f_pad), "ffn_act": ("arena", 4 * t * f_pad),
+        "final_in": ("arena", 4 * t * d), "last_row": ("arena", 4 * d),
+        "attn_acc": ("scratch", 4 * max(4, h * chunks * e)), "attn_ml": ("scratch", 4 * max(2, h * chunks * 2)),
+        "logits_partials": ("scratch", 4 * logits_partials_words(v, k)),
+        "logits": ("logits", 4 * v), "logits_result": ("logits", 4 * (2 * k + 1)),
+    }
+
+
+# -- the reference program ------------------------------------------------------------------------
+
+def _matmul(label: str, layer: int | None, tensor: str, x: str, y: str, layout: Layout, **mode) -> list[Op]:
+    """A projection: one op per row piece of the weight (plan splits), each its own slot."""
+    n = layout.pieces.get(tensor, 1)
+    prefix = f"L{layer}." if layer is not None else ""
+    names = [label] if n == 1 else [f"{label}#{p}" for p in range(n)]
+    return [Op(prefix + name, "matmul", (("x", x), ("w", f"w:{tensor}")), (("y", y),),
+               tuple(sorted({**mode, "piece": p}.items())), layer) for p, name in enumerate(names)]
+
+
+def _norm(name: str, layer: int | None, weight: str, out: str, residual: bool) -> Op:
+    reads = (("x", "x"), ("delta", "delta"), ("weight", weight)) if residual else (("x", "x"), ("weight", weight))
+    writes = (("out", out), ("x", "x")) if residual else (("out", out),)
+    return Op(name, "norm", reads, writes, (("residual", residual),), layer)
+
+
+def reference(arch, schedule: str, tokens: int, layout: Layout = Layout(), tied_output: bool | None = None) -> Program:
+    """The unfused program of one step: the readable reference every fusion rewrites."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+    head = "token_embd" if (arch.tied_output if tied_output is None else tied_output) else "output"
+    ops = [Op("embed", "embed", (("ids", "token_ids"), ("table", "w:token_embd")), (("x", "x"),))]
+    for i in range(arch.n_layers):
+        b, p = f"blk.{i}.", f"L{i}."
+        ops.append(_norm(p + "attn_norm", i, f"v:{b}attn_norm", "attn_in", residual=i > 0))
+        for label, section in (("q", "qkv.q"), ("k", "qkv.k"), ("v", "qkv.v")):
+            ops += _matmul(label, i, f"{b}attn_{label}", "attn_in", section, layout)
+        caches = (("k_cache", f"kv:L{i}.k"), ("v_cache", f"kv:L{i}.v"))
+        ops.append(Op(p + "rope_kv", "rope_kv", (("table", "rope_table"),), (("qkv", "qkv"),) + caches, (), i))
+        scratch = (("acc", "attn_acc"), ("ml", "attn_ml")) if schedule == "decode" else ()
+        ops.append(Op(p + "attention", "attention", (("q", "qkv.q"),) + caches, (("out", "attn_out"),) + scratch,
+                      (), i))
+        ops += _matmul("o", i, f"{b}attn_output", "attn_out", "delta", layout)
+        ops.append(_norm(p + "ffn_norm", i, f"v:{b}ffn_norm", "ffn_in", residual=True))
+        ops += _matmul("gate", i, f"{b}ffn_gate", "ffn_in", "gate_up.gate", layout)
+        ops += _matmul("up", i, f"{b}ffn_up", "ffn_in", "gate_up.up", layout)
+        ops.append(Op(p + "swiglu", "swiglu", (("h", "gate_up"),), (("out", "ffn_act"),), (), i))
+        ops += _matmul("down", i, f"{b}ffn_down", "ffn_act", "delta", layout)
+    ops.append(_norm("final_norm", None, "v:output_norm", "final_in", residual=True))
+    row = "final_in"
+    if schedule == "prefill":        # the head multiplies one row: the chunk's last
+        ops.append(Op("last_row", "copy", (("src", "final_in"),), (("dst", "last_row"),)))
+        row = "last_row"
+    ops += _matmul("head", None, head, row, "logits", layout, head=True)
+    ops.append(Op("reduce", "reduce", (("logits", "logits"),),
+                  (("partials", "logits_partials"), ("result", "logits_result"))))
+    return Program(schedule, tokens, arch.n_layers, tuple(ops))
