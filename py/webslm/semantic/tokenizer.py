@@ -265,6 +265,11 @@ class StreamDecoder:
     text, else one U+FFFD per byte, as HF's ByteFallback decoder does), so a run is held
     until a non-byte token ends it: a later byte in the same run could still invalidate it.
     The one leading space HF strips (the dummy prefix) is stripped from the first text out.
+
+    An id at or beyond the end of the token list (a padding row: a model's vocabulary may be
+    rounded up past its tokenizer's tokens, as the fixture's is) has no text: it decodes to
+    "" and leaves any pending bytes pending, as HF's decode drops ids it has no token for.
+    The sampler can choose such an id; the answer then goes on with no text for it.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
@@ -275,7 +280,11 @@ class StreamDecoder:
 
     def push(self, token_id: int) -> str:
         tok = self.tokenizer
-        token = tok.tokens[token_id]       # IndexError for an id outside the vocabulary
+        if token_id < 0:
+            raise IndexError(f"token id {token_id} is negative")
+        if token_id >= len(tok.tokens):
+            return ""                      # a padding id: no token, no text (see above)
+        token = tok.tokens[token_id]
         if self.skip_special and token_id in tok.special_ids:
             return ""                      # skipped before decoding, as HF does
         if tok.byte_level:
