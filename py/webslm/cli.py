@@ -128,20 +128,21 @@ def cmd_generate(args) -> int:
     from .cpu.backend import CpuBackendError
     from .engine import Engine
     from .errors import CodedError
-    from .generate import prompt_ids
     from .model import Model
-    from .semantic.sampler import SamplerSettings
+    from .request import prompt_ids, sampler_settings
 
     artifact, status = _open(args.model)
     if artifact is None:
         return status
     model = Model(artifact)
-    defaults = model.manifest.generation
-    settings = SamplerSettings(
-        temperature=0.0 if args.greedy else (args.temperature if args.temperature is not None else defaults["temperature"]),
-        top_k=defaults["top_k"], top_p=defaults["top_p"], min_p=defaults["min_p"],
-        repetition_penalty=defaults["repetition_penalty"], max_tokens=args.max_tokens,
-        seed=args.seed, stop=tuple(args.stop))
+    # Only what the command line sets; the model's defaults fill in the rest.
+    given = {"seed": args.seed, "stop": args.stop, "temperature": 0.0 if args.greedy else args.temperature,
+             "max_tokens": args.max_tokens}
+    try:
+        settings = sampler_settings(model, {k: v for k, v in given.items() if v is not None})
+    except CodedError as exc:                    # a setting out of range, e.g. --temperature -1
+        print(f"webslm generate: {exc}", file=sys.stderr)
+        return 2
     ids = prompt_ids(model, args.prompt, args.chat, args.system)
     events: list[dict] = []
     engine = Engine(model, gpu=_native_gpu() if args.backend == "native" else None, on_event=events.append)
@@ -330,7 +331,8 @@ def main(argv=None) -> int:
     generate.add_argument("--system", default=None, help="system message (with --chat; default: the template's)")
     generate.add_argument("--backend", choices=["native", "cpu"], default="cpu",
                           help="native: the GPU through wgpu-native when admitted, else the CPU path")
-    generate.add_argument("--max-tokens", type=int, default=256)
+    generate.add_argument("--max-tokens", type=int, default=None,
+                          help="the most tokens to generate (default: the model's max_new_tokens)")
     pick = generate.add_mutually_exclusive_group()
     pick.add_argument("--greedy", action="store_true", help="always the most likely token")
     pick.add_argument("--seed", type=int, default=0, help="sampling seed (the model's defaults otherwise)")

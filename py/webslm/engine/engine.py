@@ -1,8 +1,10 @@
 """Engine: one model, answered on the GPU when admission allows it, on the CPU otherwise, and
 continued on the CPU when the GPU is lost in the middle of an answer.
 
-The loop is generate.py's, step for step (stop sequences held back, EOS, max_tokens, the
-same Timings), made asynchronous and given the three things a GPU needs around it:
+The loop is generate.py's made asynchronous: what a chosen token does (EOS, its text, the
+ledger, the sampler's commit, stop sequences, max_tokens) is the same `Answer.accept`
+(answer.py), so both loops give the same answer, delta for delta. Around it, the three
+things a GPU needs:
 
 - What to read back (`want_for`): only the argmax for greedy decoding without penalties,
   a canonical top-64 when the sampler can prove that is enough, else the full row.
@@ -34,13 +36,13 @@ from typing import AsyncIterator, Callable
 
 import numpy as np
 
+from ..answer import Answer, Delta, Timings
 from ..backends.cpu_path import CpuPath
 from ..backends.scores import BackendCancelled, BackendLost, Scores, Want
 from ..errors import CodedError
-from ..generate import Delta, Timings, prompt_ids as text_prompt_ids
+from ..request import InvalidRequest, prompt_ids, sampler_settings
 from ..semantic.ledger import Ledger
-from ..semantic.sampler import Sampler, SamplerSettings, StopMatcher
-from ..semantic.tokenizer import StreamDecoder
+from ..semantic.sampler import Sampler, SamplerSettings
 from .states import GENERATING, READY, State, StateMachine
 
 S = State
@@ -94,30 +96,6 @@ async def admit_and_build(gpu, model, policy, on_stage):
     return backend, session.receipt.as_dict()
 
 
-class _Run:
-    """One answer: its prompt, sampler, text side (stream decoder, stop matcher) and the
-    epoch the ledger issued for it. finish_reason is set once, when the answer ends."""
-
-    def __init__(self, model, ids: list[int], settings: SamplerSettings, ledger: Ledger):
-        arch = model.architecture
-        self.ids, self.settings, self.ledger = ids, settings, ledger
-        self.sampler = Sampler(settings, arch.vocab, history=ids, position=len(ids))
-        self.stream = StreamDecoder(model.tokenizer, skip_special=True)
-        self.stops = StopMatcher(settings.stop)
-        self.eos = set(model.manifest.tokenizer["eos_ids"])
-        self.limit = min(settings.max_tokens, arch.context_length - len(ids))
-        self.epoch = ledger.begin(ids)
-        self.timings = Timings()
-        self.decode_started: float | None = None
-        self.finish_reason: str | None = None
-
-    @property
-    def current(self) -> bool:
-        """Whether this answer may still commit: not ended, not cancelled, not superseded."""
-        return (self.finish_reason is None and self.ledger.is_open
-                and self.ledger.epoch == self.epoch)
-
-
 class Engine:
     """`Engine(model, gpu=None, policy=None, on_event=None)`; `await load()`; then
     `async for delta in engine.generate(prompt, settings)`. gpu is a webslm.webgpu Gpu
@@ -141,7 +119,7 @@ class Engine:
         self._gpu = None                     # the GPU executor while it is usable
         self._cpu_path: CpuPath | None = None
         self._backend = None                 # the backend the current answer runs on
-        self._run: _Run | None = None
+        self._run: Answer | None = None
         self._in_flight: asyncio.Future | None = None   # done when the submitted step retires
 
     # -- what the page reads ------------------------------------------------------------------
@@ -284,67 +262,46 @@ class Engine:
             self._end(run, "abort")
 
     # -- one answer ---------------------------------------------------------------------------
-    def _ids(self, prompt, chat: bool, system: str | None) -> list[int]:
-        """Token ids from a string (generate.py's prompt_ids), chat messages, or ids."""
-        if isinstance(prompt, str):
-            return text_prompt_ids(self.model, prompt, chat, system)
-        prompt = list(prompt)
-        if prompt and all(isinstance(m, dict) for m in prompt):
-            if system and prompt[0].get("role") != "system":
-                prompt = [{"role": "system", "content": system}] + prompt
-            text = self.model.chat_template.render(prompt, add_generation_prompt=True)
-            return self.model.tokenizer.encode(text, add_special=False)
-        if prompt and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
-            return [int(t) for t in prompt]
-        raise EngineError("bad-prompt", "prompt", "must be a string, a non-empty list of "
-                                                  "{role, content} messages, or a non-empty list of token ids")
-
-    async def generate(self, prompt, settings: SamplerSettings, chat: bool = True,
+    async def generate(self, prompt, settings: SamplerSettings | dict | None = None, chat: bool = True,
                        system: str | None = None) -> AsyncIterator[Delta]:
         """The answer's text deltas; the last one has finish_reason "stop", "length" or
         "abort". prompt: a string (chat-templated unless chat=False), {role, content}
-        messages, or token ids. Nothing happens until the first iteration; then an answer
-        still in progress is cancelled (this one supersedes it)."""
-        ids = self._ids(prompt, chat, system)
+        messages, or token ids (request.prompt_ids). settings: SamplerSettings, or a dict
+        of settings laid over the model's defaults (request.sampler_settings; None: the
+        model's defaults). Nothing happens until the first iteration; then an answer still
+        in progress is cancelled (this one supersedes it)."""
+        try:
+            ids = prompt_ids(self.model, prompt, chat, system)
+            if not isinstance(settings, SamplerSettings):
+                settings = sampler_settings(self.model, settings)
+        except InvalidRequest as bad:        # the engine's callers match on EngineError codes
+            raise EngineError(bad.code, bad.where, bad.sentence) from None
         await self._supersede()
         if self.state is S.VISIBLE_FAILURE:
             self.acknowledge()
         self._machine.require(READY, "generate()")
-        run = self._run = _Run(self.model, ids, settings, self.ledger)
+        run = self._run = Answer(self.model, ids, settings, self.ledger)
         on_gpu = self.state is S.GPU_READY
         self._backend = self._gpu if on_gpu else self._cpu()
         self._go(S.GENERATING if on_gpu else S.CPU_GENERATING, "begin generation", epoch=run.epoch)
         try:
             started = time.perf_counter()
             scores = await self._step(run, "prefill", ids)
-            run.timings.prompt_tokens, run.timings.prefill_seconds = len(ids), time.perf_counter() - started
-            run.decode_started = time.perf_counter()
-            for step in range(run.limit):
+            run.prefilled(started)
+            while run.has_room:
                 if scores is None:               # cancelled or superseded
                     yield self._end(run, "abort")
                     return
-                position = len(ids) + step
                 token = scores.choose(run.sampler)
-                if token in run.eos:
-                    yield self._end(run, "stop", run.stops.finish() + run.stream.flush())
+                # The epoch the scores were computed in: the ledger refuses a stale one.
+                delta = run.accept(token, scores.epoch)
+                if delta.finish_reason:
+                    yield self._end(run, delta.finish_reason, delta.text)
                     return
-                text = run.stream.push(token)
-                record = self.ledger.offer(scores.epoch, position, token,
-                                           run.sampler.state_hash_after(token), text)
-                if record is None:               # the ledger refused: the answer was cancelled
-                    yield self._end(run, "abort")
-                    return
-                run.sampler.commit(token)
-                run.timings.generated_tokens += 1
-                shown = run.stops.push(text)
-                if shown.stopped:
-                    yield self._end(run, "stop", shown.text)
-                    return
-                if shown.text:
-                    yield Delta(shown.text, token)
-                if step + 1 < run.limit:
-                    scores = await self._step(run, "decode", token)
-            yield self._end(run, "length", run.stops.finish() + run.stream.flush())
+                if delta.text:
+                    yield delta
+                scores = await self._step(run, "decode", token)
+            yield self._end(run, "length")       # the prompt left no room for a single token
         except Exception:
             self._end(run, "error")
             raise
@@ -352,21 +309,16 @@ class Engine:
             if run.finish_reason is None:        # the reader stopped early, or the task was
                 self._end(run, "abort")          # cancelled: GeneratorExit, CancelledError
 
-    def _end(self, run: _Run, reason: str, text: str = "") -> Delta:
-        """End run once (later calls return the same ending): close the ledger, settle
-        the state. An answer that was cancelled meanwhile ends "abort" with no text."""
-        if run.finish_reason is None:
-            if not run.current and reason != "error":
-                reason, text = "abort", ""
-            if run.current:
-                self.ledger.cancel()             # the answer is over: nothing may commit to it
-            run.finish_reason = reason
-            if run.decode_started is not None:
-                run.timings.decode_seconds = time.perf_counter() - run.decode_started
+    def _end(self, run: Answer, reason: str, text: str = "") -> Delta:
+        """End run (Answer.end: the ledger closed, an answer cancelled meanwhile ends "abort"
+        with no text) and, the first time, settle the engine's state."""
+        first = run.finish_reason is None
+        delta = run.end(reason, text)
+        if first:
             self.last_timings = run.timings
             if self._run is run:
-                self._settle_after(reason)
-        return Delta("" if reason == "abort" else text, None, run.finish_reason)
+                self._settle_after(run.finish_reason)
+        return delta
 
     def _settle_after(self, reason: str) -> None:
         """From Generating/CPUGenerating/CancelPending back to the ready state of the backend
@@ -381,7 +333,7 @@ class Engine:
                      finish_reason=reason)
 
     # -- one step on the backend --------------------------------------------------------------
-    async def _step(self, run: _Run, kind: str, arg) -> Scores | None:
+    async def _step(self, run: Answer, kind: str, arg) -> Scores | None:
         """Submit one forward step for run: the scores for the sampler's next position, or
         None when the answer was cancelled (before submitting, or while the step ran)."""
         if not run.current:
@@ -434,7 +386,7 @@ class Engine:
             top = int(scores.ids[0]) if scores.ids is not None else int(np.argmax(scores.logits))
             ledger.offer(scores.epoch, scores.position, top, _NO_HASH, "")
 
-    async def _fail_over(self, run: _Run, lost: BackendLost, want: Want) -> Scores | None:
+    async def _fail_over(self, run: Answer, lost: BackendLost, want: Want) -> Scores | None:
         """The GPU is gone: release it, and unless the answer was cancelled meanwhile, rebuild
         the CPU path from the ledger and return the scores for the next position."""
         self._go(S.LOST, "device.lost or fatal GPU error", code=lost.code, sentence=lost.sentence)
@@ -459,7 +411,7 @@ class Engine:
             self._settle_after(run.finish_reason)
         return scores
 
-    def _restored_sampler(self, run: _Run) -> Sampler:
+    def _restored_sampler(self, run: Answer) -> Sampler:
         """A sampler rebuilt from the settings and the ledger alone, proven to be the one the
         loop holds: its state hash equals the one the ledger recorded with the last commit."""
         replay = self.ledger.replay()
@@ -467,7 +419,7 @@ class Engine:
                            history=replay.prompt_ids + replay.committed_ids,
                            position=replay.next_position)
         recorded = replay.sampler_state_hash or restored.state_hash()   # None: nothing committed
-        same_answer = replay.generation_epoch == run.epoch and replay.prompt_ids == tuple(run.ids)
+        same_answer = replay.generation_epoch == run.epoch and replay.prompt_ids == tuple(run.prompt_ids)
         same_state = restored.state_hash() == recorded and run.sampler.state_hash() == recorded
         if not (same_answer and same_state):
             raise EngineError("replay-mismatch", "ledger.replay()",

@@ -1,0 +1,134 @@
+"""One answer, token by token: the one place where a chosen token becomes committed, shown text.
+
+Both generation loops hand every token the sampler chose to `Answer.accept`: generate.py's
+synchronous loop, and the Engine's asynchronous one (engine/engine.py), which wraps it in
+cancellation, stale results and device loss. accept() does, in this order:
+
+1. EOS ends the answer "stop". The EOS token is not committed.
+2. The stream decoder turns the token into text: "" for a special token, and for a padding
+   id (a vocabulary larger than the tokenizer's token list), which is committed all the
+   same, so the answer goes on with no text for it.
+3. The ledger is offered the token at the next position, under the epoch its scores were
+   computed in. If it refuses (the answer was cancelled meanwhile) the answer ends "abort".
+4. The sampler commits the token. It only ever sees committed tokens: that is what lets a
+   rebuilt sampler carry on exactly after a device loss.
+5. The stop matcher shows the text, holding back what could still grow into a stop
+   sequence; a completed stop sequence ends the answer "stop" and is never shown.
+6. The answer's limit (max_tokens, or the room left in the context) ends it "length".
+
+When the answer ends "stop" at EOS, or "length", the held-back text is shown with the end.
+accept() only says how the answer ends; the loop then calls end(), because the Engine has
+its own bookkeeping to do at an ending (its state machine).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from .semantic.ledger import Ledger
+from .semantic.sampler import Sampler, SamplerSettings, StopMatcher
+from .semantic.tokenizer import StreamDecoder
+
+
+@dataclasses.dataclass
+class Delta:
+    """A piece of answer text (token_id: the committed token that released it), or the end:
+    finish_reason "stop", "length" or "abort", with the last text and no token_id."""
+    text: str
+    token_id: int | None = None
+    finish_reason: str | None = None
+
+
+@dataclasses.dataclass
+class Timings:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+
+class Answer:
+    """One answer to one prompt: its sampler, its text side (stream decoder, stop matcher),
+    the ledger generation (epoch) it commits to, its token limit and its Timings.
+    finish_reason is set once, by end()."""
+
+    def __init__(self, model, prompt_ids: list[int], settings: SamplerSettings, ledger: Ledger,
+                 timings: Timings | None = None):
+        arch = model.architecture
+        self.prompt_ids, self.settings, self.ledger = list(prompt_ids), settings, ledger
+        self.sampler = Sampler(settings, arch.vocab, history=self.prompt_ids, position=len(self.prompt_ids))
+        self.stream = StreamDecoder(model.tokenizer, skip_special=True)
+        self.stops = StopMatcher(settings.stop)
+        self.eos = frozenset(model.manifest.tokenizer["eos_ids"])
+        # Every committed token but the last is fed back into the KV cache, which holds
+        # context_length positions.
+        self.limit = min(settings.max_tokens, arch.context_length - len(self.prompt_ids))
+        self.epoch = ledger.begin(self.prompt_ids)
+        self.timings = timings if timings is not None else Timings()
+        self.finish_reason: str | None = None
+        self._committed = 0
+        self._decode_started: float | None = None
+
+    @property
+    def position(self) -> int:
+        """The absolute position of the next token (the sampler's: it moves on each commit)."""
+        return self.sampler.position
+
+    @property
+    def has_room(self) -> bool:
+        """Whether another token may be generated. accept() ends the answer at the limit, so
+        a loop finds no room before its first token only: the prompt filled the context."""
+        return self._committed < self.limit
+
+    @property
+    def current(self) -> bool:
+        """Whether this answer may still commit: not ended, not cancelled, not superseded."""
+        return (self.finish_reason is None and self.ledger.is_open
+                and self.ledger.epoch == self.epoch)
+
+    def prefilled(self, started: float) -> None:
+        """The prompt's forward pass, begun at `started` (time.perf_counter()), is done:
+        record it, and start the decode clock."""
+        self.timings.prompt_tokens = len(self.prompt_ids)
+        self.timings.prefill_seconds = time.perf_counter() - started
+        self._decode_started = time.perf_counter()
+
+    def accept(self, token: int, epoch: int) -> Delta:
+        """The token the sampler chose for the next position, from scores computed in `epoch`
+        (steps 1-6 above). Returns what to show: the text now visible (often ""), with
+        finish_reason set when this token ends the answer; then the loop calls end()."""
+        if token in self.eos:
+            return Delta(self._held_back(), None, "stop")
+        text = self.stream.push(token)
+        if self.ledger.offer(epoch, self.position, token, self.sampler.state_hash_after(token), text) is None:
+            return Delta("", None, "abort")
+        self.sampler.commit(token)
+        self._committed += 1
+        self.timings.generated_tokens = self._committed
+        shown = self.stops.push(text)
+        if shown.stopped:
+            return Delta(shown.text, None, "stop")
+        if not self.has_room:
+            return Delta(shown.text + self._held_back(), None, "length")
+        return Delta(shown.text, token)
+
+    def _held_back(self) -> str:
+        """What the stop matcher and the stream decoder still hold, at a natural end."""
+        return self.stops.finish() + self.stream.flush()
+
+    def end(self, reason: str, text: str = "") -> Delta:
+        """End the answer with its last text. Its ledger generation is closed, so nothing
+        more commits, and the decode time is taken. An answer cancelled or superseded
+        meanwhile ends "abort" with no text, whatever the reason given, except "error"
+        (the caller raises after ending). Only the first call ends it: a later one returns
+        the same finish_reason and no text (the last text was handed out once)."""
+        if self.finish_reason is not None:
+            return Delta("", None, self.finish_reason)
+        if not self.current and reason != "error":
+            reason, text = "abort", ""
+        if self.current:
+            self.ledger.cancel()
+        self.finish_reason = reason
+        if self._decode_started is not None:
+            self.timings.decode_seconds = time.perf_counter() - self._decode_started
+        return Delta(text, None, reason)
