@@ -5,7 +5,7 @@
 CPython: validate_file() on .assets/site/models/<default> (8 MiB reads; the file is in the
 OS page cache after the first run, so "cold" is the first validation in a fresh process,
 not a cold disk). Browser: the page streams the model from serve.py over loopback into the
-worker's validator (webslm.worker_api.ModelLoader); "validation" counts only the time
+worker's validator (webslm.worker.loader.ModelLoader); "validation" counts only the time
 inside the validator (copying chunks in, hashing, parsing, value scans), "with download"
 is the whole load-model request. Every run includes the whole-file and per-tensor sha256.
 """

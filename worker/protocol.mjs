@@ -67,7 +67,7 @@ export const REQUESTS = Object.freeze({
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
-  // messages and settings are checked in Python (webslm.worker_api.Generation); here only their shape
+  // messages and settings are checked in Python (py/webslm/worker/requests.py); here only their shape
   generate: {
     messages: (v) => (Array.isArray(v) && v.length >= 1 && v.length <= 256) || "must be a list of 1 to 256 messages",
     settings: (v) => (v !== null && typeof v === "object" && !Array.isArray(v)) || "must be an object",

@@ -77,15 +77,15 @@ const HANDLERS = {
     if (withModel && !model?.model) throw new RequestFailure(ERROR_CODES.failed, "kernel-golden: no model is loaded");
     return JSON.parse(await api.kernel_golden(featureLevel, size, withModel ? model : null));
   },
-  // Admission, then the engine for the loaded model (webslm.worker_api.admit): queued behind
-  // an answer in progress, which finishes on the engine it started on.
+  // Admission, then the engine for the loaded model (EngineHost.admit, py/webslm/worker/
+  // engine_host.py): queued behind an answer in progress, which finishes on the engine it started on.
   admit: ({ featureLevel, fault }, context) => enqueue(context, async () => {
-    const { api, model } = context;
+    const { model } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
     const onStage = (stage) => postMessage(event("admission-stage", { stage }));
     const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
     try {
-      return JSON.parse(await pythonCall("admit", () => api.admit(model, featureLevel, fault, navigator.userAgent, onStage, progress)));
+      return JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent, onStage, progress)));
     } finally {
       progress.flush();
     }
@@ -94,7 +94,7 @@ const HANDLERS = {
   "load-model": loadModel,
   "use-cpu": (_, context) => enqueue(context, async () => {
     if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "use-cpu: no model is loaded");
-    return JSON.parse(await pythonCall("use-cpu", () => context.api.use_cpu(context.model)));
+    return JSON.parse(await pythonCall("use-cpu", () => context.model.use_cpu()));
   }),
   unload: async (_, context) => {
     const model = context.model;
@@ -119,7 +119,7 @@ const HANDLERS = {
   // has committed afterTokens tokens; the engine continues that answer on the CPU path.
   "lose-device": async ({ afterTokens }, context) => {
     if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "lose-device: no model is loaded");
-    return JSON.parse(await pythonCall("lose-device", () => context.model.lose_device(afterTokens)));
+    return JSON.parse(await pythonCall("lose-device", () => context.api.lose_device(context.model, afterTokens)));
   },
   // Teacher-forced agreement of the GPU executor with the CPU oracle (engine/conformance.py)
   // and the executor's per-step host time; needs the engine idle on the GPU.
@@ -138,7 +138,7 @@ const HANDLERS = {
     : { state: "Empty", backend: null, cpu_reason: null }),
   "tokenizer-check": async ({ chars }, context) => {
     if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "tokenizer-check: no model is loaded");
-    return JSON.parse(context.model.tokenizer_check(chars));
+    return JSON.parse(context.api.tokenizer_check(context.model, chars));
   },
 };
 
@@ -187,11 +187,11 @@ async function loadModel({ source, sha256, name, cache }, context) {
   const url = source.url === undefined ? null : modelUrl(source.url);
   if (source.cached) sha256 = source.cached;
   let opened = await openModel(source, url, sha256, { lookup: cache, keep: cache });
-  let loader, model;
+  let host, model;
   try {
-    ({ loader, model } = await validateStream(opened, context));
+    ({ host, model } = await validateStream(opened, context));
     if (opened.from === "cache" && sha256 && model.artifact_sha256 !== sha256) {
-      loader.destroy();                               // a valid model, filed under another's sha256
+      host.destroy();                                 // a valid model, filed under another's sha256
       throw badArtifact({ code: "unexpected-model", where: "cache", sentence: "the cached file is not the model it is filed as" });
     }
   } catch (error) {
@@ -199,7 +199,7 @@ async function loadModel({ source, sha256, name, cache }, context) {
     await modelCache.remove(opened.sha256);           // a damaged or misfiled cache entry: never again
     if (!url) throw error;
     opened = await openModel(source, url, sha256, { lookup: false, keep: cache });
-    ({ loader, model } = await validateStream(opened, context));
+    ({ host, model } = await validateStream(opened, context));
   }
   try {
     if (sha256 && model.artifact_sha256 !== sha256) {
@@ -216,12 +216,12 @@ async function loadModel({ source, sha256, name, cache }, context) {
     // The previous model's engine is unloaded (its answer, if any, cancelled at once) and its
     // GPU buffers and device destroyed now, not at GC.
     const previous = context.model;
-    context.model = loader;
+    context.model = host;
     if (previous) await dropModel(context, previous);
     return { ...model, name: label, source: opened.from, cached, url: url?.href ?? null,
              total_seconds: Math.round(performance.now() - started) / 1000 };
   } catch (error) {
-    if (context.model !== loader) loader.destroy();
+    if (context.model !== host) host.destroy();
     throw error;
   }
 }
@@ -273,10 +273,11 @@ async function openModel(source, url, sha256, { lookup, keep }) {
 // messages) move every few milliseconds whatever size of chunks the stream hands over.
 const FEED_BYTES = 1 << 20;
 
-// Stream opened.body into a new ModelLoader. Reading runs ahead of validation (a pump fills a
-// queue while Python validates what has arrived), so the two progress bars show each.
+// Stream opened.body into a new ModelLoader (py/webslm/worker/loader.py); once the whole file
+// is valid, {host: the EngineHost for it, model: its summary}. Reading runs ahead of validation
+// (a pump fills a queue while Python validates what has arrived), so the two progress bars show each.
 async function validateStream(opened, context) {
-  const loader = context.api.ModelLoader(engineEvent);
+  const loader = context.api.ModelLoader();
   const reader = opened.body.getReader();
   const progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
   const queue = [];
@@ -321,12 +322,13 @@ async function validateStream(opened, context) {
     const outcome = JSON.parse(loader.finish());
     if (outcome.error) throw badArtifact(outcome.error);
     progress.flush();
-    return { loader, model: outcome.model };
+    return { host: context.api.engine_host(loader, engineEvent), model: outcome.model };
   } catch (error) {
     reader.cancel().catch(() => {});                    // no point reading the rest of a bad file
     await pump;
-    loader.destroy();
     throw error;
+  } finally {
+    loader.destroy();                                   // the host keeps the validated model
   }
 }
 
@@ -359,7 +361,7 @@ async function dropModel(context, model) {
   await enqueue(context, () => model.release()).finally(() => model.destroy());
 }
 
-// One answer through the engine (webslm.worker_api.ModelLoader.generate): a delta event per
+// One answer through the engine (EngineHost.generate, py/webslm/worker/engine_host.py): a delta event per
 // committed piece of text, the engine's state changes as engine-state events, the result
 // when it ends ("stop", "length" or "abort"). One answer at a time.
 async function generate({ messages, settings }, context, requestId) {

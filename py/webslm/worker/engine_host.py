@@ -1,0 +1,319 @@
+"""EngineHost: the worker's loaded model and the engine that answers for it.
+
+The worker (worker/worker.mjs) makes one EngineHost for each model the loader accepted
+(loader.py) and calls its methods for the page's requests:
+
+    admit(...)        GPU admission on this browser's adapter, then the engine on the admitted
+                      session, or on the CPU path with the failure as its reason
+    use_cpu()         the engine on the CPU path, the GPU not tried
+    generate(...)     one answer, each committed text delta streamed to the page
+    cancel()          stop the answer in progress: nothing commits after it returns
+    engine_status()   the engine's state, backend, tier and CPU reason
+    conformance(...)  the GPU executor against the CPU oracle, teacher-forced
+    release()         unload: the GPU buffers and device are destroyed now, not at GC
+
+There is at most one engine, and at most one holds the GPU: a new admission unloads the
+engine first. Results are JSON strings, so nothing but plain data crosses back to JS.
+Requests only tests make (lose-device, kernel-golden, ...) are test_hooks.py's.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+from .requests import WorkerRequestFailed, generation_request
+
+CONFORMANCE_PROMPT = "What is the capital of France?"
+
+
+class EngineHost:
+    def __init__(self, model, on_event=None):
+        self.model = model           # the ValidatedModel the loader accepted
+        self.semantic = None         # webslm.Model over it (semantic_model()), made when first needed
+        self.backend = None          # the CPU backend (weights dequantized once), likewise
+        self.gpu_session = None      # the admitted GPU session (webslm.admission), if any
+        self.engine = None           # the Engine that answers (start_engine), once there is one
+        self.gpu_backend = None      # the GPU executor the engine was built on, if any
+        self.lost = None             # {code, sentence} once the GPU was lost
+        self.destroyed_after = None  # lose-device: the committed tokens when it destroyed the device
+        self._on_event = on_event    # called with each engine event as JSON (the worker posts it)
+        # A test hook's check (test_hooks.lose_device), called before an answer's first step
+        # and after each of its tokens; None when no hook is armed.
+        self.between_steps: Callable[[], None] | None = None
+        self._answer_prompt = None   # the prompt length of the answer in progress, if any
+        self._answer_epoch = 0       # the ledger's epoch before that answer began
+
+    # -- the model -------------------------------------------------------------------------------
+    def semantic_model(self):
+        """webslm.Model over the validated artifact (its tokenizer and chat template), made once."""
+        from ..model import Model
+        if self.semantic is None:
+            self.semantic = Model(self.model)
+        return self.semantic
+
+    def cpu_backend(self):
+        """The CPU backend, built once per model (the weights dequantized to f32) and shared by
+        the engine's CPU path and the conformance oracle."""
+        from ..cpu import CpuBackend
+        if self.backend is None:
+            self.backend = CpuBackend(self.semantic_model())
+        return self.backend
+
+    # -- admission: which engine answers ---------------------------------------------------------
+    async def admit(self, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress) -> str:
+        """GPU admission of the model on this browser's adapter, then the engine for it. The
+        engine held so far is unloaded first (its GPU buffers and device are destroyed before a
+        second admission allocates); on success the new engine runs on the admitted session
+        (start_engine: no second admission), otherwise on the CPU path with the failure as its
+        reason. The reply is JSON: the tier and receipt, or the stage, code and sentence that
+        failed, and the engine's summary."""
+        from ..admission.admit import AdmissionFailure, AdmissionPolicy
+        from ..admission.admit import admit as run_admission
+        from ..admission.receipt import render_text
+        from ..admission.tracked import Faults
+        faults = Faults.named(fault)           # ValueError for an unknown name: a "failed" reply
+        await self.drop_engine()               # the GPU the current engine holds is given back first
+        gpu = None
+        import js
+        if getattr(js.navigator, "gpu", None) is not None:
+            from ..webgpu.browser import BrowserGpu
+            gpu = BrowserGpu()
+        model = self.semantic_model()
+        stages = []
+
+        def stage_seen(stage: str) -> None:
+            stages.append(stage)
+            on_stage(stage)
+        started = time.perf_counter()
+        try:
+            session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level), faults=faults,
+                                          user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress)
+        except AdmissionFailure as failure:
+            seconds = round(time.perf_counter() - started, 3)
+            await self.start_engine(gpu, failure=failure)
+            return json.dumps({"admitted": False, "stage": failure.stage, "code": failure.code,
+                               "sentence": failure.sentence, "leaked_buffers": failure.leaked_buffers,
+                               "stages": stages, "seconds": seconds,
+                               "receipt": failure.receipt.as_dict(), "receipt_text": render_text(failure.receipt),
+                               "engine": self.engine_summary()})
+        seconds = round(time.perf_counter() - started, 3)
+        self.gpu_session = session
+        engine_started = time.perf_counter()
+        await self.start_engine(gpu, session=session)
+        return json.dumps({"admitted": True, "tier": session.tier, "features": list(session.features),
+                           "feature_level": session.feature_level, "stages": stages,
+                           "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
+                           "gpu_bytes": session.plan.total_gpu_bytes, "stage_seconds": session.seconds,
+                           "seconds": seconds, "engine_seconds": round(time.perf_counter() - engine_started, 3),
+                           "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
+                           "engine": self.engine_summary()})
+
+    async def use_cpu(self) -> str:
+        """The engine on the CPU path, the GPU not tried (the page asked for no GPU:
+        createEngine({gpu: false}) or ?gpu=0). The engine held so far is unloaded first."""
+        from ..admission.admit import AdmissionFailure
+        await self.drop_engine()
+        await self.start_engine(object(), failure=AdmissionFailure(
+            "entry-point", "gpu-disabled", "the GPU was turned off for this page: the model runs on the CPU path"))
+        return json.dumps({"engine": self.engine_summary()})
+
+    # -- the engine's lifetime -------------------------------------------------------------------
+    async def start_engine(self, gpu, session=None, failure=None) -> None:
+        """The engine for this model, given one of: an admitted `session` (the engine runs on
+        the executor built on it, through Engine's build_gpu_backend seam: admission is not
+        repeated; if the build fails, on the CPU path with that reason), or an AdmissionFailure
+        (the engine settles on the CPU path with it as the reason). gpu is None where the
+        browser has no navigator.gpu: then the engine's own reason is the entry point's."""
+        from ..engine import Engine
+        if self.engine is not None:          # admit() dropped it before admitting; a second
+            await self.engine.unload()       # engine never shares the GPU with the first
+        model = self.semantic_model()
+
+        async def build(_gpu, _model, _policy, _on_stage):
+            if failure is not None:
+                raise failure
+            from ..backends.gpu import GpuBackend
+            try:
+                backend = await GpuBackend.build(session, model)
+            except BaseException:
+                self.gpu_session = None      # build destroyed the session
+                raise
+            self.gpu_backend = backend
+            return backend, session.receipt.as_dict()
+
+        self.lost, self.destroyed_after = None, None
+        # No navigator.gpu: an engine without a GPU (its reason is the entry point's, as
+        # admission's was); otherwise the seam hands over the admitted session or the failure.
+        self.engine = Engine(model, gpu=gpu, on_event=self._event, build_gpu_backend=build,
+                             cpu_backend=self.cpu_backend)
+        await self.engine.load()
+
+    async def ensure_engine(self):
+        """The engine; a CPU engine when no admission was ever requested for this model."""
+        if self.engine is None:
+            from ..admission.admit import AdmissionFailure
+            await self.start_engine(object(), failure=AdmissionFailure(
+                "entry-point", "not-admitted", "no GPU admission was requested for this model: it runs on the CPU path"))
+        return self.engine
+
+    async def drop_engine(self) -> None:
+        """Unload the engine (an answer in progress is cancelled; the GPU executor, its buffers
+        and device are destroyed) and the admitted session."""
+        engine, self.engine = self.engine, None
+        self.between_steps = None            # a hook armed for this engine's device
+        if engine is not None:
+            await engine.unload()
+        self.gpu_backend = None
+        if self.gpu_session is not None:
+            self.gpu_session.destroy()       # idempotent: the executor's release destroyed it too
+            self.gpu_session = None
+
+    async def release(self) -> None:
+        """Unload the engine and free the GPU session deterministically (a model switch, or
+        the model unloaded): every GPU buffer and the device are destroyed now, not at GC."""
+        await self.drop_engine()
+
+    # -- its state, as the page sees it ----------------------------------------------------------
+    def _event(self, event: dict) -> None:
+        engine = self.engine
+        if event.get("event") == "state":
+            if event["to"] == "Lost":
+                self.lost = {"code": event.get("code"), "sentence": event.get("sentence")}
+            if engine is not None:
+                event = {**event, "cpu_reason": self._cpu_reason()}
+        if self._on_event is not None:
+            self._on_event(json.dumps(event, default=str))
+
+    def _cpu_reason(self) -> dict | None:
+        engine = self.engine
+        if engine is None:
+            return None
+        if engine.cpu_reason is not None:
+            return engine.cpu_reason
+        if self.lost is not None:
+            return {"reason": "GPU lost", "stage": "generate", **self.lost}
+        return None
+
+    def engine_summary(self) -> dict:
+        engine = self.engine
+        if engine is None:
+            return {"state": "Empty", "backend": None, "cpu_reason": None, "tier": None}
+        return {"state": str(engine.state), "backend": engine.backend_kind, "cpu_reason": self._cpu_reason(),
+                "tier": getattr(getattr(self.gpu_backend, "session", None), "tier", None)
+                if engine.backend_kind == "gpu" else None}
+
+    def engine_status(self) -> str:
+        return json.dumps(self.engine_summary())
+
+    # -- answers ---------------------------------------------------------------------------------
+    def cancel(self) -> bool:
+        """Cancel the answer in progress (engine.cancel()): nothing commits after this returns."""
+        return bool(self.engine is not None and self.engine.cancel())
+
+    def answer_tokens(self) -> int | None:
+        """How many tokens the answer in progress has committed; None between answers."""
+        engine = self.engine
+        if engine is None or self._answer_prompt is None:
+            return None
+        # until the answer's ledger generation begins, the ledger still holds the previous one
+        begun = engine.ledger.epoch > self._answer_epoch
+        return engine.ledger.next_position - self._answer_prompt if begun else 0
+
+    def _between_steps(self) -> None:
+        if self.between_steps is not None:
+            self.between_steps()
+
+    async def generate(self, request_json: str, on_delta) -> str:
+        """One answer through the engine. on_delta is called with each committed text delta as
+        JSON ({text, token_id, backend}); the result is JSON: the text, finish_reason, usage,
+        timings (engine timings, time to first token, GPU per-step overhead), the backend(s)
+        that answered, the committed token ids and the engine summary."""
+        started = time.perf_counter()
+        model = self.semantic_model()
+        messages, settings = generation_request(model, json.loads(request_json))
+        text = model.chat_template.render(messages, add_generation_prompt=True)
+        ids = model.tokenizer.encode(text, add_special=False)
+        engine = await self.ensure_engine()
+        gpu = self.gpu_backend if engine.backend_kind == "gpu" else None
+        before = dict(gpu.stats) if gpu is not None else None
+        backends = [engine.backend_kind]
+        pieces, finish, first = [], None, None
+        self._answer_prompt, self._answer_epoch = len(ids), engine.ledger.epoch
+        try:
+            self._between_steps()
+            async for delta in engine.generate(ids, settings):
+                kind = engine.backend_kind
+                if kind != backends[-1]:
+                    backends.append(kind)
+                if delta.text:
+                    if first is None:
+                        first = time.perf_counter() - started
+                    pieces.append(delta.text)
+                    on_delta(json.dumps({"text": delta.text, "token_id": delta.token_id, "backend": kind}))
+                if delta.finish_reason:
+                    finish = delta.finish_reason
+                else:
+                    self._between_steps()
+        finally:
+            self._answer_prompt = None
+        total = time.perf_counter() - started
+        t = engine.last_timings
+        timings = {"prefill_seconds": round(t.prefill_seconds, 4), "decode_seconds": round(t.decode_seconds, 4),
+                   "decode_tokens_per_s": round(t.generated_tokens / max(t.decode_seconds, 1e-9), 3),
+                   "time_to_first_token_s": round(first, 4) if first is not None else None,
+                   "total_seconds": round(total, 4)}
+        if gpu is not None:
+            steps = timings["gpu_steps"] = per_step_ms(gpu.stats, before)
+            if backends == ["gpu"] and steps["decode_steps"]:
+                # the rest of a decode step's time: the engine's loop (sampler, ledger, text),
+                # the delta posted to the page, the event loop's turns
+                per_step = 1000 * t.decode_seconds / steps["decode_steps"]
+                steps["outside_executor_ms"] = round(per_step - steps["prepare_ms"] - steps["run_ms"] - steps["finish_ms"], 3)
+        return json.dumps({"text": "".join(pieces), "finish_reason": finish,
+                           "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens},
+                           "timings": timings, "backend": engine.backend_kind, "backends": backends,
+                           "token_ids": list(engine.ledger.committed_ids), "engine": self.engine_summary(),
+                           "device_destroyed_after": self.destroyed_after})
+
+    # -- conformance -----------------------------------------------------------------------------
+    async def conformance(self, tokens: int) -> str:
+        """engine/conformance.py on the engine's GPU executor: the chat-templated "What is the
+        capital of France?", teacher-forced for `tokens` positions against the CPU oracle
+        (this model's CPU backend), plus the executor's per-step host time in ms."""
+        from ..engine import State
+        from ..engine.conformance import conformance
+        from ..generate import prompt_ids
+        engine, backend = self.engine, self.gpu_backend
+        if engine is None or engine.backend_kind != "gpu" or backend is None:
+            raise WorkerRequestFailed("conformance needs the engine on the GPU")
+        if engine.state is not State.GPU_READY:
+            raise WorkerRequestFailed(f"conformance needs the engine idle on the GPU; it is {engine.state}")
+        model = self.semantic_model()
+        ids = prompt_ids(model, CONFORMANCE_PROMPT, chat=True)
+        oracle = self.cpu_backend()
+        saved, backend.current_epoch = backend.current_epoch, None   # outside any answer's epoch
+        before = dict(backend.stats)
+        started = time.perf_counter()
+        try:
+            report = await conformance(model, backend, ids, tokens=tokens, oracle=oracle)
+        finally:
+            backend.current_epoch = saved
+            backend.reset()
+        report["prompt"] = CONFORMANCE_PROMPT
+        report["seconds"] = round(time.perf_counter() - started, 3)
+        report["gpu_steps"] = per_step_ms(backend.stats, before)
+        report["tier"] = backend.session.tier
+        return json.dumps(report)
+
+
+def per_step_ms(stats: dict, before: dict | None = None) -> dict:
+    """The GPU executor's decode-step stats (since `before`) as milliseconds per step: prepare
+    (params, checks, writes), run (bridge calls: encode, submit, GPU, readback), finish
+    (scores from the bytes)."""
+    before = before or {}
+    steps = stats["decode_steps"] - before.get("decode_steps", 0)
+
+    def per(key):
+        return round(1000 * (stats[key] - before.get(key, 0.0)) / steps, 3) if steps else None
+    return {"decode_steps": steps, "prepare_ms": per("prepare_s"), "run_ms": per("run_s"), "finish_ms": per("finish_s")}

@@ -1,0 +1,128 @@
+"""The worker's Python half (webslm.worker_api and webslm/worker/) in CPython, on the fixture
+model: the loader's streaming validation, the engine host on the CPU path, the page's
+generation request, and the test hooks that need no GPU. What needs Pyodide or a browser
+GPU (admit, gpu_probe, kernel_golden, lose_device on a GPU engine) runs in tests_browser/."""
+import json
+
+import pytest
+
+import webslm
+from webslm import worker_api
+from webslm.cpu import CpuBackend
+from webslm.generate import generate, prompt_ids
+from webslm.semantic.ledger import Ledger
+from webslm.worker.requests import RequestError, WorkerRequestFailed, generation_request
+
+
+class JsChunk:
+    """What the worker hands feed(): a JS Uint8Array, which Pyodide exposes with to_memoryview()."""
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def to_memoryview(self):
+        return memoryview(self.data)
+
+
+def load(data: bytes, chunk: int = 4096):
+    """Feed `data` as the worker does; (loader, reply of finish() or of the feed that rejected)."""
+    loader = worker_api.ModelLoader()
+    for start in range(0, len(data), chunk):
+        rejected = loader.feed(JsChunk(data[start:start + chunk]))
+        if rejected:
+            return loader, {"error": json.loads(rejected)}
+    return loader, json.loads(loader.finish())
+
+
+@pytest.fixture
+def host(fixture_slm):
+    loader, reply = load(fixture_slm)
+    events = []
+    host = worker_api.engine_host(loader, events.append)
+    host.events = events
+    return host
+
+
+def test_the_loader_accepts_the_fixture_and_summarizes_it(fixture_slm):
+    loader, reply = load(fixture_slm)
+    model = reply["model"]
+    assert loader.model is not None
+    assert model["bytes"] == len(fixture_slm)
+    assert model["artifact_sha256"] == loader.model.identity.artifact_sha256
+    assert set(model["generation"]) >= {"temperature", "top_p", "top_k", "max_new_tokens"}
+
+
+def test_the_loader_rejects_a_damaged_file_with_the_validators_words(fixture_slm):
+    damaged = bytearray(fixture_slm)
+    damaged[len(damaged) // 2] ^= 0xFF
+    loader, reply = load(bytes(damaged))
+    assert set(reply["error"]) == {"code", "where", "sentence"}
+    assert loader.model is None
+
+
+def test_a_host_needs_a_model_the_loader_accepted():
+    with pytest.raises(ValueError, match="not accepted"):
+        worker_api.engine_host(worker_api.ModelLoader(), None)
+
+
+def test_generate_on_the_cpu_path_is_the_cpu_oracles_greedy_answer(run, host, fixture_slm_path):
+    messages = [{"role": "user", "content": "Hello"}]
+    deltas = []
+    result = json.loads(run(host.generate(json.dumps({"messages": messages, "settings": {"temperature": 0,
+                                                                                         "max_tokens": 8}}),
+                                          lambda d: deltas.append(json.loads(d)))))
+    model = webslm.open_model(fixture_slm_path)          # the oracle: its own model, CPU backend and ledger
+    ledger = Ledger()
+    settings = webslm.SamplerSettings(temperature=0, max_tokens=8)
+    expected = "".join(d.text for d in generate(model, CpuBackend(model), prompt_ids(model, messages, chat=True),
+                                                settings, ledger=ledger))
+    assert result["text"] == expected == "".join(d["text"] for d in deltas)
+    assert result["token_ids"] == list(ledger.committed_ids)
+    assert result["backend"] == "cpu" and result["backends"] == ["cpu"]
+    assert result["engine"]["cpu_reason"]["code"] == "not-admitted"
+    assert result["device_destroyed_after"] is None
+    assert any(json.loads(e)["event"] == "state" for e in host.events)
+
+
+def test_use_cpu_then_release(run, host):
+    reply = json.loads(run(host.use_cpu()))
+    assert reply["engine"]["backend"] == "cpu"
+    assert reply["engine"]["cpu_reason"]["code"] == "gpu-disabled"
+    assert json.loads(host.engine_status())["backend"] == "cpu"
+    assert host.cancel() is False                    # no answer in progress
+    run(host.release())
+    assert json.loads(host.engine_status()) == {"state": "Empty", "backend": None, "cpu_reason": None, "tier": None}
+
+
+def test_gpu_only_requests_fail_on_a_cpu_engine(run, host):
+    run(host.use_cpu())
+    with pytest.raises(WorkerRequestFailed, match="no device to lose"):
+        worker_api.lose_device(host, 3)
+    with pytest.raises(WorkerRequestFailed, match="needs the engine on the GPU"):
+        run(host.conformance(4))
+
+
+@pytest.mark.parametrize("request_, message", [
+    ({"messages": []}, "1 to 256 messages"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "role must be one of"),
+    ({"messages": [{"role": "user"}]}, "must be {role, content}"),
+    ({"messages": [{"role": "user", "content": "hi"}], "settings": {"beam": 4}}, "settings may only have"),
+    ({"messages": [{"role": "user", "content": "hi"}], "settings": {"temperature": -1}}, "settings: "),
+    ({"prompt": "hi"}, "is {messages, settings}"),
+])
+def test_a_bad_generation_request_is_a_request_error(host, request_, message):
+    with pytest.raises(RequestError, match=message.replace("{", r"\{").replace("}", r"\}")):
+        generation_request(host.semantic_model(), request_)
+
+
+def test_settings_are_laid_over_the_models_defaults(host):
+    defaults = host.model.manifest.generation
+    _, settings = generation_request(host.semantic_model(), {"messages": [{"role": "user", "content": "hi"}],
+                                                             "settings": {"top_k": 3, "stop": ["\n"]}})
+    assert settings.top_k == 3 and settings.stop == ("\n",)
+    assert settings.temperature == defaults["temperature"] and settings.max_tokens == defaults["max_new_tokens"]
+
+
+def test_the_no_gpu_test_hooks_answer_in_cpython(host):
+    assert json.loads(worker_api.sampler_check())
+    reply = json.loads(worker_api.tokenizer_check(host, 2000))
+    assert set(reply) == {"digest", "measure"}
