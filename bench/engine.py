@@ -67,7 +67,7 @@ async def host_costs(backend, rounds: int = 50) -> dict:
     forward = backend.forward
     started = time.perf_counter()
     for position in range(rounds):
-        forward.set_params("decode", forward.position_launches("decode", 1, position % forward.capacity))
+        forward.set_params("decode", 1, position % forward.capacity, positional=True)
     params = (time.perf_counter() - started) / rounds
     recording = backend._recordings[("decode", False, "argmax", 1)]
     device = getattr(backend.device, "inner", backend.device)
@@ -92,32 +92,35 @@ async def host_costs(backend, rounds: int = 50) -> dict:
 
 
 async def profile(backend, repeats: int = 200) -> list[dict]:
-    """GPU time of each kind of dispatch in the decode step (position 0, argmax): one
-    dispatch of that kind submitted `repeats` times back to back (each depends on the last
-    through its output, as in the step), after a warm-up, divided by `repeats`; the sum
-    over the step's dispatch counts is what the step would take with no other overhead."""
+    """GPU time of each kind of dispatch in the decode step (position 0, argmax): one dispatch
+    of that kind `repeats` times back to back in one command buffer encoded beforehand (each
+    depends on the last through its output, as in the step), minus an empty submit's round
+    trip, divided by `repeats`. The sum over the step's dispatch counts is what the step's
+    dispatches take on the GPU. (An earlier version encoded through wgpu-py's wrappers inside
+    the timed region, which cost ~12 us a dispatch on the host: it measured the host.)"""
     recording = backend._recordings[("decode", False, "argmax", 1)]
     labels = backend.forward.labels
     counts: dict[str, list] = {}
     for dispatch in recording.dispatches:
         counts.setdefault(labels.get(id(dispatch), "?"), []).append(dispatch)
-    device = backend.device
-    sync = backend.forward.regions.bind("decode.logits")
+    device = getattr(backend.device, "inner", backend.device)
+    read = backend._read("argmax", 1)
 
     async def timed(dispatches) -> float:
-        device.submit(dispatches)
-        await device.read_buffer(sync.buffer, sync.offset, 4)
+        command_buffer = device._encode(device.record(dispatches))
         started = time.perf_counter()
-        device.submit(dispatches)
-        await device.read_buffer(sync.buffer, sync.offset, 4)
+        device._device.queue.submit([command_buffer])
+        await device.read_mapped(*read)
         return time.perf_counter() - started
 
-    baseline = min([await timed([]) for _ in range(5)])
+    baseline = statistics.median([await timed([]) for _ in range(7)])
     rows = []
     for label, dispatches in counts.items():
-        seconds = min([await timed([dispatches[0]] * repeats) for _ in range(3)])
+        seconds = statistics.median([await timed([dispatches[0]] * repeats) for _ in range(5)])
         us = max(seconds - baseline, 0.0) / repeats * 1e6
         rows.append({"dispatch": label, "per_step": len(dispatches), "us": us, "step_us": us * len(dispatches)})
+    rows.append({"dispatch": "(empty submit + readback)", "per_step": 1, "us": baseline * 1e6,
+                 "step_us": baseline * 1e6})
     return rows
 
 
@@ -136,7 +139,8 @@ async def bench_model(path: str, args) -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
-    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context))
+    fusions = None if args.fusions == "all" else tuple(f for f in args.fusions.split(",") if f)
+    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -153,6 +157,8 @@ async def bench_model(path: str, args) -> dict:
         return {
             "model": pathlib.Path(path).name, "layers": a.n_layers, "hidden": a.hidden, "vocab": a.vocab,
             "tier": session.tier, "kv_dtype": session.plan.kv["dtype"], "context": backend.capacity,
+            "fusions": list(backend.forward.programs["decode"].fusions),
+            "dispatches_per_layer": backend.forward.programs["decode"].dispatches_per_layer(),
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
             "prefill_tokens_per_s": statistics.median(args.prompt_tokens / r["prefill_s"] for r in warm),
@@ -203,5 +209,7 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")
     parser.add_argument("--profile", action="store_true", help="time each kind of decode dispatch")
+    parser.add_argument("--fusions", default="all", help="comma-separated program/fusion.py rules, '' for "
+                                                          "none, 'all' (default)")
     parser.add_argument("--out")
     asyncio.run(main(parser.parse_args()))

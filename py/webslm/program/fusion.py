@@ -92,22 +92,29 @@ def residual_into_accumulate(ops: list[Op], layout: Layout) -> list[Op]:
 
 def norm_into_matmul(ops: list[Op], layout: Layout) -> list[Op]:
     """A plain RMSNorm whose output only mat-vecs read (without another input mode): each of
-    them normalizes its own input row instead (the row is small; the norm costs a dispatch)."""
+    them normalizes its own input row instead (the row is small; the norm costs a dispatch).
+    A layer's norm folds only when it folds in every layer: the layers keep one shape."""
+    def foldable(i: int) -> list[int] | None:
+        op = ops[i]
+        if op.kind != "norm" or op.option("residual"):
+            return None
+        readers = _consumers(ops, i, op.write("out"))
+        ok = readers and all(ops[j].kind == "matmul" and ops[j].option("input", "plain") == "plain"
+                             and ops[j].read("x") == op.write("out") for j in readers)
+        return readers if ok else None
+
+    found = {i: foldable(i) for i, op in enumerate(ops) if op.kind == "norm"}
+    by_label: dict[str, list[int]] = {}
+    for i in found:
+        by_label.setdefault(ops[i].label if ops[i].layer is not None else ops[i].name, []).append(i)
+    fold = {i for members in by_label.values() if all(found[i] is not None for i in members) for i in members}
     out = list(ops)
-    i = 0
-    while i < len(out):
-        op = out[i]
-        if op.kind == "norm" and not op.option("residual"):
-            readers = _consumers(out, i, op.write("out"))
-            if readers and all(out[j].kind == "matmul" and out[j].option("input", "plain") == "plain"
-                               and out[j].read("x") == op.write("out") for j in readers):
-                for j in readers:
-                    reads = {**dict(out[j].reads), "x": op.read("x"), "weight": op.read("weight")}
-                    out[j] = _with(out[j], reads=reads, input="norm")
-                del out[i]
-                continue
-        i += 1
-    return out
+    for i in fold:
+        norm = ops[i]
+        for j in found[i]:
+            out[j] = _with(out[j], reads={**dict(out[j].reads), "x": norm.read("x"), "weight": norm.read("weight")},
+                           input="norm")
+    return [op for i, op in enumerate(out) if i not in fold]
 
 
 def swiglu_into_down(ops: list[Op], layout: Layout) -> list[Op]:
@@ -171,4 +178,7 @@ def fuse(program: Program, layout: Layout, rules: tuple[str, ...] = ALL) -> Prog
         if rule.name in rules and program.schedule in rule.schedules:
             ops = rule.rewrite(ops, layout)
             applied.append(rule.name)
+            shapes = {tuple(op.label for op in ops if op.layer == i) for i in range(program.n_layers)}
+            if len(shapes) > 1:      # the planner and executor run one layer template for every layer
+                raise ValueError(f"fusion rule {rule.name} left the layers in different shapes")
     return dataclasses.replace(program, ops=tuple(ops), fusions=tuple(applied))

@@ -28,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from ..kernels import attention, embed, gemm, logits, matvec, norm, rope_kv, swiglu
+from ..kernels import attention, attention_rope, embed, gemm, logits, matvec, norm, rope_kv, swiglu
 from ..kernels.weights import PART_NAMES, Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -227,6 +227,28 @@ class Lowering:
             return [chunk_pass]
         combine = dataclasses.replace(chunk_pass, kernel=chunk_pass.kernel.replace("decode", "combine"),
                                       overrides={k: v for k, v in chunk_pass.overrides.items() if k != "GW"},
+                                      grid=tuple(self.decode_combine_grid), label="combine")
+        return [chunk_pass, combine]
+
+    def _attention_rope(self, op, schedule, tokens, start, readback, long_attention):
+        """Decode attention that rotates q and the new k itself and writes the new cache row
+        (kernels/attention_rope.py); past the single-pass length the combine pass follows,
+        binding the same ranges with attention's own layout."""
+        a = self.arch
+        q_at, k_at, v_at = qkv_offsets(a, 1, self.s_align)
+        d = attention_rope.plan_decode_rope(
+            self.limits, self.shape, start, a.rope.rotary_dim, self.capacity, a.rope.convention, q_at // 4,
+            k_at // 4, v_at // 4, (v_at + 4 * a.n_kv_heads * a.head_dim) // 4,
+            heads_per_workgroup=self.decode_heads,
+            chunk=start + 1 if self.single_pass_at(start) else self.decode_chunk)
+        caches = [Binding("k_cache", op.write("k_cache")), Binding("v_cache", op.write("v_cache"))]
+        partials = [Binding("out", op.write("out")), Binding("acc", op.write("acc")), Binding("ml", op.write("ml"))]
+        qkv, table = Binding("qkv", op.read("qkv")), Binding("table", op.read("table"))
+        chunk_pass = dataclasses.replace(self._launch(op, d.chunk_pass, [qkv, table], caches + partials),
+                                         grid=tuple(self.decode_grid), label="attention")
+        if not long_attention:
+            return [chunk_pass]
+        combine = dataclasses.replace(self._launch(op, d.combine, [qkv, *caches], partials),
                                       grid=tuple(self.decode_combine_grid), label="combine")
         return [chunk_pass, combine]
 

@@ -171,12 +171,11 @@ class Program:
         previous layer), surrounds the loop; the readback reads the logits and the result."""
         steps = self.steps()
         lo, hi = self.layer_loop()
-        template = self.before + self.layer(0) + self.after
         out = {}
         for name in self.activations():
-            touched = [steps.index(op.step) for op in template
+            touched = [steps.index(op.step) for op in self.ops
                        if name in {base(r) for r in op.refs() if is_activation(r)}]
-            written = [steps.index(op.step) for op in template if name in {base(r) for _, r in op.writes}]
+            written = [steps.index(op.step) for op in self.ops if name in {base(r) for _, r in op.writes}]
             first, last = min(touched), max(touched)
             if name == "token_ids":
                 first = 0                                   # uploaded before the step
