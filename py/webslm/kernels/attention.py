@@ -270,7 +270,8 @@ def _gamma(n: int | np.ndarray) -> float | np.ndarray:
 
 
 def error_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float,
-                depth: int, exps: int) -> tuple[np.ndarray, np.ndarray]:
+                depth: int, exps: int, q_magnitude: np.ndarray | None = None,
+                score_roundings: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(exact, bound), both [T, H * E]: the float64 oracle (cpu/layers.attention) and the
     elementwise bound of RULE for a kernel whose weights each pass through `exps` exp()
     calls and whose sums give each term at most `depth` roundings.
@@ -285,7 +286,11 @@ def error_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: 
     - sums: each term meets at most D roundings, gamma(D) (Higham, 3.1), products included;
     - with every weight w_j (1 + rho_j), |rho_j| <= R_j, in numerator and denominator,
       out - o = (sum p_j rho_j v_j - o sum p_j sigma_j) / (1 + sum p_j sigma_j);
-    - the final division errs by 2.5 ULP; flushed subnormals add n tiny (1 + max|v|)."""
+    - the final division errs by 2.5 ULP; flushed subnormals add n tiny (1 + max|v|).
+    A kernel that computes q itself (attention_rope.py: RoPE in the kernel) passes the exact q,
+    q_magnitude [T, H, E] (the sum of |term| that make up each q element, e.g. |a cos| + |b sin|)
+    and score_roundings (the most roundings one of those terms meets in a score, E + 1 when q
+    is read as is): d_j = gamma(score_roundings) scale sum_e q_magnitude_e |k_je|."""
     t, heads, e = q.shape
     n, kv_heads, _ = k.shape
     exact = layers.attention(q, k, v, start)                                  # [T, H * E]
@@ -293,7 +298,8 @@ def error_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: 
     qg = q.reshape(t, kv_heads, g, e).transpose(1, 2, 0, 3)                  # [K, G, T, E]
     kt = k.transpose(1, 2, 0)                                                 # [K, E, n]
     s = (qg @ kt[:, None]) * scale                                            # [K, G, T, n]
-    d = _gamma(e + 1) * abs(scale) * (np.abs(qg) @ np.abs(kt)[:, None])
+    mg = qg if q_magnitude is None else q_magnitude.reshape(t, kv_heads, g, e).transpose(1, 2, 0, 3)
+    d = _gamma(e + 1 if score_roundings is None else score_roundings) * abs(scale) * (np.abs(mg) @ np.abs(kt)[:, None])
     visible = np.arange(n)[None, :] <= (start + np.arange(t))[:, None]        # [T, n]
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
