@@ -106,8 +106,10 @@ async def profile(backend, repeats: int = 200) -> list[dict]:
     device = getattr(backend.device, "inner", backend.device)
     read = backend._read("argmax", 1)
 
+    copies = backend._readback_copies("decode", "argmax", 1)     # the read waits for the dispatches
+
     async def timed(dispatches) -> float:
-        command_buffer = device._encode(device.record(dispatches))
+        command_buffer = device._encode(device.record(dispatches, copies))
         started = time.perf_counter()
         device._device.queue.submit([command_buffer])
         await device.read_mapped(*read)

@@ -1,8 +1,12 @@
 """The engine on the real GPU executor (wgpu-native; lavapipe on CI machines).
 
-- The executor against the CPU oracle: logits after prefill and after every decode step, on
-  the GPU-ready tiny model (random weights, odd sizes: hidden 48, head_dim 12, partial q4
-  blocks) and, when set-up built it, teacher-forced conformance on the real SmolLM2.
+Every test runs on two paths (the `path` fixture): "fused", the step users run (every
+program/fusion.py rule, ALL: 5 dispatches a decode layer) on the stackable tiny model
+(bench/synthetic_model.py --shape stacked), and "reference", the unfused program on the tiny
+model with odd sizes (hidden 48, head_dim 12, partial q4 blocks).
+
+- The executor against the CPU oracle: logits after prefill and after every decode step, and,
+  when set-up built it, teacher-forced conformance on the real SmolLM2.
 - Device loss: the device is destroyed (as a driver reset would) at a seeded random token
   position in each of LOSS_TRIALS answers, greedy and seeded sampling alternating. The
   delivered tokens are the GPU's committed prefix followed by exactly what a CPU-only run
@@ -25,11 +29,12 @@ import numpy as np
 import pytest
 
 import webslm
-from webslm.admission.admit import admit
+from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
 from webslm.engine import Engine, State
+from webslm.program.fusion import ALL
 from webslm.generate import generate, prompt_ids
 from webslm.semantic.ledger import Ledger
 from webslm.semantic.sampler import SamplerSettings, canonical_top_k
@@ -43,9 +48,32 @@ MAX_TOKENS = 12
 LOGIT_TOLERANCE = 2e-3
 
 
+# path -> (synthetic shape, fusion rules, decode dispatches a layer, device-loss trials)
+PATHS = {"fused": ("stacked", ALL, 5, LOSS_TRIALS), "reference": ("tiny", (), 12, LOSS_TRIALS // 2)}
+
+
+@pytest.fixture(scope="module", params=sorted(PATHS))
+def path(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def model(gpu_slm_path):
-    return webslm.open_model(gpu_slm_path)
+def model(path, gpu_slm_path, tmp_path_factory):
+    if PATHS[path][0] == "tiny":
+        return webslm.open_model(gpu_slm_path)
+    import importlib.util
+    script = ROOT / "bench" / "synthetic_model.py"
+    spec = importlib.util.spec_from_file_location("synthetic_model", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    file = tmp_path_factory.mktemp("stacked") / "stacked.slm"
+    module.write_synthetic(file, "stacked")
+    return webslm.open_model(file)
+
+
+@pytest.fixture(scope="module")
+def policy(path):
+    return AdmissionPolicy(fusions=PATHS[path][1])
 
 
 @pytest.fixture(scope="module")
@@ -84,10 +112,11 @@ def transitions(events) -> list[tuple[str, str]]:
 
 # -- the executor against the oracle ----------------------------------------------------------
 
-def test_gpu_logits_follow_the_cpu_oracle_through_prefill_and_decode(native_gpu, model, ids, run):
+def test_gpu_logits_follow_the_cpu_oracle_through_prefill_and_decode(native_gpu, model, ids, run, path, policy):
     async def go():
-        session = await admit(native_gpu, model)
+        session = await admit(native_gpu, model, policy)
         backend = await GpuBackend.build(session, model)
+        assert backend.forward.programs["decode"].dispatches_per_layer() == PATHS[path][2]
         cpu = CpuBackend(model)
         try:
             errors = []
@@ -125,14 +154,14 @@ def test_smollm2_conformance_on_the_native_gpu(native_gpu):
 
 # -- device loss ---------------------------------------------------------------------------------
 
-def losing_build(at: dict):
+def losing_build(at: dict, policy: AdmissionPolicy):
     """A build_gpu_backend that admits and builds the real executor, then destroys its device
     (the native equivalent of device.destroy()) just before the step that would compute
     position at["position"]."""
     built = []
 
-    async def build(gpu, model, policy, on_stage):
-        session = await admit(gpu, model, on_stage=on_stage)
+    async def build(gpu, model, engine_policy, on_stage):
+        session = await admit(gpu, model, policy, on_stage=on_stage)
         backend = await GpuBackend.build(session, model)
         decode_one = backend.decode_one
 
@@ -148,11 +177,13 @@ def losing_build(at: dict):
 
 
 @pytest.mark.parametrize("trial", range(LOSS_TRIALS))
-def test_a_device_loss_mid_answer_continues_exactly_on_the_cpu(native_gpu, model, ids, run, trial):
+def test_a_device_loss_mid_answer_continues_exactly_on_the_cpu(native_gpu, model, ids, run, trial, path, policy):
+    if trial >= PATHS[path][3]:
+        pytest.skip(f"the {path} path runs {PATHS[path][3]} loss trials")
     rng = random.Random(4200 + trial)
     settings = sampled(rng.randrange(1 << 32)) if trial % 2 else greedy()
     n = rng.randrange(1, MAX_TOKENS)                  # tokens the GPU commits before the loss
-    events, build = [], losing_build({"position": len(ids) + n})
+    events, build = [], losing_build({"position": len(ids) + n}, policy)
     engine = Engine(model, gpu=native_gpu, on_event=events.append, build_gpu_backend=build)
     assert run(engine.load()) is State.GPU_READY
     deltas, got = run(gpu_answer(engine, ids, settings))
@@ -172,11 +203,11 @@ def test_a_device_loss_mid_answer_continues_exactly_on_the_cpu(native_gpu, model
 
 # -- cancellation --------------------------------------------------------------------------------
 
-def test_random_cancels_leave_no_trace_and_no_new_buffers(native_gpu, model, ids, run):
+def test_random_cancels_leave_no_trace_and_no_new_buffers(native_gpu, model, ids, run, policy):
     events, built = [], []
 
-    async def build(gpu, model, policy, on_stage):
-        session = await admit(gpu, model, on_stage=on_stage)
+    async def build(gpu, model, engine_policy, on_stage):
+        session = await admit(gpu, model, policy, on_stage=on_stage)
         built.append(session)
         return await GpuBackend.build(session, model), session.receipt.as_dict()
     engine = Engine(model, gpu=native_gpu, on_event=events.append, build_gpu_backend=build)
@@ -187,17 +218,18 @@ def test_random_cancels_leave_no_trace_and_no_new_buffers(native_gpu, model, ids
     rng = random.Random(77)
     for trial in range(6):
         cut = rng.randrange(1, MAX_TOKENS)
-        shown_after_cancel = []
+        shown_after_cancel, at_cancel = [], []
 
         def on_delta(count, cut=cut):
             if count == cut:
+                at_cancel.append(len(engine.ledger.committed_ids))   # a token may commit with no text
                 assert engine.cancel()
             elif count > cut:
                 shown_after_cancel.append(count)
         deltas, committed = run(gpu_answer(engine, ids, greedy(), on_delta))
         assert deltas[-1].finish_reason == "abort" and not deltas[-1].text
         assert [d for d in deltas[cut:-1] if d.text] == [] and not engine.ledger.is_open
-        assert committed == fresh[:len(committed)] and len(committed) <= cut
+        assert committed == fresh[:len(committed)] and len(committed) == at_cancel[0]   # nothing commits after
         assert len(device.live_buffers) == buffers
     assert run(gpu_answer(engine, ids, greedy()))[1] == fresh           # the next answer is clean
     assert engine.backend_kind == "gpu"

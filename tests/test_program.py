@@ -106,7 +106,7 @@ def test_split_weights_run_one_matmul_a_piece():
 
 
 def test_the_plan_derives_slots_and_temporaries_from_the_program(stacked_model):
-    for fusions in (None, ()):
+    for fusions in (None, ALL, ()):
         plan = plan_memory(stacked_model, SPEC_DEFAULT_LIMITS["core"], PlanPolicy(fusions=fusions))
         verify(plan)
         programs = plan_programs(stacked_model, plan)
@@ -119,7 +119,7 @@ def test_the_plan_derives_slots_and_temporaries_from_the_program(stacked_model):
             temporaries = {r["name"].split(".", 1)[1] for r in d["regions"] if r["schedule"] == schedule}
             assert temporaries == set(program.activations())
         decode = {r["name"] for r in d["regions"] if r["schedule"] == "decode"}
-        if fusions is None:       # what the fused step no longer needs is not planned
+        if fusions is not None and fusions:       # what the fused step no longer needs is not planned
             assert not decode & {"decode.attn_in", "decode.ffn_in", "decode.ffn_act", "decode.delta", "decode.final_in"}
         else:
             assert {"decode.attn_in", "decode.delta", "decode.final_in"} <= decode

@@ -80,7 +80,7 @@ class AdmissionPolicy:
     self_test_size: str = "quick"
     context: int | None = None              # KV capacity in tokens (None: the planner's default)
     kv_dtype: str | None = None             # "f32" | "f16" (None: f16 when the tier has it)
-    fusions: tuple[str, ...] | None = None  # program/fusion.py rules (None: all; (): the reference program)
+    fusions: tuple[str, ...] | None = None  # program/fusion.py rules (None: its DEFAULT; (): the reference program)
 
 
 @dataclasses.dataclass

@@ -61,7 +61,7 @@ import math
 from typing import Any, Mapping
 
 from ..errors import CodedError
-from ..program.fusion import ALL as ALL_FUSIONS, fuse
+from ..program.fusion import ALL as ALL_FUSIONS, DEFAULT as DEFAULT_FUSIONS, fuse
 from ..program.ops import SCHEDULES, Layout, Program, activation_bytes, ffn_padded, qkv_offsets, reference
 from .proof import plan_hash
 
@@ -106,7 +106,7 @@ class PlanPolicy:
     upload_chunk: int = 4 * MiB              # bytes per bounded upload
     reserve: str = "reserve-v1"
     feature_level: str = "core"
-    fusions: tuple[str, ...] | None = None   # program/fusion.py rules; None: all of them
+    fusions: tuple[str, ...] | None = None   # program/fusion.py rules; None: its DEFAULT
 
 
 def _fail(code: str, where: str, sentence: str):
@@ -164,7 +164,7 @@ def _resolve_policy(policy: PlanPolicy, arch) -> dict[str, Any]:
             "top_k_capacity": min(policy.top_k_capacity, arch.vocab),
             "upload_chunk": policy.upload_chunk, "reserve": policy.reserve,
             "feature_level": policy.feature_level,
-            "fusions": [r for r in ALL_FUSIONS if policy.fusions is None or r in policy.fusions]}
+            "fusions": [r for r in ALL_FUSIONS if r in (DEFAULT_FUSIONS if policy.fusions is None else policy.fusions)]}
 
 
 # -- the plan's records ---------------------------------------------------------------------------

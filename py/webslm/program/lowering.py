@@ -107,6 +107,7 @@ class Lowering:
         self.decode_heads = widest.chunk_pass.overrides["GW"]
         self.decode_grid = widest.chunk_pass.grid
         self.decode_combine_grid = widest.combine.grid if widest.combine else None
+        self.decode_combine_overrides = dict(widest.combine.overrides) if widest.combine else None
         self.single_pass = min(attention.SINGLE_PASS_MAX, attention.SCORE_WORDS // self.decode_heads)
         self._reduce_layouts: dict[tuple, logits.LogitsPlan] = {}
 
@@ -248,8 +249,9 @@ class Lowering:
                                          grid=tuple(self.decode_grid), label="attention")
         if not long_attention:
             return [chunk_pass]
-        combine = dataclasses.replace(self._launch(op, d.combine, [qkv, *caches], partials),
-                                      grid=tuple(self.decode_combine_grid), label="combine")
+        # Recorded once (at position 0) for every long position: the full cache's combine.
+        combine = Launch(attention_rope.COMBINE_KERNEL, dict(self.decode_combine_overrides), d.chunk_pass.params,
+                         tuple(self.decode_combine_grid), (qkv, *caches), tuple(partials), "combine")
         return [chunk_pass, combine]
 
     def _reduce(self, op, schedule, tokens, start, readback, long_attention):

@@ -32,6 +32,9 @@ class Forward:
         self.programs = plan_programs(model, session.plan)
         self.capacity, self.chunk, self.top_k = lowering.capacity, lowering.chunk, lowering.top_k
         self.tables = {s: ParamsTable(self.regions, s, p.slots()) for s, p in self.programs.items()}
+        # The first op of each slot, positional ones first: all a params refresh needs to lower.
+        self._slot_ops = {s: sorted({op.slot: op for op in reversed(p.ops) if op.kind != "copy"}.values(),
+                                    key=lambda op: op.kind not in POSITIONAL_KINDS) for s, p in self.programs.items()}
         self._compiled = dict(session.kernels)      # admission's pipelines, reused
         self.labels: dict[int, str] = {}            # id(Dispatch) -> what it computes (benchmarks)
 
@@ -66,8 +69,8 @@ class Forward:
         """Write every slot of the schedule's params (or only the position-dependent ones) for a
         step of `tokens` tokens at `start`, into the host copy (ParamsTable.write uploads it)."""
         table, done = self.tables[schedule], set()
-        for op in self.programs[schedule].ops:
-            if op.kind == "copy" or (positional and op.kind not in POSITIONAL_KINDS):
+        for op in self._slot_ops[schedule]:
+            if positional and op.kind not in POSITIONAL_KINDS:
                 continue
             for readback in (("argmax", "top-k") if op.kind == "reduce" else ("argmax",)):
                 slot = self.slot(op, readback)
