@@ -30,13 +30,13 @@ import time
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from kernels import copy_roofline  # noqa: E402  (bench/kernels.py)
+from kernels import copy_roofline
 
-import webslm  # noqa: E402
-from webslm.admission.admit import AdmissionPolicy, admit  # noqa: E402
-from webslm.backends.gpu import GpuBackend  # noqa: E402
-from webslm.backends.scores import Want  # noqa: E402
-from webslm.webgpu.native import NativeGpu  # noqa: E402
+import webslm
+from webslm.admission.admit import AdmissionPolicy, admit
+from webslm.backends.gpu import GpuBackend
+from webslm.backends.scores import Want
+from webslm.webgpu.native import NativeGpu
 
 ARGMAX = Want("argmax")
 

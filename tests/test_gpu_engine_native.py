@@ -220,7 +220,7 @@ def test_random_cancels_leave_no_trace_and_no_new_buffers(native_gpu, model, ids
         cut = rng.randrange(1, MAX_TOKENS)
         shown_after_cancel, at_cancel = [], []
 
-        def on_delta(count, cut=cut):
+        def on_delta(count, cut=cut, at_cancel=at_cancel, shown_after_cancel=shown_after_cancel):
             if count == cut:
                 at_cancel.append(len(engine.ledger.committed_ids))   # a token may commit with no text
                 assert engine.cancel()

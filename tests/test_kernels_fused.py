@@ -2,7 +2,6 @@
 ACCUMULATE (kernels/matvec.py, golden family "matvec_fused"), and RoPE + KV append in one
 dispatch (kernels/rope_kv.py, family "rope_kv"): golden suites, proof that each rule fails
 wrong results, and the host-side checks before any dispatch."""
-import dataclasses
 import json
 import pathlib
 

@@ -214,7 +214,7 @@ def cmd_conformance(args) -> int:
                 backend, _ = await admit_and_build(_native_gpu(), model, None, None)
             except (EngineError, AdmissionFailure, BackendLost):
                 raise
-            except Exception as exc:             # noqa: BLE001 - the executor failed to build
+            except Exception as exc:
                 raise EngineError("gpu-backend-failed", "GpuBackend.build",
                                   f"the GPU executor could not be built: {type(exc).__name__}: {exc}") from exc
         try:

@@ -94,7 +94,7 @@ class AttentionShape:
         if self.n_heads < 1 or self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
             raise KvShapeError("head-ratio", f"n_heads {self.n_heads} must be a positive multiple "
                                              f"of n_kv_heads {self.n_kv_heads}")
-        self.layout   # validates head_dim, capacity and cache offsets
+        _ = self.layout   # validates head_dim, capacity and cache offsets
 
     @property
     def layout(self) -> KvLayout:
