@@ -73,7 +73,7 @@ def test_generate_on_the_cpu_path_is_the_cpu_oracles_greedy_answer(run, host, fi
     model = webslm.open_model(fixture_slm_path)          # the oracle: its own model, CPU backend and ledger
     ledger = Ledger()
     settings = webslm.SamplerSettings(temperature=0, max_tokens=8)
-    expected = "".join(d.text for d in generate(model, CpuBackend(model), prompt_ids(model, messages, chat=True),
+    expected = "".join(d.text for d in generate(model, CpuBackend(model), prompt_ids(model, "Hello", chat=True),
                                                 settings, ledger=ledger))
     assert result["text"] == expected == "".join(d["text"] for d in deltas)
     assert result["token_ids"] == list(ledger.committed_ids)
