@@ -13,7 +13,8 @@ Layout written under REPO/.assets/ (git-ignored):
     site/                       what the page fetches (served at /assets/)
         pyodide/                    core files, the official lock (byte for byte), and the wheels of
                                     numpy, micropip, packaging plus every lock dependency of them
-        wheels/webslm-*.whl         the webslm wheel, built from REPO with pip
+        wheels/webslm-*.whl         the webslm wheel, built from REPO with pip, less what runs only
+                                    natively (NATIVE_ONLY: the CLI, converters, wgpu-native...)
         models/<id>.slm             the default model, converted from the GGUF by webslm's converter
         manifest.json               written last: file names and sha256 of everything above
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import re
@@ -72,6 +74,15 @@ MODEL_SLM_SHA256 = "022f3f8b17ac58b62c0f16ba6d390cfedf7ca5ac7c104fce230f187f8587
 # reports it; the page checks the loaded model against it.
 MODEL_ARTIFACT_SHA256 = "cd189a90fd60c9d0c0f1122b3732de2149b94067cffcb1f2bbe5eedc7730a6b5"
 BUNDLE_JSON = "webslm/shaders/BUNDLE.json"
+# What the browser's wheel leaves out of the package wheel: code that only ever runs natively,
+# so the worker downloads and unpacks none of it. The worker imports webslm.worker_api and
+# what that imports; tests/test_wheel.py walks those imports and fails if one reaches here.
+NATIVE_ONLY = (
+    "webslm/cli.py",              # the command line; its console script goes too (entry_points.txt)
+    "webslm/convert/",            # GGUF and safetensors converters: need PyPI gguf and safetensors
+    "webslm/fixture.py",          # writes the tests' fixture model
+    "webslm/webgpu/native.py",    # the GPU interface on wgpu-native: needs PyPI wgpu
+)
 MANIFEST_FORMAT = "webslm-site-v1"
 
 
@@ -240,8 +251,34 @@ def read_wheel_info(wheel: Path) -> tuple[str, str]:
     return found.group(1), bundle["bundle_hash"]
 
 
+def is_native_only(member: str) -> bool:
+    """Whether a wheel member is left out of the browser's wheel (NATIVE_ONLY)."""
+    if re.fullmatch(r"[^/]+\.dist-info/entry_points\.txt", member):
+        return True                            # names webslm.cli:main, which is not there
+    return any(member == path or (path.endswith("/") and member.startswith(path)) for path in NATIVE_ONLY)
+
+
+def browser_wheel(wheel: bytes) -> bytes:
+    """The package wheel less its NATIVE_ONLY members, RECORD rewritten to list what is left.
+    Every other member keeps its bytes, order, date and compression, so the same package wheel
+    always gives the same browser wheel (and the manifest's sha256 stays put)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(wheel)) as source, zipfile.ZipFile(out, "w") as target:
+        for info in source.infolist():
+            if is_native_only(info.filename):
+                continue
+            data = source.read(info)
+            if re.fullmatch(r"[^/]+\.dist-info/RECORD", info.filename):
+                kept = [line for line in data.decode().splitlines(keepends=True)
+                        if not is_native_only(line.rsplit(",", 2)[0])]
+                data = "".join(kept).encode()
+            target.writestr(info, data)
+    return out.getvalue()
+
+
 def build_webslm(python: str, repo: Path, dest: Path, isolated: bool) -> tuple[Path, bool]:
-    """Build the webslm wheel into `dest`; drop older webslm wheels. Returns (wheel, written)."""
+    """Build the webslm wheel for the browser (browser_wheel) into `dest`; drop older webslm
+    wheels. Returns (wheel, written)."""
     if not (repo / "pyproject.toml").is_file():
         raise AssetError(f"webslm wheel: no pyproject.toml in {repo}")
     with tempfile.TemporaryDirectory(prefix="webslm-wheel-") as tmp:
@@ -252,7 +289,7 @@ def build_webslm(python: str, repo: Path, dest: Path, isolated: bool) -> tuple[P
         built = sorted(Path(tmp).glob("webslm-*.whl"))
         if len(built) != 1:
             raise AssetError(f"webslm wheel: pip produced {[p.name for p in built]}")
-        written = write_if_changed(dest / built[0].name, built[0].read_bytes())
+        written = write_if_changed(dest / built[0].name, browser_wheel(built[0].read_bytes()))
     for old in dest.glob("webslm-*.whl"):
         if old.name != built[0].name:
             old.unlink()
