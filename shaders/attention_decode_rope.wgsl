@@ -20,10 +20,14 @@
 //             depends on another's write. The partials are decode_chunk's: the split-K second
 //             pass is attention_combine_* unchanged.
 //
-// The cached row is bit-identical to what rope_kv_append writes: the same expressions
-// (a' = a cos - b sin, b' = b cos + a sin on (own, partner) elements; ADJACENT picks
-// rotate-half (i, i + half) or adjacent-pair (2i, 2i + 1)), elements at or past rotary_dim copied
-// bit for bit (f32) or rounded by f16_bits (f16), and the scores use exactly the stored value.
+// The cached row is what rope_kv_append writes: the same expressions (a' = a cos - b sin,
+// b' = b cos + a sin on (own, partner) elements; ADJACENT picks rotate-half (i, i + half) or
+// adjacent-pair (2i, 2i + 1)), elements at or past rotary_dim copied bit for bit (f32) or
+// rounded by f16_bits (f16), and the scores use exactly the stored value. Each product is
+// rounded on its own (`rounded`: an opaque zero OR-ed into its bits), so no compiler can
+// contract a cos - b sin into a fused multiply-add: the H200's Vulkan driver did so in this
+// kernel (adjacent-pair) though not in rope_kv_append, which rounds each product too wherever
+// it is not contracted. The result is fl(fl(a cos) - fl(b sin)), numpy's f32 value.
 //
 // Bindings: 0 params, 1 qkv (read), 2 k_cache, 3 v_cache (read_write, u32 words), 4 out,
 // 5 part_acc, 6 part_ml (core), 7 table (read). Bindings 0..6 are the buffers
@@ -48,8 +52,8 @@ struct Params {
     q_at: u32,          // element offsets of the sections in qkv
     k_at: u32,
     v_at: u32,
-    unused0: u32,
-    unused1: u32,
+    zero: u32,          // 0: see `rounded`
+    unused: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -70,9 +74,15 @@ fn cached_value(at: u32) -> vec4<f32> {
     return kv_widen(v_cache[at]);
 }
 
+// x, rounded to f32 where it stands: the compiler cannot know params.zero, so it cannot fuse
+// the product x into a following addition.
+fn rounded(x: f32) -> f32 {
+    return bitcast<f32>(bitcast<u32>(x) | params.zero);
+}
+
 // The bits of element e of the head at `head` (element offset in qkv) after RoPE at table row
 // `row`: rotated below rotary_dim, else as is. rope_kv_append.wgsl's k_bits, expression for
-// expression.
+// expression, with each product rounded on its own.
 fn rope_bits(head: u32, e: u32, row: u32) -> u32 {
     if (e >= 2u * params.half) {
         return qkv[head + e];
@@ -92,10 +102,12 @@ fn rope_bits(head: u32, e: u32, row: u32) -> u32 {
     let angle = table[row * params.half + pair];
     let own = bitcast<f32>(qkv[head + e]);
     let other = bitcast<f32>(qkv[head + partner]);
+    let own_cos = rounded(own * angle.x);
+    let other_sin = rounded(other * angle.y);
     if (second) {
-        return bitcast<u32>(own * angle.x + other * angle.y);     // b' = b cos + a sin
+        return bitcast<u32>(own_cos + other_sin);     // b' = b cos + a sin
     }
-    return bitcast<u32>(own * angle.x - other * angle.y);         // a' = a cos - b sin
+    return bitcast<u32>(own_cos - other_sin);         // a' = a cos - b sin
 }
 
 // Elements 4c .. 4c + 3 of a head after RoPE, as f32 bits.
