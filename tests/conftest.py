@@ -62,12 +62,23 @@ def gpu_slm_path(tmp_path_factory):
     """A tiny model the GPU forward pass can run (bench/synthetic_model.py --shape tiny:
     random weights, q4/q8 like SmolLM2, f32 norms, no biases). The fixture model has q/k/v
     biases and f16 norms, which admission refuses for the GPU (admission/pipelines.unsupported)."""
+    return synthetic_slm(tmp_path_factory, "tiny")
+
+
+@pytest.fixture(scope="session")
+def stacked_slm_path(tmp_path_factory):
+    """The smallest synthetic model the planner stacks (--shape stacked): the fused decode step."""
+    return synthetic_slm(tmp_path_factory, "stacked")
+
+
+def synthetic_slm(tmp_path_factory, shape: str):
+    """bench/synthetic_model.py's artifact of `shape`, written once into a temporary folder."""
     import importlib.util
     import pathlib
     script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "synthetic_model.py"
     spec = importlib.util.spec_from_file_location("synthetic_model", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    path = tmp_path_factory.mktemp("gpu_model") / "tiny.slm"
-    module.write_synthetic(path, "tiny")
+    path = tmp_path_factory.mktemp(f"{shape}_model") / f"{shape}.slm"
+    module.write_synthetic(path, shape)
     return path

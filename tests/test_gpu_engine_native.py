@@ -58,17 +58,8 @@ def path(request):
 
 
 @pytest.fixture(scope="module")
-def model(path, gpu_slm_path, tmp_path_factory):
-    if PATHS[path][0] == "tiny":
-        return webslm.open_model(gpu_slm_path)
-    import importlib.util
-    script = ROOT / "bench" / "synthetic_model.py"
-    spec = importlib.util.spec_from_file_location("synthetic_model", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    file = tmp_path_factory.mktemp("stacked") / "stacked.slm"
-    module.write_synthetic(file, "stacked")
-    return webslm.open_model(file)
+def model(path, gpu_slm_path, stacked_slm_path):
+    return webslm.open_model(gpu_slm_path if PATHS[path][0] == "tiny" else stacked_slm_path)
 
 
 @pytest.fixture(scope="module")

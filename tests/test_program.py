@@ -29,21 +29,8 @@ REFERENCE_LAYER = ["attn_norm", "q", "k", "v", "rope_kv", "attention", "o", "ffn
 
 
 @pytest.fixture(scope="module")
-def stacked_path(tmp_path_factory):
-    import importlib.util
-    import pathlib
-    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "synthetic_model.py"
-    spec = importlib.util.spec_from_file_location("synthetic_model", script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    path = tmp_path_factory.mktemp("stacked") / "stacked.slm"
-    module.write_synthetic(path, "stacked")
-    return path
-
-
-@pytest.fixture(scope="module")
-def stacked_model(stacked_path):
-    return webslm.open_model(stacked_path)
+def stacked_model(stacked_slm_path):
+    return webslm.open_model(stacked_slm_path)
 
 
 # -- the program itself (no GPU) ----------------------------------------------------------------

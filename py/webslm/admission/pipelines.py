@@ -7,7 +7,6 @@ same buffers in the same order.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Iterator
 
 import numpy as np
@@ -19,28 +18,6 @@ from ..kernels.registry import compile_kernel
 # large GEMM tile (24 KiB) and the attention tiles, 256 invocations for the 256-wide variants.
 KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 32768, "maxComputeInvocationsPerWorkgroup": 256,
                  "maxComputeWorkgroupSizeX": 256}
-
-
-@dataclasses.dataclass(frozen=True)
-class Requirements:
-    """What the model needs from the kernel library, from its manifest alone."""
-    matrices: tuple          # distinct (encoding, block, zero, scale_type, cols) of mat-vec weights
-    embedding: tuple         # (encoding, block, zero, scale_type) of token_embd
-    hidden: int
-    ffn: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    eps: float
-    rotary_dim: int
-    convention: str
-
-
-def _config(info) -> tuple:
-    q = info.quant
-    return (info.encoding, q.block_elements if q else None,
-            q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None)
 
 
 def unsupported(manifest) -> str | None:
@@ -56,17 +33,6 @@ def unsupported(manifest) -> str | None:
     if a.hidden % 4 or a.ffn % 4:
         return f"hidden {a.hidden} and ffn {a.ffn} must be multiples of 4 (vec4 activation rows)"
     return None
-
-
-def requirements(manifest) -> Requirements:
-    a = manifest.architecture
-    matrices = sorted({_config(info) + (info.shape[-1],) for name, info in manifest.tensors.items()
-                       if len(info.shape) == 2 and name != "token_embd"}
-                      | ({_config(manifest.tensors["token_embd"]) + (a.hidden,)} if a.tied_output else set()),
-                      key=repr)
-    return Requirements(tuple(matrices), _config(manifest.tensors["token_embd"]), a.hidden, a.ffn,
-                        a.n_heads, a.n_kv_heads, a.head_dim, a.vocab, float(a.norm_eps),
-                        a.rope.rotary_dim, a.rope.convention)
 
 
 def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "core") -> dict[str, int]:

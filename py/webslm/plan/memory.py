@@ -13,8 +13,9 @@ What a plan holds (MemoryPlan; `as_dict()` is its JSON):
                alignment (minStorageBufferOffsetAlignment, or the uniform one), binding kind,
                and when it is live: the whole session, or an interval [first producer step,
                last consumer step] of one schedule
-    schedules  the named steps of one decode step (T = 1) and of one prefill chunk (T = the
-               policy's chunk), with the layer loop's bounds and each dispatch's params slot
+    schedules  the step program of one decode step (T = 1) and of one prefill chunk (T = the
+               policy's chunk; program/ops.py, fused by program/fusion.py): its op names, its
+               steps with the layer loop's bounds, and its params slots
     proofs     one record per pair of regions that share bytes: which is read last when
                (last consumer), which is written first when (producer), the shared bytes and
                the reason ("intervals disjoint: e_i < b_j", or two schedules that never run

@@ -35,17 +35,13 @@ class Forward:
         # The first op of each slot, positional ones first: all a params refresh needs to lower.
         self._slot_ops = {s: sorted({op.slot: op for op in reversed(p.ops) if op.kind != "copy"}.values(),
                                     key=lambda op: op.kind not in POSITIONAL_KINDS) for s, p in self.programs.items()}
+        self._positional = {s: sum(1 for op in ops if op.kind in POSITIONAL_KINDS) for s, ops in self._slot_ops.items()}
         self._compiled = dict(session.kernels)      # admission's pipelines, reused
         self.labels: dict[int, str] = {}            # id(Dispatch) -> what it computes (benchmarks)
 
     def positional_slots(self, schedule: str) -> int:
         """How many slots, from the first, a step rewrites when only the position changed."""
-        kinds = {op.slot: op.kind for op in self.programs[schedule].ops}
-        return sum(1 for slot in self.programs[schedule].slots() if kinds.get(slot) in POSITIONAL_KINDS)
-
-    @property
-    def fused(self) -> bool:
-        return bool(self.programs["decode"].fusions)
+        return self._positional[schedule]
 
     def single_pass_at(self, position: int) -> bool:
         return self.lowering.single_pass_at(position)
