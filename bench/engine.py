@@ -36,6 +36,7 @@ import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
+from webslm.program.fusion import ALL
 from webslm.webgpu.native import NativeGpu
 
 ARGMAX = Want("argmax")
@@ -141,7 +142,8 @@ async def bench_model(path: str, args) -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
-    fusions = None if args.fusions == "all" else tuple(f for f in args.fusions.split(",") if f)
+    named = {"default": None, "all": ALL}
+    fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
@@ -211,7 +213,8 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")
     parser.add_argument("--profile", action="store_true", help="time each kind of decode dispatch")
-    parser.add_argument("--fusions", default="all", help="comma-separated program/fusion.py rules, '' for "
-                                                          "none, 'all' (default)")
+    parser.add_argument("--fusions", default="default", help="comma-separated program/fusion.py rules, '' for "
+                                                              "none, 'all' for every rule, 'default' (the default: "
+                                                              "fusion.DEFAULT)")
     parser.add_argument("--out")
     asyncio.run(main(parser.parse_args()))

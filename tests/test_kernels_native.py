@@ -70,34 +70,3 @@ def test_workgroup_steps_down_to_what_the_device_admits():
     assert gpu_smoke.fit_workgroup(64, core) == 64
     with pytest.raises(ValueError):
         gpu_smoke.fit_workgroup(256, {"maxComputeInvocationsPerWorkgroup": 32, "maxComputeWorkgroupSizeX": 32})
-
-
-class _FakeAdapter:
-    def __init__(self, level, fallback):
-        self.feature_level, self.fallback = level, fallback
-
-    def summary(self):
-        return type("S", (), {"is_fallback": self.fallback})()
-
-
-class _FakeGpu:
-    def __init__(self, **adapters):
-        self.adapters = adapters
-
-    async def request_adapter(self, level):
-        return self.adapters.get(level)
-
-
-@pytest.mark.parametrize("core, compat, chosen", [
-    (False, False, "core"),          # a real core adapter wins
-    (True, False, "compatibility"),  # software core vs real compatibility: the real one
-    (True, True, "core"),            # only fallbacks: core
-    (True, None, "core"),
-    (None, True, "compatibility"),
-    (None, None, None),
-])
-def test_auto_prefers_a_real_adapter(run, core, compat, chosen):
-    adapters = {level: _FakeAdapter(level, fallback) for level, fallback
-                in (("core", core), ("compatibility", compat)) if fallback is not None}
-    adapter = run(gpu_smoke.choose_adapter(_FakeGpu(**adapters), "auto"))
-    assert (adapter.feature_level if adapter else None) == chosen

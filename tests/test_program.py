@@ -10,17 +10,22 @@ offset, a missing residual or a stale row (errors of order 1) cannot pass.
 """
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
 import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
+from webslm.admission.pipelines import KERNEL_LIMITS
 from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
 from webslm.plan import SPEC_DEFAULT_LIMITS, PlanPolicy, plan_memory, verify
 from webslm.plan.memory import plan_programs
+from webslm.kernels.kv_cache import KvShapeError
 from webslm.program.fusion import ALL, RULES, fuse
-from webslm.program.ops import Layout, reference
+from webslm.program.lowering import Lowering
+from webslm.program.ops import POSITIONAL_KINDS, Layout, reference
 
 FUSED_TOLERANCE = 1e-4
 DECODE_STEPS = 4
@@ -112,6 +117,26 @@ def test_the_plan_derives_slots_and_temporaries_from_the_program(stacked_model):
             assert {"decode.attn_in", "decode.delta", "decode.final_in"} <= decode
     with pytest.raises(Exception, match="fusions"):
         plan_memory(stacked_model, SPEC_DEFAULT_LIMITS["core"], PlanPolicy(fusions=("no-such-rule",)))
+
+
+@pytest.mark.parametrize("fusions", [(), ALL], ids=["rope_kv and attention", "attention_rope"])
+def test_a_decode_step_rewrites_the_params_lowering_plans_at_every_position(stacked_model, fusions):
+    """The executor's per-token path (Lowering.decode_params: the family plan made once, its
+    params re-derived per position) writes exactly what planning that position from scratch
+    (lower) would, at every position of the cache, short and long attention alike."""
+    plan = plan_memory(stacked_model, SPEC_DEFAULT_LIMITS["core"], PlanPolicy(fusions=fusions, kv_dtype="f16"))
+    device = types.SimpleNamespace(limits={**SPEC_DEFAULT_LIMITS["core"], **KERNEL_LIMITS})
+    lowering = Lowering(device, stacked_model, plan)
+    ops = {op.slot: op for op in plan_programs(stacked_model, plan)["decode"].ops if op.kind in POSITIONAL_KINDS}
+    assert sorted(op.kind for op in ops.values()) == (["attention_rope"] if fusions else ["attention", "rope_kv"])
+    assert lowering.capacity > lowering.single_pass          # both attention forms are crossed
+    for op in ops.values():
+        for position in range(lowering.capacity):
+            long_attention = not lowering.single_pass_at(position)
+            planned = lowering.lower(op, "decode", 1, position, long_attention=long_attention)[0].params
+            np.testing.assert_array_equal(lowering.decode_params(op, position), planned, err_msg=f"{op.slot} {position}")
+        with pytest.raises(KvShapeError, match="capacity"):
+            lowering.decode_params(op, lowering.capacity)
 
 
 # -- each rule against the reference on the GPU ----------------------------------------------------

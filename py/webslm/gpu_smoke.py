@@ -19,8 +19,6 @@ from . import shader_bundle
 from .kernels.probe import check_matvec, probe_matvec
 from .kernels.registry import KERNELS, compile_kernel
 from .kernels.runner import largest_workgroup, max_invocations
-# The probe uses these two; admission/admit.py and tests/test_kernels_native.py still reach
-# them as gpu_smoke.choose_adapter / gpu_smoke.tier_for until they import webgpu.adapters.
 from .webgpu.adapters import choose_adapter, tier_for
 from .webgpu.interface import Device, Gpu
 

@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from ..errors import CodedError
+from ..webgpu.adapters import choose_adapter, tier_for
 from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
 from .tracked import Faults, TrackedDevice
 
@@ -114,7 +115,6 @@ def choose_tier(offered: frozenset[str], policy: AdmissionPolicy) -> tuple[str, 
     B needs shader-f16, C needs subgroups; C also takes shader-f16 when it is there."""
     features = tuple(sorted(TIER_FEATURE[t] for t in ("B", "C")
                             if t in policy.tiers and TIER_FEATURE[t] in offered))
-    from ..gpu_smoke import tier_for
     return tier_for(features), features
 
 
@@ -162,7 +162,6 @@ class _Admission:
             raise failure from exc
 
     async def _stages(self) -> AdmittedGpuSession:
-        from .. import gpu_smoke
         from ..kernels import golden
         from ..kernels.registry import KERNELS
         from . import pipelines as pipeline_set
@@ -184,7 +183,7 @@ class _Admission:
             self._fail("unsupported-model", f"the GPU path cannot run this model: {reason}")
 
         await self._enter("adapter")
-        self.adapter = await gpu_smoke.choose_adapter(self.gpu, self.policy.feature_level)
+        self.adapter = await choose_adapter(self.gpu, self.policy.feature_level)
         if self.adapter is None:
             self._fail("no-adapter", "the browser offers no WebGPU adapter")
         summary = self.adapter.summary()

@@ -124,6 +124,24 @@ class DecodePlan:
     def exp_chain(self) -> int:
         return 2 if self.combine else 1
 
+    def params_at(self, position: int, chunk: int) -> np.ndarray:
+        """The params for another position (and chunk), with this plan's heads, workgroups and
+        scale: what a decode step rewrites, without planning again. Words 4..6 and 8 (keys,
+        chunk, chunks, workgroups) follow the position; the rest was validated by plan_decode.
+        The grid stays this plan's: workgroups past the position's chunks exit."""
+        words = self.chunk_pass.params.copy()
+        n_heads, n_kv_heads, head_dim, capacity, blocks = (int(w) for w in words[[0, 1, 2, 3, 7]])
+        if not 0 <= position < capacity:
+            raise KvShapeError("position", f"position {position} is outside the cache (capacity {capacity})")
+        if not 1 <= chunk <= SCORE_WORDS // self.chunk_pass.overrides["GW"]:
+            raise KvShapeError("shape", f"chunk {chunk} does not fit this plan's workgroup memory")
+        n_chunks = -(-(position + 1) // chunk)
+        if n_heads * n_chunks * head_dim >= runner.U32_LIMIT:
+            raise KvShapeError("offset-overflow", "split-K scratch offsets overflow u32")
+        words[4:7] = (position + 1, chunk, n_chunks)
+        words[8] = n_kv_heads * blocks * n_chunks
+        return words
+
 
 def plan_decode(limits: dict, shape: AttentionShape, position: int, scale: float | None = None,
                 chunk: int | None = None, workgroup: int | None = None,

@@ -61,6 +61,17 @@ class RopeKvPlan(NamedTuple):
     v_at: int
     qkv_elements: int                # the least the qkv binding must hold (f32 elements)
 
+    def params_at(self, start: int) -> np.ndarray:
+        """The params for the same tokens at another first position: what a decode step
+        rewrites (word 5), without planning again. A plan made for the last position the
+        cache and table allow (plan_rope_kv_append) vouches for every earlier one."""
+        words = self.params.copy()
+        tokens, capacity = int(words[0]), int(words[6])
+        if not 0 <= start <= capacity - tokens:
+            raise KvShapeError("position", f"positions {start}..{start + tokens - 1} exceed the capacity {capacity}")
+        words[5] = start
+        return words
+
 
 def sections(tokens: int, heads: int, layout: KvLayout) -> tuple[int, int, int]:
     """Default offsets: q, k, v back to back, [T][heads*E], [T][kv*E], [T][kv*E]."""

@@ -110,6 +110,7 @@ class Lowering:
         self.decode_combine_overrides = dict(widest.combine.overrides) if widest.combine else None
         self.single_pass = min(attention.SINGLE_PASS_MAX, attention.SCORE_WORDS // self.decode_heads)
         self._reduce_layouts: dict[tuple, logits.LogitsPlan] = {}
+        self._decode_plans: dict[str, object] = {}      # params slot -> its family's plan (decode_params)
 
     # -- facts the executor shares ---------------------------------------------------------------
     def planned_tokens(self, schedule: str) -> int:
@@ -203,13 +204,7 @@ class Lowering:
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
-        a = self.arch
-        t = self.planned_tokens(schedule)
-        q_at, k_at, v_at = qkv_offsets(a, t, self.s_align)
-        qkv_bytes = v_at + 4 * t * a.n_kv_heads * a.head_dim
-        p = rope_kv.plan_rope_kv_append(self.limits, self.shape.layout, tokens, a.n_heads, a.rope.rotary_dim, start,
-                                        self.capacity, a.rope.convention, q_at // 4, k_at // 4, v_at // 4,
-                                        qkv_bytes // 4)
+        p = self._plan_rope_kv(schedule, tokens, start)
         outputs = [Binding("qkv", op.write("qkv")), Binding("k_cache", op.write("k_cache")),
                    Binding("v_cache", op.write("v_cache"))]
         return [self._launch(op, p, [Binding("table", op.read("table"))], outputs)]
@@ -220,8 +215,7 @@ class Lowering:
         if schedule == "prefill":
             p = attention.plan_prefill(self.limits, self.shape, start, tokens).dispatch
             return [self._launch(op, p, inputs, [Binding("out", op.write("out"))])]
-        d = attention.plan_decode(self.limits, self.shape, start, heads_per_workgroup=self.decode_heads,
-                                  chunk=start + 1 if self.single_pass_at(start) else self.decode_chunk)
+        d = self._plan_attention(start)
         outputs = [Binding("out", op.write("out")), Binding("acc", op.write("acc")), Binding("ml", op.write("ml"))]
         chunk_pass = dataclasses.replace(self._launch(op, d.chunk_pass, inputs, outputs), grid=tuple(self.decode_grid))
         if not long_attention:
@@ -235,13 +229,7 @@ class Lowering:
         """Decode attention that rotates q and the new k itself and writes the new cache row
         (kernels/attention_rope.py); past the single-pass length the combine pass follows,
         binding the same ranges with attention's own layout."""
-        a = self.arch
-        q_at, k_at, v_at = qkv_offsets(a, 1, self.s_align)
-        d = attention_rope.plan_decode_rope(
-            self.limits, self.shape, start, a.rope.rotary_dim, self.capacity, a.rope.convention, q_at // 4,
-            k_at // 4, v_at // 4, (v_at + 4 * a.n_kv_heads * a.head_dim) // 4,
-            heads_per_workgroup=self.decode_heads,
-            chunk=start + 1 if self.single_pass_at(start) else self.decode_chunk)
+        d = self._plan_attention_rope(start)
         caches = [Binding("k_cache", op.write("k_cache")), Binding("v_cache", op.write("v_cache"))]
         partials = [Binding("out", op.write("out")), Binding("acc", op.write("acc")), Binding("ml", op.write("ml"))]
         qkv, table = Binding("qkv", op.read("qkv")), Binding("table", op.read("table"))
@@ -253,6 +241,49 @@ class Lowering:
         combine = Launch(attention_rope.COMBINE_KERNEL, dict(self.decode_combine_overrides), d.chunk_pass.params,
                          tuple(self.decode_combine_grid), (qkv, *caches), tuple(partials), "combine")
         return [chunk_pass, combine]
+
+    # -- the family plans behind the position-dependent ops ----------------------------------------
+    def _chunk_at(self, start: int) -> int:
+        return start + 1 if self.single_pass_at(start) else self.decode_chunk
+
+    def _plan_rope_kv(self, schedule: str, tokens: int, start: int) -> rope_kv.RopeKvPlan:
+        a = self.arch
+        t = self.planned_tokens(schedule)
+        q_at, k_at, v_at = qkv_offsets(a, t, self.s_align)
+        qkv_bytes = v_at + 4 * t * a.n_kv_heads * a.head_dim
+        return rope_kv.plan_rope_kv_append(self.limits, self.shape.layout, tokens, a.n_heads, a.rope.rotary_dim,
+                                           start, self.capacity, a.rope.convention, q_at // 4, k_at // 4, v_at // 4,
+                                           qkv_bytes // 4)
+
+    def _plan_attention(self, start: int, chunk: int | None = None) -> attention.DecodePlan:
+        return attention.plan_decode(self.limits, self.shape, start, heads_per_workgroup=self.decode_heads,
+                                     chunk=chunk or self._chunk_at(start))
+
+    def _plan_attention_rope(self, start: int, chunk: int | None = None) -> attention_rope.DecodeRopePlan:
+        a = self.arch
+        q_at, k_at, v_at = qkv_offsets(a, 1, self.s_align)
+        return attention_rope.plan_decode_rope(
+            self.limits, self.shape, start, a.rope.rotary_dim, self.capacity, a.rope.convention, q_at // 4,
+            k_at // 4, v_at // 4, (v_at + 4 * a.n_kv_heads * a.head_dim) // 4,
+            heads_per_workgroup=self.decode_heads, chunk=chunk or self._chunk_at(start))
+
+    def decode_params(self, op: Op, start: int) -> np.ndarray:
+        """The params of a position-dependent decode op (rope_kv, attention, attention_rope) at
+        `start`: all a decode step rewrites. Derived from the family's plan made once for the
+        cache's last position with the long chunk (the widest case, so it vouches for every
+        position; `params_at` re-checks the position), not planned again per token: a token's
+        host work stays a few array writes. Equal to lower()'s params at every position
+        (tests/test_program.py)."""
+        plan = self._decode_plans.get(op.slot)
+        if plan is None:
+            last = self.capacity - 1
+            plan = {"rope_kv": lambda: self._plan_rope_kv("decode", 1, last),
+                    "attention": lambda: self._plan_attention(last, self.decode_chunk),
+                    "attention_rope": lambda: self._plan_attention_rope(last, self.decode_chunk)}[op.kind]()
+            self._decode_plans[op.slot] = plan
+        if op.kind == "rope_kv":
+            return plan.params_at(start)
+        return plan.params_at(start, self._chunk_at(start))
 
     def _reduce(self, op, schedule, tokens, start, readback, long_attention):
         if readback == "full":

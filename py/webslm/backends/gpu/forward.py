@@ -65,6 +65,10 @@ class Forward:
         """Write every slot of the schedule's params (or only the position-dependent ones) for a
         step of `tokens` tokens at `start`, into the host copy (ParamsTable.write uploads it)."""
         table, done = self.tables[schedule], set()
+        if positional and schedule == "decode":       # every token: a few words, no planning
+            for op in self._slot_ops[schedule][:self._positional[schedule]]:
+                table.set(op.slot, self.lowering.decode_params(op, start))
+            return
         for op in self._slot_ops[schedule]:
             if positional and op.kind not in POSITIONAL_KINDS:
                 continue
