@@ -10,8 +10,10 @@ import pytest
 
 import webslm
 from webslm.admission.admit import STAGES, AdmissionFailure, AdmissionPolicy, admit, choose_tier
+from webslm.admission.pipelines import pipelines
 from webslm.admission.receipt import check_privacy
 from webslm.admission.tracked import FAULT_OUTCOMES, NAMED_FAULTS, Faults
+from webslm.kernels import golden
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLM = ROOT / ".assets/site/models/smollm2-135m-instruct-q4.slm"
@@ -44,6 +46,8 @@ def test_the_default_model_is_admitted_with_its_tier_and_receipt(native_gpu, mod
         assert by_stage["compile"][-1][1] == len(session.pipelines)
         assert session.tier == "C" and session.features == ("shader-f16", "subgroups")   # lavapipe
         assert session.self_test["cases"] > 100
+        # the self-tests ran exactly the kernels the plan compiled, each by at least one case
+        assert session.self_test["kernels"] == sorted({name for name, _ in pipelines(model, session.device, session.plan)})
         planned = [b.name for b in session.plan.buffers]
         assert sorted(session.buffers) == sorted(planned)
         assert len(session.device.live_buffers) == len(planned)
@@ -56,6 +60,18 @@ def test_the_default_model_is_admitted_with_its_tier_and_receipt(native_gpu, mod
     finally:
         session.destroy()
     assert session.device.destroyed and not session.device.live_buffers
+
+
+def test_a_planned_kernel_no_self_test_runs_is_not_admitted(native_gpu, stacked_slm_path, monkeypatch):
+    """A kernel the plan runs that no golden case covers (here: the swiglu family gives no
+    results) fails admission: nothing runs on the GPU that the oracle did not check there."""
+    async def no_cases(ctx):
+        return []
+    monkeypatch.setitem(golden.FAMILIES, "swiglu", no_cases)
+    with pytest.raises(AdmissionFailure) as caught:
+        asyncio.run(admit(native_gpu, webslm.open_model(stacked_slm_path)))
+    assert (caught.value.stage, caught.value.code) == ("self-test", "self-test-incomplete")
+    assert "swiglu" in caught.value.sentence and caught.value.leaked_buffers == 0
 
 
 @pytest.mark.parametrize("fault", NAMED_FAULTS)

@@ -32,6 +32,7 @@ const CPU_ADVICE = {
   "missing-feature": "This GPU lacks a feature the model needs on the GPU.",
   "unsupported-model": "The GPU path does not run this model's architecture yet.",
   "self-test-failed": "This GPU computed a kernel wrongly, so it is not trusted with the model; a driver or browser update may fix it.",
+  "self-test-incomplete": "A kernel this model needs has no self-test in this build, so the GPU is not trusted with it: please report it.",
   "pipeline-failed": "This GPU could not compile a kernel; a driver or browser update may fix it.",
   "device-lost": "The GPU was reset (a driver update, too much load, or the system reclaimed it): reload the page to try it again.",
   "readback-failed": "The GPU stopped answering: reload the page to try it again.",

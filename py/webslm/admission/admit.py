@@ -17,7 +17,8 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
                      the plan's bounded chunks (no probing loops); the scopes popped and checked here,
                      then pushed again around compilation and the self-tests
     compile       11  every mandatory pipeline compiled asynchronously from trusted WGSL
-    self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle
+    self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle, on the
+                         kernels the plan runs; one no case ran fails admission
     scopes        14  the error scopes popped: any captured or uncaptured error rejects
     publish       15  atomic: epoch current, device alive, every resource present
                   16  the privacy-minimized receipt (admission/receipt.py)
@@ -29,8 +30,9 @@ Where this departs from the report, and why:
 - Tier choice: every kernel has a tier-A variant, so "the lowest tier that satisfies the
   model" would always be A and never use f16 or subgroups. We take the highest tier the
   adapter offers among those the policy allows (`AdmissionPolicy.tiers`), and
-  `min_tier` rejects adapters below what a policy demands. The self-tests then run every
-  variant the device was created for, so a broken subgroup path fails admission.
+  `min_tier` rejects adapters below what a policy demands. The self-tests then run the
+  variants the plan compiled (subgroup ones included on tier C), so a broken subgroup path
+  fails admission, and a variant the model never runs costs no time.
 - Step 2 is done before admission (the validator streams the file); admission checks that
   it receives a validated model and does not re-validate bytes.
 """
@@ -241,15 +243,20 @@ class _Admission:
             self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
 
         await self._enter("self-test")
-        report = await golden.run_all(self.device, self.policy.self_test_size,
+        # The golden cases of the kernels the plan runs (not of every variant the device could):
+        # what admission vouches for is this model's step, and the rest only costs time.
+        report = await golden.run_all(self.device, self.policy.self_test_size, kernels={name for name, _ in mandatory},
                                       on_family=lambda done, total: self.on_progress("self-test", done, total))
         if not report["passed"]:
             first = report["failed"][0] if report["failed"] else {}
             self._fail("self-test-failed", f"{len(report['failed'])} of {report['cases']} kernel self-tests "
                                            f"disagree with the CPU oracle (first: {first.get('kernel')} on "
                                            f"{first.get('case')})")
+        untested = sorted({name for name, _ in mandatory} - golden.tested_kernels(report))
+        if untested:
+            self._fail("self-test-incomplete", f"no self-test ran the planned kernel(s) {', '.join(untested)}")
         self_test = {"cases": report["cases"], "families": sorted(report["families"]),
-                     "size": report["size"]}
+                     "size": report["size"], "kernels": report["kernels"]}
 
         await self._enter("scopes")
         captured = await self._pop_scopes() + self.errors

@@ -410,14 +410,15 @@ QUICK_PREFILL = [("prompt", 9, 3, 64, 3, 5, "random"), ("huge scores", 9, 3, 64,
                  ("one position", 4, 4, 64, 0, 1, "random")]
 
 
-@golden("attention")
+@golden("attention", kernels=("attention_decode_f32", "attention_decode_f16", "attention_combine_",
+                                 "attention_prefill_", "kv_append_"))
 async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
     results = await golden_append(ctx, "attention")
     limits = ctx.device.limits
     for dtype in ("f32", "f16"):
-        if not ctx.variants(f"attention_decode_{dtype}"):
-            continue
-        for index, (label, h, kv, e, n, data, chunk) in enumerate(QUICK_DECODE if ctx.quick else DECODE_CASES):
+        decode_cases = (QUICK_DECODE if ctx.quick else DECODE_CASES) if ctx.variants(f"attention_decode_{dtype}") else []
+        prefill_cases = (QUICK_PREFILL if ctx.quick else PREFILL_CASES) if ctx.variants(f"attention_prefill_{dtype}") else []
+        for index, (label, h, kv, e, n, data, chunk) in enumerate(decode_cases):
             shape = AttentionShape(h, kv, e, n + 3 + index, dtype)    # capacity past the context
             workgroup = 64 if index % 3 == 1 and not ctx.quick else None   # the smallest size too
             heads = 8 if index % 2 == 0 and not ctx.quick else None          # GW = G (up to 8) too
@@ -430,10 +431,11 @@ async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
             exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, n), n - 1,
                                        default_scale(e), plan.summation_depth, plan.exp_chain)
             results.append(checked(compare_bound(
-                "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides),
+                "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides)
+                + (f" + {plan.combine.kernel}" if plan.combine else ""),
                 f"{label}: H={h} K={kv} E={e} keys={n} {data}, chunk {plan.chunk} x {plan.n_chunks}",
                 got, exact, bound, RULE), bound))
-        for index, (label, h, kv, e, start, t, data) in enumerate(QUICK_PREFILL if ctx.quick else PREFILL_CASES):
+        for index, (label, h, kv, e, start, t, data) in enumerate(prefill_cases):
             shape = AttentionShape(h, kv, e, start + t + 5, dtype)
             workgroup = 64 if index % 3 == 1 and not ctx.quick else None
             plan = plan_prefill(limits, shape, start, t, workgroup=workgroup)

@@ -371,7 +371,7 @@ def _offsets(case: RopeDecodeCase) -> dict:
     return {"q_at": 5, "k_at": 5 + q_size + 37, "v_at": 5 + q_size + 37 + kv_size + 3}
 
 
-@golden("attention_rope")
+@golden("attention_rope", kernels=("attention_decode_rope_", COMBINE_KERNEL))
 async def golden_attention_rope(ctx: GoldenContext) -> list[GoldenResult]:
     """Each case on each variant the device runs, its convention as listed; the reference caches
     come from rope_kv_append on the same device and inputs."""
@@ -401,7 +401,8 @@ async def golden_attention_rope(ctx: GoldenContext) -> list[GoldenResult]:
                 k_prior, v_prior, kernel=append, **offsets)
             name = (f"{case.name} [{dtype} cache, {case.convention}, chunk {plan.chunk} x {plan.n_chunks}, "
                     f"GW={plan.chunk_pass.overrides['GW']}]")
-            results += check_decode_rope(label(spec, plan.chunk_pass.overrides), name, shape, plan, q, k, v, table,
+            kernel = label(spec, plan.chunk_pass.overrides) + (f" + {plan.combine.kernel}" if plan.combine else "")
+            results += check_decode_rope(kernel, name, shape, plan, q, k, v, table,
                                          case.convention, k_prior, v_prior, k_reference.view(DTYPES[dtype]),
                                          v_reference.view(DTYPES[dtype]), out, k_cache.view(DTYPES[dtype]),
                                          v_cache.view(DTYPES[dtype]))

@@ -249,7 +249,7 @@ def _ids(rng: np.random.Generator, vocab: int) -> np.ndarray:
     return np.concatenate([[0, vocab - 1, 1, 2, 3, 4, 5, 6, 7, 7], rng.integers(0, vocab, 5)]).astype(np.uint32)
 
 
-@golden("embed")
+@golden("embed", kernels=("embed_",))
 async def golden_embed(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     limits = ctx.device.limits

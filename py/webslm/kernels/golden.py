@@ -1,6 +1,6 @@
 """Golden tests of every kernel against the numpy oracle: one suite, run natively and in browsers.
 
-Each kernel family registers a coroutine with `@golden("family")`. It receives a
+Each kernel family registers a coroutine with `@golden("family", kernels=...)`. It receives a
 GoldenContext (device, rng, size, optional real model) and returns GoldenResults, one per
 (kernel variant, case). The same coroutines run
 - natively on wgpu-native (tests/test_kernels_*.py, size "full"),
@@ -15,6 +15,7 @@ counts elements the kernel never wrote.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from typing import Awaitable, Callable
 
@@ -98,16 +99,22 @@ class GoldenContext:
     rng: np.random.Generator
     size: str = "full"              # "quick" (browser rows, admission) or "full" (native CI)
     model: object | None = None     # a webslm.Model: real weights to test on, when given
+    only: frozenset[str] | None = None   # registry names to test (admission: the plan's); None: all
     _compiled: dict = dataclasses.field(default_factory=dict)
 
     @property
     def quick(self) -> bool:
         return self.size == "quick"
 
+    def uses(self, name: str) -> bool:
+        """Whether kernel `name` is among those this run tests."""
+        return self.only is None or name in self.only
+
     def variants(self, prefix: str) -> list[KernelSpec]:
-        """Registered kernels whose name starts with prefix and that this device can run."""
+        """Registered kernels whose name starts with prefix, that this device can run and
+        that this run tests."""
         return [spec for name, spec in sorted(KERNELS.items())
-                if name.startswith(prefix) and spec.runs_on(self.device.features)]
+                if name.startswith(prefix) and spec.runs_on(self.device.features) and self.uses(name)]
 
     def workgroups(self, wanted: int = 256, bytes_per_lane: int = 0) -> list[int]:
         """The WG values a layer-op golden test runs: the largest the device admits
@@ -124,32 +131,54 @@ class GoldenContext:
 
 GoldenFamily = Callable[[GoldenContext], Awaitable[list[GoldenResult]]]
 FAMILIES: dict[str, GoldenFamily] = {}
+FAMILY_KERNELS: dict[str, tuple[str, ...]] = {}     # family -> the kernels it tests (see covers)
 
 
-def golden(family: str) -> Callable[[GoldenFamily], GoldenFamily]:
+def golden(family: str, kernels: tuple[str, ...]) -> Callable[[GoldenFamily], GoldenFamily]:
+    """Register a family; `kernels` names the registry kernels it tests: exact names, or
+    prefixes ending in "_" ("matvec_" covers every matvec_* variant)."""
     def register(fn: GoldenFamily) -> GoldenFamily:
         if family in FAMILIES:
             raise ValueError(f"golden family {family!r} registered twice")
         FAMILIES[family] = fn
+        FAMILY_KERNELS[family] = kernels
         return fn
     return register
 
 
+def covers(family: str, name: str) -> bool:
+    """Whether golden family `family` tests registry kernel `name`."""
+    return any(name == k or (k.endswith("_") and name.startswith(k)) for k in FAMILY_KERNELS[family])
+
+
+def tested_kernels(report: dict) -> set[str]:
+    """The registry kernels a run_all report has results for (names as its labels spell them:
+    "matvec_q4_subgroup[ROWS=4,WG=64]", "attention_decode_f16[...] + attention_combine_f16")."""
+    words = {w for f in report["families"].values() for r in f["results"]
+             for w in re.split(r"[^A-Za-z0-9_]+", r["kernel"])}
+    return words & set(KERNELS)
+
+
 async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
-                  families: list[str] | None = None, on_family=None) -> dict:
+                  families: list[str] | None = None, on_family=None, kernels=None) -> dict:
     """Every registered family (or the named ones) on one device; a JSON-able report.
-    on_family(done, total) is called after each family."""
+    on_family(done, total) is called after each family. `kernels` (registry names): test only
+    those, in the families that cover any of them (admission passes the plan's kernels)."""
     from . import FAMILY_MODULES  # noqa: F401  (importing the package registers every family)
     if size not in ("quick", "full"):
         raise ValueError(f"size must be 'quick' or 'full', not {size!r}")
     unknown = sorted(set(families or ()) - set(FAMILIES))
     if unknown:
         raise ValueError(f"no golden family named {unknown}; known: {sorted(FAMILIES)}")
+    only = None if kernels is None else frozenset(kernels)
     report = {"size": size, "seed": seed, "families": {}}
-    names = families or sorted(FAMILIES)
+    names = [name for name in families or sorted(FAMILIES)
+             if only is None or any(covers(name, kernel) for kernel in only)]
+    if only is not None:
+        report["kernels"] = sorted(only)
     for done, name in enumerate(names, 1):
         started = time.perf_counter()
-        context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model)
+        context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only)
         results = await FAMILIES[name](context)
         report["families"][name] = {
             "seconds": round(time.perf_counter() - started, 3),

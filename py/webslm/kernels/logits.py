@@ -435,6 +435,7 @@ def _runs(ctx: GoldenContext) -> tuple[list, list]:
         else (False,)
     host = [(choose(device, "argmax", subgroups=sg), 1, None) for sg in subgroups]
     host += [(choose(device, "topk", k), k, None) for k in ((1, 40, 64) if ctx.quick else (1, 40, 64, 128, 256))]
+    host = [run for run in host if ctx.uses(run[0].partial)]
     if ctx.quick:
         return host, []
     ceiling = device.limits["maxComputeInvocationsPerWorkgroup"]
@@ -471,7 +472,7 @@ def _cases(ctx: GoldenContext, host: list, variants: list):
             yield f"{name} V={x.size}", x, argmax_runs + k64
 
 
-@golden("logits")
+@golden("logits", kernels=("logits_",))
 async def golden_logits(ctx: GoldenContext) -> list[GoldenResult]:
     host, variants = _runs(ctx)
     results = []

@@ -490,7 +490,7 @@ def _cases(ctx: GoldenContext):
                 yield f"real {name} {w.rows}x{w.cols} {w.encoding}", w, rng.standard_normal((1, w.cols)).astype(np.float32)
 
 
-@golden("matvec")
+@golden("matvec", kernels=("matvec_",))
 async def golden_matvec(ctx: GoldenContext) -> list[GoldenResult]:
     """Every case on the device's default choice (subgroup sums where admitted) and on the
     workgroup-memory reduction; the random cases also on every workgroup shape (full)."""
@@ -639,7 +639,7 @@ def _fused_cases(ctx: GoldenContext):
                             "swiglu", gate_up_row(gate, up, up_offset), up_offset=up_offset, y0=x)
 
 
-@golden("matvec_fused")
+@golden("matvec_fused", kernels=("matvec_",))
 async def golden_matvec_fused(ctx: GoldenContext) -> list[GoldenResult]:
     """The input modes "norm" and "swiglu" and ACCUMULATE on every case, with the device's
     workgroup choice on both reductions (subgroups where admitted); the random cases of two

@@ -183,7 +183,7 @@ def norm_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list[t
     return cases
 
 
-@golden("norm")
+@golden("norm", kernels=("rms_norm", "rms_norm_vec4", "rms_norm_residual", "rms_norm_residual_vec4"))
 async def golden_norm(ctx: GoldenContext) -> list[GoldenResult]:
     cases = norm_cases(ctx.rng, ctx.quick, ctx.model)
     results = []

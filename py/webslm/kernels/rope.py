@@ -187,7 +187,7 @@ def rope_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list[R
     return cases
 
 
-@golden("rope")
+@golden("rope", kernels=("rope",))
 async def golden_rope(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     sizes = ctx.workgroups()

@@ -328,7 +328,7 @@ def prior_cache(rng: np.random.Generator, layout: KvLayout, start: int, tokens: 
     return cache.view(DTYPES[layout.dtype])
 
 
-@golden("rope_kv")
+@golden("rope_kv", kernels=("rope_kv_append_",))
 async def golden_rope_kv(ctx: GoldenContext) -> list[GoldenResult]:
     """Both variants and both conventions on every case, at the host's workgroup (and 64, full)."""
     results = []

@@ -139,7 +139,7 @@ def swiglu_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list
     return cases
 
 
-@golden("swiglu")
+@golden("swiglu", kernels=("swiglu", "swiglu_vec4"))
 async def golden_swiglu(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     sizes = ctx.workgroups()

@@ -120,6 +120,9 @@ class NativeDevice(Device):
         self._lost_info: DeviceLost | None = None
         self._lost_waiters: list[asyncio.Future] = []
         self._encoded_ahead: dict[int, Any] = {}    # id(Recording) -> its next command buffer (run)
+        self._pending_map: Any = None               # (map promise, buffer) while a readback is awaited
+        self._last_run: int | None = None           # id() of the recording run last (run)
+        self._abandoned: list[Any] = []             # buffers left mid-map by destroy(), never freed
 
     # -- lifetime and errors ------------------------------------------------------------
     async def _wait_lost(self) -> DeviceLost:
@@ -148,9 +151,17 @@ class NativeDevice(Device):
     def destroy(self) -> None:
         if self._lost_info is not None:
             return
-        self._encoded_ahead.clear()
+        self._retire_ahead()
         self._device.destroy()
         self._lost_info = DeviceLost("destroyed", "device.destroy() was called")
+        if self._pending_map is not None:
+            # A readback in flight would wait forever (its callback comes from polling this
+            # device): reject it the way wgpu-native reports a failed map. Its buffer keeps a
+            # pending map that wgpu-native cannot destroy or release (it crashes): kept alive.
+            promise, buffer = self._pending_map
+            self._abandoned.append(buffer)
+            if getattr(promise, "_state", "pending") == "pending":     # else its result came first
+                promise._wgpu_set_error(RuntimeError("the device was destroyed during a readback"))
         for waiter in self._lost_waiters:
             if not waiter.done():
                 waiter.set_result(self._lost_info)
@@ -206,17 +217,24 @@ class NativeDevice(Device):
         if isinstance(buffer, Invalid) or self._lost_info is not None:
             raise RuntimeError("read_mapped: the device is lost or the buffer invalid")
         promise = buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
-        if self.blocking_readback:
-            promise.sync_wait()       # the poll thread's event, without a hop through the event loop
-        else:
-            await promise
+        self._pending_map = (promise, buffer)     # destroy() fails it: nothing polls a destroyed device
         try:
+            if self.blocking_readback:
+                promise.sync_wait()       # the poll thread's event, without a hop through the event loop
+            else:
+                await promise
+        finally:
+            self._pending_map = None
+        try:
+            if self._lost_info is not None:
+                raise RuntimeError("read_mapped: the device was lost during the readback")
             return bytes(buffer.read_mapped(int(offset), int(size)))
         finally:
             buffer.unmap()
 
     def destroy_buffer(self, buffer: Any) -> None:
-        if not isinstance(buffer, Invalid):
+        self._retire_ahead()              # a session's teardown starts with its buffers
+        if not isinstance(buffer, Invalid) and not any(buffer is b for b in self._abandoned):
             buffer.destroy()
 
     # -- programs ----------------------------------------------------------------------
@@ -259,8 +277,8 @@ class NativeDevice(Device):
         dispatch: wgpu-py's wrappers cost ~12 us a dispatch in Python (measured on lavapipe,
         425 dispatches: 5.2 ms per decode step), more than an H200 spends running them."""
         dispatches, copies = tuple(dispatches), tuple(copies)
-        objects = [o for d in dispatches for o in (d.pipeline, *d.bind_groups)]
-        if any(isinstance(o, Invalid) or len(d.bind_groups) != 1 for d in dispatches for o in objects[:1]):
+        if any(len(d.bind_groups) != 1 or isinstance(d.pipeline, Invalid) or isinstance(d.bind_groups[0], Invalid)
+               for d in dispatches):
             return Recording(dispatches, copies)          # the checked path reports the problem
         handles = [(d.pipeline._internal, d.bind_groups[0]._internal, *d.grid) for d in dispatches]
         return Recording(dispatches, copies, handles)
@@ -274,12 +292,26 @@ class NativeDevice(Device):
         if recording.handle is None:
             self.submit(recording.dispatches, recording.copies)
         else:
-            ahead = self._encoded_ahead.pop(id(recording), None)
-            self._encoded_ahead.clear()
+            key = id(recording)
+            ahead = self._encoded_ahead.pop(key, None)
             self._call("submit", lambda: self._device.queue.submit([ahead or self._encode(recording)]))
-            if self._lost_info is None:
-                self._encoded_ahead[id(recording)] = self._call("encode", self._encode, recording)
+            # Encode ahead only a step that repeats (one with a readback, run twice in a row:
+            # decode), and keep it for its recording until it runs: wgpu-native never frees a
+            # command buffer dropped unsubmitted (~25 MB each on lavapipe), so teardown submits
+            # what is left (_retire_ahead) and a prefill chunk is never encoded ahead.
+            if read is not None and key == self._last_run and self._lost_info is None:
+                self._encoded_ahead[key] = self._call("encode", self._encode, recording)
+            self._last_run = key
         return None if read is None else await self.read_mapped(*read)
+
+    def _retire_ahead(self) -> None:
+        """At teardown: submit the command buffers encoded ahead and never run (their results
+        are never read), so that wgpu-native frees them; a lost device, or one with a readback
+        in flight, just drops them."""
+        waiting, self._encoded_ahead = list(self._encoded_ahead.values()), {}
+        # Not while a readback maps its buffer (the step copies into it: wgpu-native aborts).
+        if waiting and self._lost_info is None and self._pending_map is None:
+            self._call("submit", lambda: self._device.queue.submit(waiting))
 
     def _encode(self, recording: Recording):
         from wgpu.backends.wgpu_native._ffi import ffi, lib
