@@ -103,10 +103,12 @@ class AdmittedGpuSession:
     kernels: dict = dataclasses.field(default_factory=dict)   # (name, sorted overrides) -> the same kernels
 
     def destroy(self) -> None:
+        # The device first: it runs down what the session queued (natively, steps encoded ahead
+        # are submitted, not dropped) while its buffers still exist; destroying it destroys them.
+        self.device.destroy()
         for buffer in self.buffers.values():
             self.device.destroy_buffer(buffer)
         self.buffers.clear()
-        self.device.destroy()
 
 
 _epochs = iter(range(1, 1 << 62))

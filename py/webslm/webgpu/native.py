@@ -233,7 +233,8 @@ class NativeDevice(Device):
             buffer.unmap()
 
     def destroy_buffer(self, buffer: Any) -> None:
-        self._retire_ahead()              # a session's teardown starts with its buffers
+        if self._lost_info is not None:   # destroying the device destroyed its buffers
+            return
         if not isinstance(buffer, Invalid) and not any(buffer is b for b in self._abandoned):
             buffer.destroy()
 
@@ -297,7 +298,7 @@ class NativeDevice(Device):
             self._call("submit", lambda: self._device.queue.submit([ahead or self._encode(recording)]))
             # Encode ahead only a step that repeats (one with a readback, run twice in a row:
             # decode), and keep it for its recording until it runs: wgpu-native never frees a
-            # command buffer dropped unsubmitted (~25 MB each on lavapipe), so teardown submits
+            # command buffer dropped unsubmitted (~25 MB each on lavapipe), so destroy() submits
             # what is left (_retire_ahead) and a prefill chunk is never encoded ahead.
             if read is not None and key == self._last_run and self._lost_info is None:
                 self._encoded_ahead[key] = self._call("encode", self._encode, recording)
