@@ -156,6 +156,31 @@ async def _logits(gpu, model, fusions) -> tuple[list[np.ndarray], int]:
 _REFERENCE: dict = {}      # the reference program's logits, computed once for every rule
 
 
+def test_long_attention_fused_computes_what_the_reference_does(native_gpu, stacked_model, run):
+    """Past the single-pass length (256 keys) decode attention splits the context and adds the
+    combine pass; the fused RoPE + KV + attention kernel (every rule) then runs with the
+    combine of attention's own layout. Prefill 270 tokens, decode 4: the same logits as the
+    reference program within FUSED_TOLERANCE, across the 256-key boundary."""
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, stacked_model.architecture.vocab, 254)]
+
+    async def logits(fusions):
+        session = await admit(native_gpu, stacked_model, AdmissionPolicy(fusions=fusions))
+        backend = await GpuBackend.build(session, stacked_model)
+        try:
+            assert backend.capacity > 256 + 4 and backend.forward.decode_combine_grid is not None
+            rows = [(await backend.prefill(prompt, Want("full"))).logits]
+            for _ in range(DECODE_STEPS):
+                rows.append((await backend.decode_one(int(np.argmax(rows[-1])), Want("full"))).logits)
+            assert not backend.forward.single_pass_at(backend.position - 1)     # the last steps were long
+            return rows
+        finally:
+            backend.release()
+
+    for want, got in zip(run(logits(())), run(logits(ALL))):
+        error = float(np.abs(got - want).max()) / float(np.abs(want).max())
+        assert error <= FUSED_TOLERANCE, error
+
+
 @pytest.mark.parametrize("rules", [ALL[:k + 1] for k in range(len(ALL))] + [("swiglu-into-down",)],
                          ids=[f"+{r}" for r in ALL] + ["swiglu-into-down alone"])
 def test_a_fusion_computes_what_the_reference_does(native_gpu, stacked_model, run, rules):
