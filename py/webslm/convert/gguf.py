@@ -7,13 +7,13 @@ Reading is the `gguf` package's (GGUFReader, gguf.quants); nothing here parses G
 Tensors. GGUF stores a matrix as ne = [cols, rows] and its rows as a run of blocks; ours are
 [rows, cols] with the block fields split into parts (docs/slm-format.md). Without `quant`:
     F32 -> f32, F16 -> f16                       copied
-    Q8_0 -> q8  (32-blocks, f16 scales)          d | qs[32]        -> codes, scales
-    Q4_0 -> q4 zero "offset"                     d | qs[16]        -> codes, scales
-    Q4_1 -> q4 zero "min"                        d | m | qs[16]    -> codes, scales, mins
+    Q8_0 -> q8  (32-blocks, f16 scales)          Q5_0 -> q5 zero "offset"   Q5_1 -> q5 zero "min"
+    Q4_0 -> q4 zero "offset"                     Q4_K -> q4k    Q5_K -> q5k    Q6_K -> q6k
+    Q4_1 -> q4 zero "min"
     anything else                                ConversionError (pass `quant` to requantize)
-GGUF's Q4 byte j of a block holds element j (low nibble) and j+16 (high nibble); ours holds
-elements 2j, 2j+1 (low first), so the nibbles are reordered: a lossless permutation, and the
-decoders (ours and gguf.quants) compute the same f32 expression, so values are bit-identical.
+gguf_blocks.py splits each block's fields into the parts (a lossless permutation of bits:
+codes go to element order, K-quant six-bit sub-scales to one byte each), and the decoders
+(ours and gguf.quants) compute the same f32 expressions, so values are bit-identical.
 
 With `quant` (q4|q8|f16|f32) every 2-D matrix is encoded that way: a source already in exactly
 that encoding (Q4_0/Q4_1 for q4 or Q8_0 for q8 at group 32, F16 for f16, F32 for f32) is
@@ -44,6 +44,7 @@ from ..artifact import format as fmt
 from ..artifact import quant as q
 from ..artifact.writer import TensorRecord, quant_descriptor, write_slm
 from . import ConversionError, ConversionReport
+from .gguf_blocks import LOSSLESS, split_blocks
 
 try:
     import gguf
@@ -70,8 +71,8 @@ GENERATION = {"temperature": 0.2, "top_p": 0.9, "top_k": 50, "min_p": 0.0,
 
 QUANT_CHOICES = ("q4", "q8", "f16", "f32")
 DEFAULT_GROUP = 32
-# GGUF types with an exact .slm encoding, and that encoding.
-LOSSLESS_TARGET = {GT.F32: "f32", GT.F16: "f16", GT.Q8_0: "q8", GT.Q4_0: "q4", GT.Q4_1: "q4"}
+# GGUF types with an exact .slm encoding, and that encoding (gguf_blocks.py repacks the blocks).
+LOSSLESS_TARGET = {GT.F32: "f32", GT.F16: "f16", **{t: enc for t, (enc, *_) in LOSSLESS.items()}}
 GGUF_BLOCK = 32                      # elements per Q8_0 / Q4_0 / Q4_1 block
 
 _MISSING = object()
@@ -325,7 +326,7 @@ def _convert_tensor(name, tensor, shape, arch, permuted, quant, group):
         raise ConversionError(f"tensor {tensor.name} has GGUF type {qtype.name}, which has no lossless "
                               ".slm encoding: requantize it with quant='q4', 'q8', 'f16' or 'f32' "
                               "(CLI: --quant)")
-    if LOSSLESS_TARGET.get(qtype) == target and (target in ("f16", "f32") or group == GGUF_BLOCK):
+    if LOSSLESS_TARGET.get(qtype) == target and (target in ("f16", "f32") or quant is None or group == GGUF_BLOCK):
         return _repack(name, shape, qtype, raw), None
     return _requantize(name, shape, qtype, raw, target, group)
 
@@ -358,26 +359,19 @@ def _permuted_heads(name: str, arch: dict) -> int | None:
 
 
 def _repack(name: str, shape, qtype, raw: np.ndarray) -> TensorRecord:
-    """GGUF F32/F16/Q8_0/Q4_0/Q4_1 rows -> our parts, byte for byte the same numbers."""
+    """GGUF rows of a lossless type -> our parts, byte for byte the same numbers."""
     rows, cols = shape
     if qtype == GT.F32:
         return TensorRecord(name, shape, "f32", None, q.encode_f32(raw))
     if qtype == GT.F16:
         return TensorRecord(name, shape, "f16", None, q.encode_f16(raw))
-    nblocks = cols // GGUF_BLOCK
-    blocks = raw.reshape(rows, nblocks, -1)                # [rows][blocks][block bytes]
-    if qtype == GT.Q8_0:                                   # d f16 | qs int8[32]
-        parts = {"codes": blocks[:, :, 2:].tobytes(), "scales": blocks[:, :, :2].tobytes()}
-        return TensorRecord(name, shape, "q8", quant_descriptor("q8", cols, GGUF_BLOCK, "none"), parts)
-    with_min = qtype == GT.Q4_1                            # d f16 | (m f16) | qs u8[16]
-    qs = blocks[:, :, 4 if with_min else 2:]
-    # GGUF: byte j = element j (low) | element j+16 (high) -> codes in element order
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)
-    parts = {"codes": q.pack_nibbles(codes).tobytes(), "scales": blocks[:, :, :2].tobytes()}
-    if with_min:
-        parts["mins"] = blocks[:, :, 2:4].tobytes()
-    zero = "min" if with_min else "offset"
-    return TensorRecord(name, shape, "q4", quant_descriptor("q4", cols, GGUF_BLOCK, zero), parts)
+    encoding, zero, parts = split_blocks(qtype, raw.view(np.uint8))
+    for side in ("scales", "mins"):            # f16 NaN/inf scales: the validator would refuse the file
+        if side in parts and not np.isfinite(np.frombuffer(parts[side], "<f2")).all():
+            raise ConversionError(f"tensor {name}: a {qtype.name} block has a NaN or infinite "
+                                  f"{'scale' if side == 'scales' else 'min'}")
+    block = LOSSLESS[qtype][2]
+    return TensorRecord(name, shape, encoding, quant_descriptor(encoding, cols, block, zero), parts)
 
 
 def _requantize(name: str, shape, qtype, raw: np.ndarray, target: str, group: int):
@@ -386,17 +380,21 @@ def _requantize(name: str, shape, qtype, raw: np.ndarray, target: str, group: in
         values = gguf.quants.dequantize(raw, qtype).reshape(shape)
     except NotImplementedError:
         raise ConversionError(f"tensor {name}: gguf cannot dequantize type {qtype.name}") from None
-    if target == "f32":
-        record = TensorRecord(name, shape, "f32", None, q.encode_f32(values))
-    elif target == "f16":
-        record = TensorRecord(name, shape, "f16", None, q.encode_f16(values))
-    elif target == "q8":
-        record = TensorRecord(name, shape, "q8", quant_descriptor("q8", shape[1], group, "none"),
-                              q.quantize_q8(values, group))
-    else:
-        record = TensorRecord(name, shape, "q4", quant_descriptor("q4", shape[1], group, "min"),
-                              q.quantize_q4(values, group, zero="min"))
-    decoded = q.dequantize(record.encoding, shape, record.quant, record.parts)
+    with np.errstate(over="ignore", invalid="ignore"):       # overflow is reported just below
+        if target == "f32":
+            record = TensorRecord(name, shape, "f32", None, q.encode_f32(values))
+        elif target == "f16":
+            record = TensorRecord(name, shape, "f16", None, q.encode_f16(values))
+        elif target == "q8":
+            record = TensorRecord(name, shape, "q8", quant_descriptor("q8", shape[1], group, "none"),
+                                  q.quantize_q8(values, group))
+        else:
+            record = TensorRecord(name, shape, "q4", quant_descriptor("q4", shape[1], group, "min"),
+                                  q.quantize_q4(values, group, zero="min"))
+        decoded = q.dequantize(record.encoding, shape, record.quant, record.parts)
+    if not np.isfinite(decoded).all():
+        raise ConversionError(f"tensor {name}: its values (up to {float(np.abs(values).max()):.6g}) overflow "
+                              f"{target}'s f16 scales or values; requantize with quant='f32'")
     return record, float(np.max(np.abs(decoded - values)))
 
 
