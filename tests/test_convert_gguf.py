@@ -131,7 +131,7 @@ def test_manifest_states_the_model(smollm, smollm_gguf):
         "hidden": 576, "ffn": 1536, "vocab": 49152, "context_length": 8192, "norm_eps": 1e-05,
         "tied_output": True, "qkv_bias": False,
         "rope": {"base": 100000.0, "rotary_dim": 64, "convention": "rotate-half",
-                 "position_offset": 0, "scaling": None}}
+                 "position_offset": 0, "scaling": None}, "gemma3": None}
     tok = m.tokenizer
     assert (tok["model"], tok["byte_level"], tok["byte_fallback"], tok["pre_tokenizer"]) == \
         ("bpe", True, False, "smollm")

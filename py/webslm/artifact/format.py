@@ -23,7 +23,7 @@ MAX_MANIFEST_BYTES = 64 << 20
 MAX_TABLE_BYTES = 16 << 20
 MAX_FILE_BYTES = 16 << 30
 MAX_DIMENSION = 1 << 24
-MAX_LAYERS = 4096                 # keeps the required tensor set (12 per layer) within MAX_TENSORS
+MAX_LAYERS = 4096                 # keeps the required tensor set (at most 16 per layer) within MAX_TENSORS
 MAX_TENSORS = 1 << 16
 
 FORMAT_NAME = "webslm.slm"
@@ -124,4 +124,7 @@ def required_tensors(arch: dict) -> dict[str, tuple[int, ...]]:
         if arch["qkv_bias"]:
             shapes.update({p + "attn_q.bias": (heads * hd,), p + "attn_k.bias": (kv * hd,),
                            p + "attn_v.bias": (kv * hd,)})
+        if arch.get("family") == "gemma3":      # per-head q/k norms, norms after attention and FFN
+            shapes.update({p + "attn_q_norm": (hd,), p + "attn_k_norm": (hd,),
+                           p + "post_attention_norm": (hidden,), p + "post_ffw_norm": (hidden,)})
     return shapes

@@ -17,6 +17,18 @@ class Rope:
 
 
 @dataclasses.dataclass(frozen=True)
+class Gemma3:
+    """What family "gemma3" adds to the llama block (docs/slm-format.md)."""
+    embedding_scale: float     # embedding rows are multiplied by this (sqrt(hidden))
+    norm_weight_offset: float  # every RMSNorm multiplies by (offset + weight): 0.0 or 1.0
+    activation: str            # "gelu-tanh": the FFN is down(gelu_tanh(gate x) * up x)
+    attention_scale: float     # scores = (q . k) * attention_scale
+    sliding_window: int        # a "sliding" layer's query sees the last sliding_window positions
+    layer_types: tuple[str, ...]   # per layer: "sliding" | "full"
+    local_rope_base: float     # RoPE base of "sliding" layers ("full" layers: rope.base)
+
+
+@dataclasses.dataclass(frozen=True)
 class Architecture:
     family: str
     n_layers: int
@@ -31,6 +43,7 @@ class Architecture:
     tied_output: bool
     qkv_bias: bool
     rope: Rope
+    gemma3: Gemma3 | None = None   # family "gemma3" only
 
     @property
     def group_size(self) -> int:
