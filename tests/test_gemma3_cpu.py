@@ -10,67 +10,25 @@ the real 270M does not at small sizes: a sliding window of 8 inside 24-position 
 """
 from __future__ import annotations
 
-import hashlib
 import random
 
 import numpy as np
 import pytest
 
+import gemma3_model
 import slm_surgery as surgery
+from gemma3_model import (ADDED, ARCHITECTURE, LAYER_TYPES, QUERY_PRE_ATTN_SCALAR, SPECIALS, TOKENS,
+                          tokenizer_section)
 from webslm.artifact import ArtifactError, Validator, validate_bytes
 from webslm.artifact import format as fmt
 from webslm.artifact.errors import CODES
-from webslm.artifact.quant import encode_f32
-from webslm.artifact.writer import TensorRecord, write_slm
-from webslm.convert.gguf_tokenizer import GEMMA3_CHAT_TEMPLATE, merges_from_vocabulary
+from webslm.convert.gguf_tokenizer import merges_from_vocabulary
 from webslm.semantic.tokenizer import Tokenizer
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-LAYER_TYPES = ["sliding", "full", "sliding"]
-QUERY_PRE_ATTN_SCALAR = 24
-ARCHITECTURE = {
-    "family": "gemma3", "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32,
-    "hidden": 64, "ffn": 96, "vocab": 300, "context_length": 64, "norm_eps": 1e-06,
-    "tied_output": True, "qkv_bias": False,
-    "rope": {"base": 1000000.0, "rotary_dim": 32, "convention": "rotate-half", "position_offset": 0,
-             "scaling": None},
-    "gemma3": {"embedding_scale": 64 ** 0.5, "norm_weight_offset": 1.0, "activation": "gelu-tanh",
-               "attention_scale": QUERY_PRE_ATTN_SCALAR ** -0.5, "sliding_window": 8,
-               "layer_types": LAYER_TYPES, "local_rope_base": 10000.0},
-}
 ATOL = 2e-5               # f32 numpy vs f32 torch on this model (|logits| ~ 3)
-
-# A small SentencePiece vocabulary: specials, Gemma-style added tokens, the 256 byte tokens,
-# and a few pieces whose merges merges_from_vocabulary recovers.
-SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
-ADDED = ["\n", "\n\n", "\t"]
-PIECES = ["\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "bc", "abc", "\u2581\u2581", "ca", "\u2581c", "cab"]
-TOKENS = SPECIALS + ADDED + [f"<0x{b:02X}>" for b in range(256)] + PIECES
-
-
-def tokenizer_section() -> dict:
-    return {
-        "model": "bpe", "byte_level": False, "byte_fallback": True, "pre_tokenizer": "gemma",
-        "tokens": TOKENS, "merges": merges_from_vocabulary(TOKENS),
-        "special_tokens": [{"id": i, "content": t} for i, t in enumerate(SPECIALS)],
-        "added_tokens": [{"id": TOKENS.index(t), "content": t} for t in ADDED],
-        "bos_id": 2, "eos_ids": [1, 5], "pad_id": 0, "unk_id": 3, "add_bos": True, "add_eos": False,
-    }
-
-
-def manifest() -> dict:
-    return {
-        "format": fmt.FORMAT_NAME, "version": fmt.VERSION, "architecture": ARCHITECTURE,
-        "tokenizer": tokenizer_section(),
-        "chat_template": {"format": "jinja", "template": GEMMA3_CHAT_TEMPLATE},
-        "generation": {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.0,
-                       "repetition_penalty": 1.0, "max_new_tokens": 32},
-        "source": {"format": "fixture", "file": "tests/test_gemma3_cpu.py",
-                   "sha256": hashlib.sha256(b"tiny gemma3 v1").hexdigest(), "converter": "tests",
-                   "notes": ["transformers' random Gemma3 init; not a language model"]},
-    }
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +68,8 @@ def tiny_slm(hf_model, tmp_path_factory) -> bytes:
     for i in range(ARCHITECTURE["n_layers"]):
         for hf, name in HF_NAMES.items():
             ours[f"blk.{i}.{name}"] = state[f"model.layers.{i}.{hf}.weight"]
-    records = [TensorRecord(name, shape, "f32", None, encode_f32(ours[name].reshape(-1, shape[-1])))
-               for name, shape in fmt.required_tensors(ARCHITECTURE).items()]
     path = tmp_path_factory.mktemp("tiny_gemma3") / "g.slm"
-    write_slm(path, manifest(), records)
+    gemma3_model.write(path, ours)
     return path.read_bytes()
 
 
