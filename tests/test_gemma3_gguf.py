@@ -243,3 +243,22 @@ def test_cpu_greedy_continuations_equal_transformers(model, cpu, hf_model):
             logits = cpu.decode_one(token)
     print(f"{compared} greedy tokens equal over {len(prompts)} prompts, {near_ties} near ties")
     assert len(prompts) >= 10 and compared >= (len(prompts) - near_ties) * NEW_TOKENS
+
+
+def test_cli_generate_greedy_on_the_cpu_equals_transformers(converted, model, hf_model, capsys):
+    """`webslm generate --model g.slm --greedy --backend cpu`: the whole engine (sampler,
+    ledger, stream decoding) gives transformers' greedy ids and text."""
+    import json
+    import torch
+    from webslm.cli import main
+    prompt = PROMPTS[0]
+    assert main(["generate", "--model", str(converted), "--prompt", prompt, "--greedy", "--backend", "cpu",
+                 "--max-tokens", str(NEW_TOKENS), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    ids = model.tokenizer.encode(prompt)
+    with torch.no_grad():
+        want = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    assert result["prompt_ids"] == ids and result["backend"] == "cpu"
+    assert result["token_ids"] == want
+    assert result["text"] == model.tokenizer.decode(want, skip_special=True)

@@ -305,7 +305,7 @@ def _check_values(data: bytearray, infos: list[TensorInfo]) -> None:
             if side in parts and not np.isfinite(np.frombuffer(parts[side], dtype)).all():
                 raise ArtifactError("non-finite", f"{info.name}.{side}", "contains NaN or infinity")
         for side, kind in (("sub_scales", q.sub_scale_type), ("sub_mins", q.sub_min_type)):
-            # u6 values are 6-bit fields GGUF packs 12 to 12 bytes: a larger one has no GGUF form
+            # u6 values are 6-bit fields (GGUF packs 16 of them in 12 bytes): a larger one has no GGUF form
             if kind == "u6" and np.frombuffer(parts[side], np.uint8).max(initial=0) > 63:
                 raise ArtifactError("out-of-range", f"{info.name}.{side}", "u6 values must be 0..63")
         padded = q.blocks_per_row * q.block_elements
