@@ -47,7 +47,8 @@ def test_fixture_is_valid_and_roundtrips_through_surgery(fixture_slm):
     model = validate_bytes(fixture_slm)
     assert surgery.join(surgery.split(fixture_slm)) == fixture_slm
     kinds = {(i.encoding, i.quant.zero if i.quant else "none") for i in model.manifest.tensors.values()}
-    assert kinds == set(fmt.PARTS), "the fixture must hold every tensor kind"
+    # q5 and the super-block kinds have their own model and corpus: tests/test_kquant.py
+    assert kinds == {k for k in fmt.PARTS if k[0] in ("f32", "f16", "q8", "q4")}, "the fixture must hold every tensor kind"
 
 
 # -- header and framing --------------------------------------------------------------------
@@ -278,6 +279,18 @@ def test_non_finite(fixture_slm, kind):
             offset = e["parts"]["data"][0]
             p.payload[offset:offset + 4] = struct.pack("<f", float("inf"))
     expect("non-finite", mutated(fixture_slm, change))
+
+
+def test_out_of_range_sub_scale(tmp_path):
+    """u6 sub-scales above 63 (the fixture has none: a model of random GGUF K blocks does;
+    tests/test_kquant.py has the corpus of every q5 and super-block field)."""
+    kquant_model = pytest.importorskip("kquant_model")
+    kquant_model.kquant_slm(tmp_path / "k.slm")
+
+    def change(p):
+        e = first(p, lambda e: e["encoding"] == "q4k")
+        p.payload[e["parts"]["sub_mins"][0]] = 0x40
+    expect("out-of-range", mutated((tmp_path / "k.slm").read_bytes(), change))
 
 
 def test_every_code_has_a_case():

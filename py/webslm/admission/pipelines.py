@@ -19,12 +19,22 @@ from ..kernels.registry import compile_kernel
 KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 32768, "maxComputeInvocationsPerWorkgroup": 256,
                  "maxComputeWorkgroupSizeX": 256}
 
+# Encodings the GPU kernels read. q5 and the super-block encodings (q4k, q5k, q6k) are valid
+# artifacts the CPU path runs; admission refuses them here until their kernels exist.
+GPU_ENCODINGS = ("f32", "f16", "q8", "q4")
+
 
 def unsupported(manifest) -> str | None:
     """Why the GPU forward pass (backends/gpu/forward.py) cannot run this model, or None.
-    Its layer kernels take f32 norm weights and add no projection biases; such a model is
-    served by the CPU path, which supports the whole format."""
+    It computes the llama block from GPU_ENCODINGS, with f32 norm weights and no projection
+    biases; any other model is served by the CPU path, which supports the whole format."""
     a = manifest.architecture
+    if a.family != "llama":
+        return f"the GPU forward pass computes the llama block only, not {a.family!r}"
+    for name, info in manifest.tensors.items():
+        if info.encoding not in GPU_ENCODINGS:
+            return (f"{name} is stored as {info.encoding}, which has no GPU kernels yet "
+                    f"(the GPU reads {', '.join(GPU_ENCODINGS)})")
     if a.qkv_bias:
         return "the model has q/k/v projection biases, which the GPU forward pass does not add"
     for name, info in manifest.tensors.items():

@@ -60,7 +60,8 @@ LIMIT_STEPS = (
     ("maxComputeInvocationsPerWorkgroup", "inv", (128, 256, 512, 1024)),
 )
 
-MODEL_ENCODINGS = ("q4", "q8", "f16", "f32")    # the order they appear in a layout profile
+# the order they appear in a layout profile; the CPU-only ones last, so older profiles read the same
+MODEL_ENCODINGS = ("q4", "q8", "f16", "f32", "q5", "q4k", "q5k", "q6k")
 
 
 class ReceiptPrivacyError(CodedError):

@@ -36,4 +36,5 @@ CODES = {
     "bad-tail": "the padding codes of a partial last block are not zero",
     "tensor-hash": "a tensor's sha256 does not match its bytes",
     "non-finite": "a scale, min or float weight is NaN or infinite",
+    "out-of-range": "a stored integer field holds a value outside its declared range (u6 sub-scales)",
 }

@@ -23,11 +23,11 @@ MAX_MANIFEST_BYTES = 64 << 20
 MAX_TABLE_BYTES = 16 << 20
 MAX_FILE_BYTES = 16 << 30
 MAX_DIMENSION = 1 << 24
-MAX_LAYERS = 4096                 # keeps the required tensor set (12 per layer) within MAX_TENSORS
+MAX_LAYERS = 4096                 # keeps the required tensor set (at most 16 per layer) within MAX_TENSORS
 MAX_TENSORS = 1 << 16
 
 FORMAT_NAME = "webslm.slm"
-ENCODINGS = ("f32", "f16", "q8", "q4")
+ENCODINGS = ("f32", "f16", "q8", "q4", "q5", "q4k", "q5k", "q6k")
 BLOCK_ELEMENTS = (32, 64, 128, 256)
 ROPE_CONVENTIONS = ("rotate-half", "adjacent-pair")
 
@@ -38,8 +38,26 @@ PARTS = {
     ("q8", "none"): ("codes", "scales"),
     ("q4", "offset"): ("codes", "scales"),
     ("q4", "min"): ("codes", "scales", "mins"),
+    ("q5", "offset"): ("codes", "high_bits", "scales"),
+    ("q5", "min"): ("codes", "high_bits", "scales", "mins"),
+    ("q4k", "scaled-min"): ("codes", "scales", "mins", "sub_scales", "sub_mins"),
+    ("q5k", "scaled-min"): ("codes", "high_bits", "scales", "mins", "sub_scales", "sub_mins"),
+    ("q6k", "offset"): ("codes", "high_bits", "scales", "sub_scales"),
 }
 ZERO_OFFSET_Q4 = 8                # q4 "offset": value = scale * (code - 8)
+ZERO_OFFSETS = {"q4": 8, "q5": 16, "q6k": 32}   # "offset" zero: value uses (code - offset)
+
+# Bits per code. Codes wider than 4 bits store their low 4 bits as nibbles (part "codes",
+# like q4) and the bits above in a separate "high_bits" part.
+CODE_BITS = {"q8": 8, "q4": 4, "q5": 5, "q4k": 4, "q5k": 5, "q6k": 6}
+
+# Super-block encodings (GGUF's K-quants): blocks of 256 elements, each cut into sub-blocks
+# with their own small integer scale (and min) that multiply the super-block's f16 scale.
+SUPER_BLOCK_ELEMENTS = 256
+SUB_BLOCK_ELEMENTS = {"q4k": 32, "q5k": 32, "q6k": 16}
+SUB_SCALE_TYPES = {"q4k": "u6", "q5k": "u6", "q6k": "i8"}   # u6: 0..63 held in a u8
+# Encodings whose rows hold whole blocks only (no partial last block): GGUF's own rule for them.
+WHOLE_BLOCKS = ("q5", "q4k", "q5k", "q6k")
 
 
 def align_up(value: int, alignment: int) -> int:
@@ -62,19 +80,25 @@ def row_stride(encoding: str, cols: int, block_elements: int | None) -> int:
     if encoding == "f16":
         return align_up(cols * 2, 4)
     padded = blocks_per_row(cols, block_elements) * block_elements
-    return padded if encoding == "q8" else padded // 2
+    return padded if encoding == "q8" else padded // 2     # the others: one nibble per code
 
 
 def part_lengths(encoding: str, zero: str, rows: int, cols: int, block_elements: int | None,
                  scale_bytes: int = 2) -> dict[str, int]:
-    """Exact byte length of each part of a [rows, cols] tensor."""
-    lengths = {"data" if encoding in ("f32", "f16") else "codes": rows * row_stride(encoding, cols, block_elements)}
-    if encoding in ("q8", "q4"):
-        side = rows * blocks_per_row(cols, block_elements) * scale_bytes
-        lengths["scales"] = side
-        if zero == "min":
-            lengths["mins"] = side
-    return lengths
+    """Exact byte length of each part of a [rows, cols] tensor, in file order."""
+    if encoding in ("f32", "f16"):
+        return {"data": rows * row_stride(encoding, cols, block_elements)}
+    blocks = rows * blocks_per_row(cols, block_elements)
+    padded = blocks * block_elements                       # elements of all rows, padding included
+    sizes = {
+        "codes": rows * row_stride(encoding, cols, block_elements),
+        "high_bits": padded * (CODE_BITS[encoding] - 4) // 8,
+        "scales": blocks * scale_bytes,
+        "mins": blocks * scale_bytes,
+        "sub_scales": blocks * (block_elements // SUB_BLOCK_ELEMENTS.get(encoding, block_elements)),
+    }
+    sizes["sub_mins"] = sizes["sub_scales"]
+    return {part: sizes[part] for part in PARTS[(encoding, zero)]}
 
 
 def required_tensors(arch: dict) -> dict[str, tuple[int, ...]]:
@@ -100,4 +124,7 @@ def required_tensors(arch: dict) -> dict[str, tuple[int, ...]]:
         if arch["qkv_bias"]:
             shapes.update({p + "attn_q.bias": (heads * hd,), p + "attn_k.bias": (kv * hd,),
                            p + "attn_v.bias": (kv * hd,)})
+        if arch.get("family") == "gemma3":      # per-head q/k norms, norms after attention and FFN
+            shapes.update({p + "attn_q_norm": (hd,), p + "attn_k_norm": (hd,),
+                           p + "post_attention_norm": (hidden,), p + "post_ffw_norm": (hidden,)})
     return shapes

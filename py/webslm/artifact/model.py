@@ -17,6 +17,18 @@ class Rope:
 
 
 @dataclasses.dataclass(frozen=True)
+class Gemma3:
+    """What family "gemma3" adds to the llama block (docs/slm-format.md)."""
+    embedding_scale: float     # embedding rows are multiplied by this (sqrt(hidden))
+    norm_weight_offset: float  # every RMSNorm multiplies by (offset + weight): 0.0 or 1.0
+    activation: str            # "gelu-tanh": the FFN is down(gelu_tanh(gate x) * up x)
+    attention_scale: float     # scores = (q . k) * attention_scale
+    sliding_window: int        # a "sliding" layer's query sees the last sliding_window positions
+    layer_types: tuple[str, ...]   # per layer: "sliding" | "full"
+    local_rope_base: float     # RoPE base of "sliding" layers ("full" layers: rope.base)
+
+
+@dataclasses.dataclass(frozen=True)
 class Architecture:
     family: str
     n_layers: int
@@ -31,6 +43,7 @@ class Architecture:
     tied_output: bool
     qkv_bias: bool
     rope: Rope
+    gemma3: Gemma3 | None = None   # family "gemma3" only
 
     @property
     def group_size(self) -> int:
@@ -45,11 +58,15 @@ class QuantDescriptor:
     tail_elements: int
     scale_type: str
     scale_layout: str
-    zero: str                  # "none" | "offset" | "min"
+    zero: str                  # "none" | "offset" | "min" | "scaled-min"
     zero_offset: int | None
     min_type: str | None
     code_signedness: str
     nibble_order: str | None
+    # super-block encodings (q4k, q5k, q6k) only; None for the others
+    sub_block_elements: int | None = None
+    sub_scale_type: str | None = None   # "u6" (0..63 in a u8) | "i8"
+    sub_min_type: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +142,9 @@ class ValidatedModel:
     def tensor_arrays(self, name: str) -> dict:
         """{part: read-only numpy view} shaped as the format lays it out (no copy):
         data [rows, row_stride / itemsize] f32|f16; codes [rows, row_stride] int8 (q8) or
-        uint8 (q4, two codes per byte); scales, mins [rows, blocks_per_row] f16|f32."""
+        uint8 (the others: two codes' low 4 bits per byte); high_bits [rows, -1] uint8;
+        scales, mins [rows, blocks_per_row] f16|f32; sub_scales, sub_mins
+        [rows, blocks_per_row * sub-blocks] uint8 (u6) or int8 (i8)."""
         import numpy as np
         info = self.manifest.tensors[name]
         rows, arrays = info.rows, {}
@@ -134,6 +153,11 @@ class ValidatedModel:
                 dtype = np.dtype("<f4" if info.encoding == "f32" else "<f2")
             elif part == "codes":
                 dtype = np.dtype(np.int8 if info.encoding == "q8" else np.uint8)
+            elif part == "high_bits":
+                dtype = np.dtype(np.uint8)
+            elif part in ("sub_scales", "sub_mins"):
+                kind = info.quant.sub_scale_type if part == "sub_scales" else info.quant.sub_min_type
+                dtype = np.dtype(np.int8 if kind == "i8" else np.uint8)
             else:
                 dtype = np.dtype("<f2" if info.quant.scale_type == "f16" else "<f4")
             arrays[part] = np.frombuffer(view, dtype).reshape(rows, -1)

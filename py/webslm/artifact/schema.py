@@ -11,9 +11,17 @@ from typing import Any
 
 from . import format as fmt
 from .errors import ArtifactError
-from .model import Architecture, Rope
+from .model import Architecture, Gemma3, Rope
 
-PRE_TOKENIZERS = ("gpt2", "smollm", "qwen2", "llama3", "sentencepiece")
+PRE_TOKENIZERS = ("gpt2", "smollm", "qwen2", "llama3", "sentencepiece", "gemma")
+SENTENCEPIECE_STYLE = ("sentencepiece", "gemma")     # the pre-tokenizers of byte_level false
+FAMILIES = ("llama", "gemma3")
+ARCHITECTURE_KEYS = ("family", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden", "ffn",
+                     "vocab", "context_length", "norm_eps", "tied_output", "qkv_bias", "rope")
+GEMMA3_KEYS = ("embedding_scale", "norm_weight_offset", "activation", "attention_scale", "sliding_window",
+               "layer_types", "local_rope_base")
+TOKENIZER_KEYS = ("model", "byte_level", "byte_fallback", "pre_tokenizer", "tokens", "merges",
+                  "special_tokens", "bos_id", "eos_ids", "pad_id", "unk_id", "add_bos", "add_eos")
 
 
 def strict_json(data: bytes, where: str) -> Any:
@@ -84,9 +92,10 @@ def string(value: Any, where: str, choices: tuple[str, ...] | None = None, max_l
 
 def architecture(value: Any) -> Architecture:
     w = "manifest.architecture"
-    a = obj(value, w, ("family", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden", "ffn",
-                       "vocab", "context_length", "norm_eps", "tied_output", "qkv_bias", "rope"))
-    string(a["family"], f"{w}.family", ("llama",))
+    # the key set depends on the family: "gemma3" adds its own section
+    family = value.get("family") if isinstance(value, dict) else None
+    a = obj(value, w, ARCHITECTURE_KEYS + (("gemma3",) if family == "gemma3" else ()))
+    string(a["family"], f"{w}.family", FAMILIES)
     dims = {"n_layers": integer(a["n_layers"], f"{w}.n_layers", 1, fmt.MAX_LAYERS)}
     dims |= {k: integer(a[k], f"{w}.{k}", 1, fmt.MAX_DIMENSION)
              for k in ("n_heads", "n_kv_heads", "head_dim", "hidden", "ffn", "vocab", "context_length")}
@@ -99,10 +108,12 @@ def architecture(value: Any) -> Architecture:
         scaling=None)
     if r["scaling"] is not None:
         raise ArtifactError("bad-field", f"{w}.rope.scaling", "RoPE scaling is not defined in format v1; must be null")
-    arch = Architecture(family="llama", **dims, norm_eps=number(a["norm_eps"], f"{w}.norm_eps", 0, 1, lo_open=True),
+    gemma3 = _gemma3(a["gemma3"], dims) if family == "gemma3" else None
+    arch = Architecture(family=a["family"], **dims,
+                        norm_eps=number(a["norm_eps"], f"{w}.norm_eps", 0, 1, lo_open=True),
                         tied_output=boolean(a["tied_output"], f"{w}.tied_output"),
-                        qkv_bias=boolean(a["qkv_bias"], f"{w}.qkv_bias"), rope=rope)
-    if arch.hidden != arch.n_heads * arch.head_dim:
+                        qkv_bias=boolean(a["qkv_bias"], f"{w}.qkv_bias"), rope=rope, gemma3=gemma3)
+    if family == "llama" and arch.hidden != arch.n_heads * arch.head_dim:    # gemma3's heads are wider
         raise ArtifactError("bad-architecture", f"{w}.hidden",
                             f"hidden {arch.hidden} != n_heads {arch.n_heads} x head_dim {arch.head_dim}")
     if arch.n_heads % arch.n_kv_heads:
@@ -117,18 +128,41 @@ def architecture(value: Any) -> Architecture:
     return arch
 
 
+def _gemma3(value: Any, dims: dict) -> Gemma3:
+    w = "manifest.architecture.gemma3"
+    g = obj(value, w, GEMMA3_KEYS)
+    types = g["layer_types"]
+    if not isinstance(types, list) or len(types) != dims["n_layers"] \
+            or not all(t in ("sliding", "full") for t in types):
+        raise ArtifactError("bad-architecture", f"{w}.layer_types",
+                            f"must list \"sliding\" or \"full\" for each of the {dims['n_layers']} layers")
+    offset = number(g["norm_weight_offset"], f"{w}.norm_weight_offset", 0, 1)
+    if offset not in (0.0, 1.0):
+        raise ArtifactError("bad-field", f"{w}.norm_weight_offset", f"must be 0 or 1, got {offset!r}")
+    return Gemma3(
+        embedding_scale=number(g["embedding_scale"], f"{w}.embedding_scale", 0, 1e6, lo_open=True),
+        norm_weight_offset=offset,
+        activation=string(g["activation"], f"{w}.activation", ("gelu-tanh",)),
+        attention_scale=number(g["attention_scale"], f"{w}.attention_scale", 0, 1e6, lo_open=True),
+        sliding_window=integer(g["sliding_window"], f"{w}.sliding_window", 1, dims["context_length"]),
+        layer_types=tuple(types),
+        local_rope_base=number(g["local_rope_base"], f"{w}.local_rope_base", 0, 1e12, lo_open=True))
+
+
 def tokenizer(value: Any, vocab: int) -> dict:
     w = "manifest.tokenizer"
-    t = obj(value, w, ("model", "byte_level", "byte_fallback", "pre_tokenizer", "tokens", "merges",
-                       "special_tokens", "bos_id", "eos_ids", "pad_id", "unk_id", "add_bos", "add_eos"))
+    # pre_tokenizer "gemma" adds added_tokens: matched whole in the text like special tokens,
+    # but text, not control (HF's non-special added tokens, e.g. Gemma's "\n\n")
+    gemma = isinstance(value, dict) and value.get("pre_tokenizer") == "gemma"
+    t = obj(value, w, TOKENIZER_KEYS + (("added_tokens",) if gemma else ()))
     string(t["model"], f"{w}.model", ("bpe",))
     byte_level = boolean(t["byte_level"], f"{w}.byte_level")
     byte_fallback = boolean(t["byte_fallback"], f"{w}.byte_fallback")
     pre = string(t["pre_tokenizer"], f"{w}.pre_tokenizer", PRE_TOKENIZERS)
-    if byte_level == (pre == "sentencepiece") or byte_level == byte_fallback:
+    if byte_level == (pre in SENTENCEPIECE_STYLE) or byte_level == byte_fallback:
         raise ArtifactError("bad-tokenizer", f"{w}.pre_tokenizer",
                             "byte-level BPE needs a GPT-2-style pre-tokenizer and no byte fallback; "
-                            "SentencePiece-style BPE needs pre_tokenizer sentencepiece and byte_fallback")
+                            "SentencePiece-style BPE needs pre_tokenizer sentencepiece or gemma, and byte_fallback")
     tokens = t["tokens"]
     if not isinstance(tokens, list) or not 1 <= len(tokens) <= vocab:
         raise ArtifactError("bad-tokenizer", f"{w}.tokens", f"must be a list of 1 to vocab ({vocab}) strings")
@@ -152,14 +186,19 @@ def tokenizer(value: Any, vocab: int) -> dict:
             raise ArtifactError("bad-tokenizer", where, f"must be a token id in [0, {count}), got {value!r}"[:200])
         return value
 
-    specials = t["special_tokens"]
-    if not isinstance(specials, list):
-        raise ArtifactError("bad-tokenizer", f"{w}.special_tokens", "must be a list")
-    for n, special in enumerate(specials):
-        s = obj(special, f"{w}.special_tokens[{n}]", ("id", "content"))
-        sid = token_id(s["id"], f"{w}.special_tokens[{n}].id")
-        if s["content"] != tokens[sid]:
-            raise ArtifactError("bad-tokenizer", f"{w}.special_tokens[{n}]", f"content differs from tokens[{sid}]")
+    listed: set[int] = set()
+    for key in ("special_tokens", "added_tokens") if gemma else ("special_tokens",):
+        entries = t[key]
+        if not isinstance(entries, list):
+            raise ArtifactError("bad-tokenizer", f"{w}.{key}", "must be a list")
+        for n, entry in enumerate(entries):
+            e = obj(entry, f"{w}.{key}[{n}]", ("id", "content"))
+            eid = token_id(e["id"], f"{w}.{key}[{n}].id")
+            if e["content"] != tokens[eid]:
+                raise ArtifactError("bad-tokenizer", f"{w}.{key}[{n}]", f"content differs from tokens[{eid}]")
+            if key == "added_tokens" and eid in listed:
+                raise ArtifactError("bad-tokenizer", f"{w}.{key}[{n}]", f"token {eid} is also a special token")
+            listed.add(eid)
     for key in ("bos_id", "pad_id", "unk_id"):
         if t[key] is not None:
             token_id(t[key], f"{w}.{key}")

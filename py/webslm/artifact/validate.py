@@ -33,6 +33,10 @@ MANIFEST_KEYS = ("format", "version", "architecture", "tokenizer", "chat_templat
 ENTRY_KEYS = ("name", "shape", "encoding", "quant", "row_stride", "parts", "sha256")
 QUANT_KEYS = ("block_elements", "blocks_per_row", "tail_elements", "scale_type", "scale_layout", "zero",
               "zero_offset", "min_type", "code_signedness", "nibble_order")
+SUPER_BLOCK_KEYS = QUANT_KEYS + ("sub_block_elements", "sub_scale_type", "sub_min_type")
+# The zero kinds each quantized encoding defines (format.PARTS has a part list for each).
+ZEROS = {"q8": ("none",), "q4": ("offset", "min"), "q5": ("offset", "min"),
+         "q4k": ("scaled-min",), "q5k": ("scaled-min",), "q6k": ("offset",)}
 
 
 class Validator:
@@ -238,28 +242,39 @@ def _quant(value: Any, name: str, encoding: str, cols: int) -> QuantDescriptor |
         if value is not None:
             raise ArtifactError("bad-encoding", f"{name}.quant", f"must be null for {encoding}")
         return None
-    q = schema.obj(value, f"{name}.quant", QUANT_KEYS)
+    super_block = encoding in fmt.SUB_BLOCK_ELEMENTS
+    keys = SUPER_BLOCK_KEYS if super_block else QUANT_KEYS
+    q = schema.obj(value, f"{name}.quant", keys)
     block = q["block_elements"]
-    if block not in fmt.BLOCK_ELEMENTS or type(block) is not int:
-        raise ArtifactError("bad-encoding", f"{name}.quant.block_elements", f"must be one of {fmt.BLOCK_ELEMENTS}")
-    zero = schema.string(q["zero"], f"{name}.quant.zero", ("none", "offset", "min"))
+    allowed_blocks = (fmt.SUPER_BLOCK_ELEMENTS,) if super_block else fmt.BLOCK_ELEMENTS
+    if block not in allowed_blocks or type(block) is not int:
+        raise ArtifactError("bad-encoding", f"{name}.quant.block_elements", f"must be one of {allowed_blocks} for {encoding}")
+    if encoding in fmt.WHOLE_BLOCKS and cols % block:
+        raise ArtifactError("bad-encoding", f"{name}.quant.block_elements",
+                            f"{encoding} rows hold whole blocks only: {cols} columns are not a multiple of {block}")
+    zero = schema.string(q["zero"], f"{name}.quant.zero", ("none", "offset", "min", "scaled-min"))
+    if zero not in ZEROS[encoding]:
+        raise ArtifactError("bad-encoding", f"{name}.quant.zero", f"{zero!r} is not defined for {encoding}"[:200])
+    scale_types = ("f16",) if super_block else ("f16", "f32")
+    if q["scale_type"] not in scale_types:
+        raise ArtifactError("bad-encoding", f"{name}.quant.scale_type", f"must be {' or '.join(scale_types)} for {encoding}")
     expected = {
         "blocks_per_row": fmt.blocks_per_row(cols, block),
         "tail_elements": fmt.tail_elements(cols, block),
         "scale_layout": "rows-by-blocks",
         "code_signedness": "signed" if encoding == "q8" else "unsigned",
-        "nibble_order": "low-first" if encoding == "q4" else None,
-        "zero_offset": fmt.ZERO_OFFSET_Q4 if zero == "offset" else None,
-        "min_type": q["scale_type"] if zero == "min" else None,
+        "nibble_order": None if encoding == "q8" else "low-first",
+        "zero_offset": fmt.ZERO_OFFSETS[encoding] if zero == "offset" else None,
+        "min_type": q["scale_type"] if zero in ("min", "scaled-min") else None,
     }
-    if q["scale_type"] not in ("f16", "f32"):
-        raise ArtifactError("bad-encoding", f"{name}.quant.scale_type", "must be f16 or f32")
-    if (encoding, zero) not in fmt.PARTS:
-        raise ArtifactError("bad-encoding", f"{name}.quant.zero", f"{zero!r} is not defined for {encoding}"[:200])
+    if super_block:
+        expected |= {"sub_block_elements": fmt.SUB_BLOCK_ELEMENTS[encoding],
+                     "sub_scale_type": fmt.SUB_SCALE_TYPES[encoding],
+                     "sub_min_type": fmt.SUB_SCALE_TYPES[encoding] if zero == "scaled-min" else None}
     for key, want in expected.items():
         if q[key] != want or type(q[key]) is not type(want):
             raise ArtifactError("bad-encoding", f"{name}.quant.{key}", f"is {q[key]!r}, must be {want!r}"[:200])
-    return QuantDescriptor(**{k: q[k] for k in QUANT_KEYS})
+    return QuantDescriptor(**{k: q[k] for k in keys})
 
 
 # -- values (numpy) --------------------------------------------------------------------------
@@ -289,12 +304,16 @@ def _check_values(data: bytearray, infos: list[TensorInfo]) -> None:
         for side in ("scales", "mins"):
             if side in parts and not np.isfinite(np.frombuffer(parts[side], dtype)).all():
                 raise ArtifactError("non-finite", f"{info.name}.{side}", "contains NaN or infinity")
+        for side, kind in (("sub_scales", q.sub_scale_type), ("sub_mins", q.sub_min_type)):
+            # u6 values are 6-bit fields (GGUF packs 16 of them in 12 bytes): a larger one has no GGUF form
+            if kind == "u6" and np.frombuffer(parts[side], np.uint8).max(initial=0) > 63:
+                raise ArtifactError("out-of-range", f"{info.name}.{side}", "u6 values must be 0..63")
         padded = q.blocks_per_row * q.block_elements
         if padded > cols:
             codes = np.frombuffer(parts["codes"], np.uint8).reshape(rows, info.row_stride)
             if info.encoding == "q8":
                 tail = codes[:, cols:]
-            else:   # q4: element k is nibble k % 2 of byte k // 2
+            else:   # q4 (the only other encoding with partial blocks): element k is nibble k % 2 of byte k // 2
                 first = cols // 2
                 tail = codes[:, first + 1:] if cols % 2 else codes[:, first:]
                 if cols % 2 and (codes[:, first] >> 4).any():

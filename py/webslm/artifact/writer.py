@@ -19,25 +19,32 @@ from . import format as fmt
 class TensorRecord:
     name: str
     shape: tuple[int, ...]
-    encoding: str                 # f32 | f16 | q8 | q4
+    encoding: str                 # one of format.ENCODINGS
     quant: dict | None            # the descriptor (quant_descriptor()); None for f32/f16
     parts: dict[str, bytes]       # part name -> bytes, names as format.PARTS lists them
 
 
 def quant_descriptor(encoding: str, cols: int, block: int, zero: str, scale_type: str = "f16") -> dict:
-    """Every quantization field stated, none left to inference."""
-    return {
+    """Every quantization field stated, none left to inference (docs/slm-format.md)."""
+    descriptor = {
         "block_elements": block,
         "blocks_per_row": fmt.blocks_per_row(cols, block),
         "tail_elements": fmt.tail_elements(cols, block),
         "scale_type": scale_type,
         "scale_layout": "rows-by-blocks",
         "zero": zero,
-        "zero_offset": fmt.ZERO_OFFSET_Q4 if zero == "offset" else None,
-        "min_type": scale_type if zero == "min" else None,
+        "zero_offset": fmt.ZERO_OFFSETS[encoding] if zero == "offset" else None,
+        "min_type": scale_type if zero in ("min", "scaled-min") else None,
         "code_signedness": "signed" if encoding == "q8" else "unsigned",
-        "nibble_order": "low-first" if encoding == "q4" else None,
+        "nibble_order": None if encoding == "q8" else "low-first",
     }
+    if encoding in fmt.SUB_BLOCK_ELEMENTS:            # super-block encodings state their sub-blocks
+        descriptor |= {
+            "sub_block_elements": fmt.SUB_BLOCK_ELEMENTS[encoding],
+            "sub_scale_type": fmt.SUB_SCALE_TYPES[encoding],
+            "sub_min_type": fmt.SUB_SCALE_TYPES[encoding] if zero == "scaled-min" else None,
+        }
+    return descriptor
 
 
 def canonical_json(value) -> bytes:

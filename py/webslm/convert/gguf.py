@@ -7,13 +7,13 @@ Reading is the `gguf` package's (GGUFReader, gguf.quants); nothing here parses G
 Tensors. GGUF stores a matrix as ne = [cols, rows] and its rows as a run of blocks; ours are
 [rows, cols] with the block fields split into parts (docs/slm-format.md). Without `quant`:
     F32 -> f32, F16 -> f16                       copied
-    Q8_0 -> q8  (32-blocks, f16 scales)          d | qs[32]        -> codes, scales
-    Q4_0 -> q4 zero "offset"                     d | qs[16]        -> codes, scales
-    Q4_1 -> q4 zero "min"                        d | m | qs[16]    -> codes, scales, mins
+    Q8_0 -> q8  (32-blocks, f16 scales)          Q5_0 -> q5 zero "offset"   Q5_1 -> q5 zero "min"
+    Q4_0 -> q4 zero "offset"                     Q4_K -> q4k    Q5_K -> q5k    Q6_K -> q6k
+    Q4_1 -> q4 zero "min"
     anything else                                ConversionError (pass `quant` to requantize)
-GGUF's Q4 byte j of a block holds element j (low nibble) and j+16 (high nibble); ours holds
-elements 2j, 2j+1 (low first), so the nibbles are reordered: a lossless permutation, and the
-decoders (ours and gguf.quants) compute the same f32 expression, so values are bit-identical.
+gguf_blocks.py splits each block's fields into the parts (a lossless permutation of bits:
+codes go to element order, K-quant six-bit sub-scales to one byte each), and the decoders
+(ours and gguf.quants) compute the same f32 expressions, so values are bit-identical.
 
 With `quant` (q4|q8|f16|f32) every 2-D matrix is encoded that way: a source already in exactly
 that encoding (Q4_0/Q4_1 for q4 or Q8_0 for q8 at group 32, F16 for f16, F32 for f32) is
@@ -26,7 +26,11 @@ type is dequantized to f32, which is exact.
 RoPE. llama.cpp's converter permutes the rows of attn_q/attn_k of the llama architecture
 (each head's rotate-half order -> adjacent pairs, for its GGML RoPE). We undo that row
 permutation (lossless) so the artifact always says `rope.convention: "rotate-half"`, the
-Hugging Face layout; qwen2 GGUFs are not permuted by llama.cpp and are taken as they are.
+Hugging Face layout; qwen2 and gemma3 GGUFs are not permuted by llama.cpp and are taken as they are.
+
+Architectures: llama and qwen2 become family "llama"; gemma3 becomes family "gemma3" with the
+facts its block needs stated in the manifest (_gemma3 below). The tokenizer section and the chat
+template come from gguf_tokenizer.py.
 
 Determinism: the output depends only on the source bytes and the arguments (canonical JSON,
 fixed tensor order, no timestamps), so assets can pin the converted file's sha256.
@@ -44,6 +48,8 @@ from ..artifact import format as fmt
 from ..artifact import quant as q
 from ..artifact.writer import TensorRecord, quant_descriptor, write_slm
 from . import ConversionError, ConversionReport
+from .gguf_blocks import LOSSLESS, split_blocks
+from .gguf_tokenizer import chat_template, tokenizer_section
 
 try:
     import gguf
@@ -52,14 +58,15 @@ except ImportError as exc:  # native-only dependency; say which package is missi
     raise ImportError("webslm.convert.gguf needs the `gguf` package (pip install gguf)") from exc
 
 # GGUF architecture -> whether llama.cpp permuted its attn_q/attn_k rows (see module doc).
-ARCHITECTURES = {"llama": True, "qwen2": False}
+ARCHITECTURES = {"llama": True, "qwen2": False, "gemma3": False}
+# GGUF architecture -> the .slm family computing it (qwen2 is the llama block with biases)
+FAMILIES = {"llama": "llama", "qwen2": "llama", "gemma3": "gemma3"}
 
-# tokenizer.ggml.pre (llama.cpp's names) -> our pre_tokenizer for byte-level BPE.
-PRE_TOKENIZERS = {"default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "smollm": "smollm",
-                  "qwen2": "qwen2", "llama-bpe": "llama3", "llama3": "llama3"}
-
-# gguf.TokenType values that mark special tokens: CONTROL and USER_DEFINED.
-SPECIAL_TOKEN_TYPES = (3, 4)
+# Gemma 3 facts llama.cpp's loader fixes in code rather than reading from the GGUF (llama-model.cpp):
+# every 6th layer attends globally, the others over a sliding window with RoPE base 10000, and
+# queries are scaled by 1/sqrt(head_dim), except the 62-layer 27B's 1/sqrt(hidden / heads).
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 # Generation defaults the page starts from. temperature 0.2 / top_p 0.9 are the SmolLM2 model
 # card's recommendation and suit small instruct models in general (low temperature keeps them
@@ -70,8 +77,8 @@ GENERATION = {"temperature": 0.2, "top_p": 0.9, "top_k": 50, "min_p": 0.0,
 
 QUANT_CHOICES = ("q4", "q8", "f16", "f32")
 DEFAULT_GROUP = 32
-# GGUF types with an exact .slm encoding, and that encoding.
-LOSSLESS_TARGET = {GT.F32: "f32", GT.F16: "f16", GT.Q8_0: "q8", GT.Q4_0: "q4", GT.Q4_1: "q4"}
+# GGUF types with an exact .slm encoding, and that encoding (gguf_blocks.py repacks the blocks).
+LOSSLESS_TARGET = {GT.F32: "f32", GT.F16: "f16", **{t: enc for t, (enc, *_) in LOSSLESS.items()}}
 GGUF_BLOCK = 32                      # elements per Q8_0 / Q4_0 / Q4_1 block
 
 _MISSING = object()
@@ -100,7 +107,8 @@ def convert_gguf(src, out, quant: str | None = None, group: int | None = None) -
                               f"(supported: {', '.join(ARCHITECTURES)})")
     sources = {_our_name(t.name): t for t in reader.tensors}
     arch = _architecture(meta, family, sources)
-    tokenizer = _tokenizer(meta, arch["vocab"])
+    tokenizer = tokenizer_section(meta, arch["vocab"], family)
+    template, template_note = chat_template(meta, family)
     _check_tensor_set(src.name, arch, sources)
 
     permuted = ARCHITECTURES[family]
@@ -114,6 +122,13 @@ def convert_gguf(src, out, quant: str | None = None, group: int | None = None) -
             requantized[name] = error
 
     notes = [f"GGUF model {meta.get('general.name', src.stem)!r}, {len(sources)} tensors"]
+    if family == "gemma3":
+        notes.append("norm weights kept as llama.cpp stores them, (1 + w) already added: "
+                     "gemma3.norm_weight_offset 0")
+        notes.append(f"gemma3: layer pattern (every {GEMMA3_SLIDING_PATTERN}th global), local RoPE base and "
+                     "attention scale as llama.cpp's loader sets them")
+    if template_note:
+        notes.append(template_note)
     if permuted:
         notes.append("attn_q/attn_k rows un-permuted from llama.cpp's adjacent-pair order "
                      "to the rotate-half (Hugging Face) order")
@@ -126,7 +141,7 @@ def convert_gguf(src, out, quant: str | None = None, group: int | None = None) -
         "version": fmt.VERSION,
         "architecture": arch,
         "tokenizer": tokenizer,
-        "chat_template": {"format": "jinja", "template": meta.get("tokenizer.chat_template")},
+        "chat_template": {"format": "jinja", "template": template},
         "generation": dict(GENERATION, max_new_tokens=min(GENERATION["max_new_tokens"],
                                                           arch["context_length"])),
         "source": {"format": "gguf", "file": src.name, "sha256": _sha256_file(src),
@@ -195,7 +210,7 @@ def _architecture(meta: _Metadata, family: str, sources: dict) -> dict:
         raise ConversionError(f"{meta.file_name}: tensor 'token_embd.weight' is missing")
     vocab = int(sources["token_embd"].shape[1])          # GGUF ne = [hidden, vocab]
     arch = {
-        "family": "llama",            # .slm's family: both GGUF architectures compute the llama block
+        "family": FAMILIES[family],
         "n_layers": meta.int(p + "block_count"),
         "n_heads": n_heads,
         "n_kv_heads": meta.int(p + "attention.head_count_kv", n_heads),
@@ -211,8 +226,10 @@ def _architecture(meta: _Metadata, family: str, sources: dict) -> dict:
                  "rotary_dim": meta.int(p + "rope.dimension_count", head_dim),
                  "convention": "rotate-half", "position_offset": 0, "scaling": None},
     }
+    if family == "gemma3":
+        arch["gemma3"] = _gemma3(meta, arch)
     problems = []
-    if arch["hidden"] != n_heads * head_dim:
+    if family != "gemma3" and arch["hidden"] != n_heads * head_dim:
         problems.append(f"hidden {hidden} != n_heads {n_heads} * head_dim {head_dim}")
     if arch["n_kv_heads"] < 1 or n_heads % arch["n_kv_heads"]:
         problems.append(f"n_heads {n_heads} is not a multiple of n_kv_heads {arch['n_kv_heads']}")
@@ -227,55 +244,19 @@ def _architecture(meta: _Metadata, family: str, sources: dict) -> dict:
     return arch
 
 
-def _tokenizer(meta: _Metadata, vocab: int) -> dict:
-    model = meta.get("tokenizer.ggml.model")
-    if model == "gpt2":                                    # GPT-2 byte-level BPE
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre not in PRE_TOKENIZERS:
-            raise ConversionError(f"{meta.file_name}: pre-tokenizer {pre!r} is not supported "
-                                  f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-        kind = {"byte_level": True, "byte_fallback": False, "pre_tokenizer": PRE_TOKENIZERS[pre]}
-        add_bos_default = False
-    elif model == "llama":                                 # SentencePiece-style BPE
-        kind = {"byte_level": False, "byte_fallback": True, "pre_tokenizer": "sentencepiece"}
-        add_bos_default = True
-    else:
-        raise ConversionError(f"{meta.file_name}: tokenizer model {model!r} is not supported "
-                              "(supported: gpt2, llama)")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges", None)
-    if merges is None:
-        raise ConversionError(f"{meta.file_name}: tokenizer has no merges "
-                              "(score-based SentencePiece vocabularies are not supported)")
-    if len(tokens) > vocab:
-        raise ConversionError(f"{meta.file_name}: {len(tokens)} tokens but only {vocab} embedding rows")
-    if len(set(tokens)) != len(tokens):
-        raise ConversionError(f"{meta.file_name}: token strings are not unique")
-    types = meta.get("tokenizer.ggml.token_type", [1] * len(tokens))
-
-    def token_id(key: str):
-        value = meta.get(key, None)
-        if value is not None and not 0 <= value < len(tokens):
-            raise ConversionError(f"{meta.file_name}: {key} {value} is not a token id")
-        return value
-
-    eos_ids = []
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
-        value = token_id(key)
-        if value is not None and value not in eos_ids:
-            eos_ids.append(value)
+def _gemma3(meta: _Metadata, arch: dict) -> dict:
+    """What the gemma3 family states beyond the llama block (docs/slm-format.md)."""
+    n_layers, hidden, heads = arch["n_layers"], arch["hidden"], arch["n_heads"]
+    pattern = meta.int("gemma3.attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+    query_width = hidden // heads if n_layers == 62 else arch["head_dim"]      # 27B: hidden / heads
     return {
-        "model": "bpe", **kind,
-        "tokens": tokens,
-        "merges": merges,
-        "special_tokens": [{"id": i, "content": tokens[i]}
-                           for i, kind_ in enumerate(types) if kind_ in SPECIAL_TOKEN_TYPES],
-        "bos_id": token_id("tokenizer.ggml.bos_token_id"),
-        "eos_ids": eos_ids,
-        "pad_id": token_id("tokenizer.ggml.padding_token_id"),
-        "unk_id": token_id("tokenizer.ggml.unknown_token_id"),
-        "add_bos": bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-        "add_eos": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+        "embedding_scale": float(np.sqrt(np.float64(hidden))),
+        "norm_weight_offset": 0.0,              # llama.cpp's converter stored 1 + w
+        "activation": "gelu-tanh",
+        "attention_scale": float(1.0 / np.sqrt(np.float64(query_width))),
+        "sliding_window": meta.int("gemma3.attention.sliding_window"),
+        "layer_types": ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n_layers)],
+        "local_rope_base": meta.float("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE),
     }
 
 
@@ -325,7 +306,7 @@ def _convert_tensor(name, tensor, shape, arch, permuted, quant, group):
         raise ConversionError(f"tensor {tensor.name} has GGUF type {qtype.name}, which has no lossless "
                               ".slm encoding: requantize it with quant='q4', 'q8', 'f16' or 'f32' "
                               "(CLI: --quant)")
-    if LOSSLESS_TARGET.get(qtype) == target and (target in ("f16", "f32") or group == GGUF_BLOCK):
+    if LOSSLESS_TARGET.get(qtype) == target and (target in ("f16", "f32") or quant is None or group == GGUF_BLOCK):
         return _repack(name, shape, qtype, raw), None
     return _requantize(name, shape, qtype, raw, target, group)
 
@@ -358,26 +339,19 @@ def _permuted_heads(name: str, arch: dict) -> int | None:
 
 
 def _repack(name: str, shape, qtype, raw: np.ndarray) -> TensorRecord:
-    """GGUF F32/F16/Q8_0/Q4_0/Q4_1 rows -> our parts, byte for byte the same numbers."""
+    """GGUF rows of a lossless type -> our parts, byte for byte the same numbers."""
     rows, cols = shape
     if qtype == GT.F32:
         return TensorRecord(name, shape, "f32", None, q.encode_f32(raw))
     if qtype == GT.F16:
         return TensorRecord(name, shape, "f16", None, q.encode_f16(raw))
-    nblocks = cols // GGUF_BLOCK
-    blocks = raw.reshape(rows, nblocks, -1)                # [rows][blocks][block bytes]
-    if qtype == GT.Q8_0:                                   # d f16 | qs int8[32]
-        parts = {"codes": blocks[:, :, 2:].tobytes(), "scales": blocks[:, :, :2].tobytes()}
-        return TensorRecord(name, shape, "q8", quant_descriptor("q8", cols, GGUF_BLOCK, "none"), parts)
-    with_min = qtype == GT.Q4_1                            # d f16 | (m f16) | qs u8[16]
-    qs = blocks[:, :, 4 if with_min else 2:]
-    # GGUF: byte j = element j (low) | element j+16 (high) -> codes in element order
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=2).reshape(rows, cols)
-    parts = {"codes": q.pack_nibbles(codes).tobytes(), "scales": blocks[:, :, :2].tobytes()}
-    if with_min:
-        parts["mins"] = blocks[:, :, 2:4].tobytes()
-    zero = "min" if with_min else "offset"
-    return TensorRecord(name, shape, "q4", quant_descriptor("q4", cols, GGUF_BLOCK, zero), parts)
+    encoding, zero, parts = split_blocks(qtype, raw.view(np.uint8))
+    for side in ("scales", "mins"):            # f16 NaN/inf scales: the validator would refuse the file
+        if side in parts and not np.isfinite(np.frombuffer(parts[side], "<f2")).all():
+            raise ConversionError(f"tensor {name}: a {qtype.name} block has a NaN or infinite "
+                                  f"{'scale' if side == 'scales' else 'min'}")
+    block = LOSSLESS[qtype][2]
+    return TensorRecord(name, shape, encoding, quant_descriptor(encoding, cols, block, zero), parts)
 
 
 def _requantize(name: str, shape, qtype, raw: np.ndarray, target: str, group: int):
@@ -386,17 +360,21 @@ def _requantize(name: str, shape, qtype, raw: np.ndarray, target: str, group: in
         values = gguf.quants.dequantize(raw, qtype).reshape(shape)
     except NotImplementedError:
         raise ConversionError(f"tensor {name}: gguf cannot dequantize type {qtype.name}") from None
-    if target == "f32":
-        record = TensorRecord(name, shape, "f32", None, q.encode_f32(values))
-    elif target == "f16":
-        record = TensorRecord(name, shape, "f16", None, q.encode_f16(values))
-    elif target == "q8":
-        record = TensorRecord(name, shape, "q8", quant_descriptor("q8", shape[1], group, "none"),
-                              q.quantize_q8(values, group))
-    else:
-        record = TensorRecord(name, shape, "q4", quant_descriptor("q4", shape[1], group, "min"),
-                              q.quantize_q4(values, group, zero="min"))
-    decoded = q.dequantize(record.encoding, shape, record.quant, record.parts)
+    with np.errstate(over="ignore", invalid="ignore"):       # overflow is reported just below
+        if target == "f32":
+            record = TensorRecord(name, shape, "f32", None, q.encode_f32(values))
+        elif target == "f16":
+            record = TensorRecord(name, shape, "f16", None, q.encode_f16(values))
+        elif target == "q8":
+            record = TensorRecord(name, shape, "q8", quant_descriptor("q8", shape[1], group, "none"),
+                                  q.quantize_q8(values, group))
+        else:
+            record = TensorRecord(name, shape, "q4", quant_descriptor("q4", shape[1], group, "min"),
+                                  q.quantize_q4(values, group, zero="min"))
+        decoded = q.dequantize(record.encoding, shape, record.quant, record.parts)
+    if not np.isfinite(decoded).all():
+        raise ConversionError(f"tensor {name}: its values (up to {float(np.abs(values).max()):.6g}) overflow "
+                              f"{target}'s f16 scales or values; requantize with quant='f32'")
     return record, float(np.max(np.abs(decoded - values)))
 
 

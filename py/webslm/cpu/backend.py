@@ -11,6 +11,14 @@ The forward pass, step by step, for one layer (x is the residual stream [T, D]):
 
 then logits = rms_norm(x[-1], output_norm) @ Whead.T, Whead = the embedding when tied.
 
+Family "gemma3" (docs/slm-format.md) changes the block in these places: x starts as the
+embedding rows times embedding_scale; every RMSNorm multiplies by (norm_weight_offset + w);
+q and k are RMS-normed per head (attn_q_norm, attn_k_norm) before RoPE; the attention output
+and the FFN output are RMS-normed (post_attention_norm, post_ffw_norm) before their residual
+adds; scores are scaled by attention_scale; the FFN is GeGLU (tanh GELU); "sliding" layers see
+only the last sliding_window positions and rotate with local_rope_base, "full" layers with
+rope.base.
+
 Weights are dequantized once, tensor by tensor, into f32 (docs/slm-format.md decoding, the
 same as the GPU kernels must match) and stored transposed, [in, out] contiguous, so that
 every projection is `x @ Wt`: numpy's BLAS takes a fast path for that layout at any T,
@@ -21,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layers import apply_rope, attention, rms_norm, rope_tables, swiglu
+from .layers import apply_rope, attention, geglu, rms_norm, rope_tables, swiglu
 
 
 class CpuBackendError(ValueError):
@@ -29,20 +37,30 @@ class CpuBackendError(ValueError):
 
 
 class _Layer:
-    """One block's weights: vectors as stored, matrices transposed to [in, out]."""
+    """One block's weights: vectors as stored (norms with the format's offset added),
+    matrices transposed to [in, out]."""
 
-    def __init__(self, model, i: int, qkv_bias: bool):
+    def __init__(self, model, i: int, arch):
+        gemma3 = arch.gemma3
+        offset = np.float32(gemma3.norm_weight_offset if gemma3 else 0.0)
         vector = lambda name: model.dequantize(f"blk.{i}.{name}")                      # noqa: E731
+        norm = lambda name: vector(name) + offset if offset else vector(name)          # noqa: E731
         matrix = lambda name: np.ascontiguousarray(model.dequantize(f"blk.{i}.{name}").T)  # noqa: E731
-        self.attn_norm, self.ffn_norm = vector("attn_norm"), vector("ffn_norm")
+        self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
         self.q, self.k, self.v, self.o = matrix("attn_q"), matrix("attn_k"), matrix("attn_v"), matrix("attn_output")
         self.gate, self.up, self.down = matrix("ffn_gate"), matrix("ffn_up"), matrix("ffn_down")
-        self.bq = vector("attn_q.bias") if qkv_bias else None
-        self.bk = vector("attn_k.bias") if qkv_bias else None
-        self.bv = vector("attn_v.bias") if qkv_bias else None
+        self.bq = vector("attn_q.bias") if arch.qkv_bias else None
+        self.bk = vector("attn_k.bias") if arch.qkv_bias else None
+        self.bv = vector("attn_v.bias") if arch.qkv_bias else None
+        # gemma3 only
+        self.q_norm = norm("attn_q_norm") if gemma3 else None
+        self.k_norm = norm("attn_k_norm") if gemma3 else None
+        self.post_attention_norm = norm("post_attention_norm") if gemma3 else None
+        self.post_ffw_norm = norm("post_ffw_norm") if gemma3 else None
+        self.window = gemma3.sliding_window if gemma3 and gemma3.layer_types[i] == "sliding" else None
 
     def arrays(self):
-        return [a for a in vars(self).values() if a is not None]
+        return [a for a in vars(self).values() if isinstance(a, np.ndarray)]
 
 
 class CpuBackend:
@@ -53,8 +71,13 @@ class CpuBackend:
         self.arch = a
         self.embedding = model.dequantize("token_embd")                        # [V, D]
         self.head = self.embedding if a.tied_output else model.dequantize("output")
-        self.output_norm = model.dequantize("output_norm")
-        self.layers = [_Layer(model, i, a.qkv_bias) for i in range(a.n_layers)]
+        offset = np.float32(a.gemma3.norm_weight_offset) if a.gemma3 else np.float32(0)
+        self.output_norm = model.dequantize("output_norm") + offset if offset else model.dequantize("output_norm")
+        self.layers = [_Layer(model, i, a) for i in range(a.n_layers)]
+        # gemma3: the embedding's scale, the attention scale (None: 1/sqrt(head_dim)), the FFN
+        self.embedding_scale = np.float32(a.gemma3.embedding_scale) if a.gemma3 else None
+        self.attention_scale = a.gemma3.attention_scale if a.gemma3 else None
+        self.ffn = geglu if a.gemma3 else swiglu
         self.reset()
 
     # -- cache -------------------------------------------------------------------------------
@@ -86,19 +109,33 @@ class CpuBackend:
         start, t = self.position, len(ids)
         self._reserve(start + t)
         x = self.embedding[np.asarray(ids)]                                    # [T, D]
-        cos, sin = rope_tables(np.arange(start, start + t) + a.rope.position_offset, a.rope.rotary_dim, a.rope.base)
+        if self.embedding_scale is not None:
+            x = x * self.embedding_scale
+        positions = np.arange(start, start + t) + a.rope.position_offset
+        global_rope = rope_tables(positions, a.rope.rotary_dim, a.rope.base)
+        local_rope = rope_tables(positions, a.rope.rotary_dim, a.gemma3.local_rope_base) if a.gemma3 else None
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, a.norm_eps)
             q, k, v = h @ layer.q, h @ layer.k, h @ layer.v
             if layer.bq is not None:
                 q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
-            q = apply_rope(q.reshape(t, a.n_heads, a.head_dim), cos, sin, a.rope.convention)
-            k = apply_rope(k.reshape(t, a.n_kv_heads, a.head_dim), cos, sin, a.rope.convention)
+            q, k = q.reshape(t, a.n_heads, a.head_dim), k.reshape(t, a.n_kv_heads, a.head_dim)
+            if layer.q_norm is not None:                                       # per head, over head_dim
+                q, k = rms_norm(q, layer.q_norm, a.norm_eps), rms_norm(k, layer.k_norm, a.norm_eps)
+            cos, sin = global_rope if layer.window is None else local_rope      # sliding layers: local
+            q = apply_rope(q, cos, sin, a.rope.convention)
+            k = apply_rope(k, cos, sin, a.rope.convention)
             self._k[i, start:start + t] = k
             self._v[i, start:start + t] = v.reshape(t, a.n_kv_heads, a.head_dim)
-            o = attention(q, self._k[i, :start + t], self._v[i, :start + t], start)
-            x = x + o @ layer.o
-            x = x + swiglu(rms_norm(x, layer.ffn_norm, a.norm_eps), layer.gate, layer.up, layer.down)
+            o = attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
+                          self.attention_scale, layer.window) @ layer.o
+            if layer.post_attention_norm is not None:
+                o = rms_norm(o, layer.post_attention_norm, a.norm_eps)
+            x = x + o
+            f = self.ffn(rms_norm(x, layer.ffn_norm, a.norm_eps), layer.gate, layer.up, layer.down)
+            if layer.post_ffw_norm is not None:
+                f = rms_norm(f, layer.post_ffw_norm, a.norm_eps)
+            x = x + f
         self.position = start + t
         return x
 

@@ -43,11 +43,14 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, convention: str)
     return out
 
 
-def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int) -> np.ndarray:
+def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
+              scale: float | None = None, window: int | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
     q [T, H, E] for positions start..start+T-1; k_cache, v_cache [start+T, K, E] hold every
-    position so far. Query head h reads KV head h // (H / K). Returns [T, H * E]."""
+    position so far. Query head h reads KV head h // (H / K). Scores are q.k * scale
+    (default 1/sqrt(E)); with a window, position i sees only positions i-window+1..i.
+    Returns [T, H * E]."""
     t, heads, e = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -55,9 +58,13 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: in
     qg = q.reshape(t, kv_heads, group, e).transpose(1, 2, 0, 3)       # [K, G, T, E]
     k = k_cache.transpose(1, 2, 0)                                     # [K, E, n]
     v = v_cache.transpose(1, 0, 2)                                     # [K, n, E]
-    scores = (qg @ k[:, None]) * np.float32(1.0 / np.sqrt(e))          # [K, G, T, n]
-    causal = np.arange(n)[None, :] > (start + np.arange(t))[:, None]   # [T, n]: future positions
-    scores = np.where(causal, np.float32(-np.inf), scores)
+    scale = np.float32(1.0 / np.sqrt(e) if scale is None else scale)
+    scores = (qg @ k[:, None]) * scale                                 # [K, G, T, n]
+    query_positions = (start + np.arange(t))[:, None]
+    hidden = np.arange(n)[None, :] > query_positions                   # [T, n]: future positions
+    if window is not None:
+        hidden |= np.arange(n)[None, :] <= query_positions - window    # [T, n]: out of the window
+    scores = np.where(hidden, np.float32(-np.inf), scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -69,3 +76,14 @@ def swiglu(x: np.ndarray, gate_t: np.ndarray, up_t: np.ndarray, down_t: np.ndarr
     """down(silu(gate x) * up x); x [T, D]; weights transposed: gate_t/up_t [D, F], down_t [F, D]."""
     g = x @ gate_t
     return ((g / (np.float32(1) + np.exp(-g))) * (x @ up_t)) @ down_t
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (PyTorch's gelu(approximate="tanh")), in f32."""
+    c = np.float32(np.sqrt(2.0 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def geglu(x: np.ndarray, gate_t: np.ndarray, up_t: np.ndarray, down_t: np.ndarray) -> np.ndarray:
+    """down(gelu_tanh(gate x) * up x); shapes as swiglu's."""
+    return (gelu_tanh(x @ gate_t) * (x @ up_t)) @ down_t

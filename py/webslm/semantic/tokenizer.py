@@ -4,20 +4,23 @@ exact parity to Hugging Face `tokenizers` for the families docs/slm-format.md na
 Pure Python (stdlib only) so the same code runs natively and in the Pyodide worker.
 
 Encoding, top to bottom (`Tokenizer.encode`):
-1. Special tokens are cut out of the text first: leftmost match, longest first at a
-   position, matched verbatim (HF added tokens with lstrip/rstrip/normalized all false,
-   which is how SmolLM2's and the GGUF-built ones are defined).
+1. Special tokens (and "added tokens", their non-control kin: Gemma's "\n\n") are cut out
+   of the text first: leftmost match, longest first at a position, matched verbatim (HF
+   added tokens with lstrip/rstrip/normalized all false, which is how SmolLM2's and the
+   GGUF-built ones are defined).
 2. Each stretch of text between them becomes words:
    - byte-level BPE: the family pre-tokenizer (pretokenize.py) cuts it into pieces; each
      piece's UTF-8 bytes are spelled with the GPT-2 byte-to-unicode alphabet;
    - SentencePiece-style BPE: the whole stretch is one word, spaces spelled "▁" and one
-     "▁" prepended (Llama 2's tokenizer.json: Prepend("▁") + Replace(" ", "▁"), per stretch).
+     "▁" prepended (Llama 2's tokenizer.json: Prepend("▁") + Replace(" ", "▁"), per stretch);
+     pre-tokenizer "gemma" prepends nothing (Gemma's tokenizer.json: Replace(" ", "▁") alone;
+     its Split(" ") pre-tokenizer runs after that replacement and so never splits).
 3. Each word is merged by BPE (`_merge`: HF's algorithm: lowest rank first, leftmost on
    ties) and its tokens looked up. Words are cached.
 4. BOS/EOS are added per the manifest when add_special is true.
 
 Decoding (`Tokenizer.decode`) is HF's decoder for the family; `StreamDecoder` emits the
-same text incrementally.
+same text incrementally. Skipping special tokens skips only special ones: added tokens are text.
 """
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ class Tokenizer:
                  pre_tokenizer: str, special_tokens: Iterable[int] = (),
                  bos_id: int | None = None, eos_ids: Iterable[int] = (),
                  unk_id: int | None = None, add_bos: bool = False, add_eos: bool = False,
-                 add_dummy_prefix: bool = True):
+                 add_dummy_prefix: bool = True, added_tokens: Iterable[int] = ()):
         self.tokens: list[str] = list(tokens)
         self.vocab: dict[str, int] = {t: i for i, t in enumerate(self.tokens)}
         # "left right" -> rank. A merge's pieces never contain a space (byte-level spells
@@ -72,7 +75,7 @@ class Tokenizer:
             if pre_tokenizer not in SPLITTERS:
                 raise ValueError(f"unknown byte-level pre-tokenizer {pre_tokenizer!r}")
             self._split = SPLITTERS[pre_tokenizer]
-        elif pre_tokenizer != "sentencepiece":
+        elif pre_tokenizer not in ("sentencepiece", "gemma"):
             raise ValueError(f"unknown pre-tokenizer {pre_tokenizer!r} for SentencePiece BPE")
         # Llama 3's tokenizer.json sets BPE ignore_merges: a piece that is itself a token is
         # that token, whatever the merges would make of it (llama.cpp does the same).
@@ -81,7 +84,8 @@ class Tokenizer:
         self.special_ids = frozenset(special_tokens)
         self.bos_id, self.eos_ids, self.unk_id = bos_id, tuple(eos_ids), unk_id
         self.add_bos, self.add_eos = add_bos, add_eos
-        specials = sorted({self.tokens[i] for i in self.special_ids}, key=len, reverse=True)
+        self.added_ids = frozenset(added_tokens)
+        specials = sorted({self.tokens[i] for i in self.special_ids | self.added_ids}, key=len, reverse=True)
         # Alternatives longest first: at the leftmost position the longest special wins.
         self._specials = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._cache: dict[str, tuple[int, ...]] = {}
@@ -103,7 +107,8 @@ class Tokenizer:
                    bos_id=section.get("bos_id"), eos_ids=section.get("eos_ids") or (),
                    unk_id=section.get("unk_id"),
                    add_bos=bool(section.get("add_bos")), add_eos=bool(section.get("add_eos")),
-                   add_dummy_prefix=bool(section.get("add_dummy_prefix", True)))
+                   add_dummy_prefix=section["pre_tokenizer"] != "gemma",
+                   added_tokens=[a["id"] for a in section.get("added_tokens", ())])
 
     # ------------------------------------------------------------------ lookups
 
