@@ -15,8 +15,9 @@ from ..webgpu.interface import BufferUsage
 from ..kernels.registry import compile_kernel
 
 # Limits the kernels want beyond the plan's, capped by the adapter: workgroup memory for the
-# large GEMM tile (24 KiB) and the attention tiles, 256 invocations for the 256-wide variants.
-KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 32768, "maxComputeInvocationsPerWorkgroup": 256,
+# large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 256
+# invocations for the 256-wide variants.
+KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 256,
                  "maxComputeWorkgroupSizeX": 256}
 
 

@@ -198,8 +198,9 @@ class Lowering:
             return [self._launch(op, p, parts + [inputs[name] for name in p.inputs], [y])]
         if op.option("input", "plain") != "plain" or op.option("accumulate"):
             raise ValueError(f"{op.name}: the prefill GEMM has no fused input or ACCUMULATE")
-        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows)    # one tile for every chunk size
-        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, tile=tile)
+        features = self.device.features
+        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows, features)   # one tile for every chunk size
+        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, tile=tile, features=features)
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
