@@ -142,7 +142,8 @@ async def bench_model(path: str, args) -> dict:
     a = model.architecture
     started = time.perf_counter()
     fusions = None if args.fusions == "all" else tuple(f for f in args.fusions.split(",") if f)
-    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions))
+    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
+                                                              prefill_chunk=args.prefill_chunk))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -163,6 +164,8 @@ async def bench_model(path: str, args) -> dict:
             "dispatches_per_layer": backend.forward.programs["decode"].dispatches_per_layer(),
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
+            "prefill_chunk": backend.forward.chunk,
+            "prefill_dispatches_per_layer": backend.forward.programs["prefill"].dispatches_per_layer(),
             "prefill_tokens_per_s": statistics.median(args.prompt_tokens / r["prefill_s"] for r in warm),
             "prefill_cold_s": runs[0]["prefill_s"],
             "decode_tokens_per_s": decode_tps, "decode_cold_tokens_per_s": args.new_tokens / runs[0]["decode_s"],
@@ -188,7 +191,8 @@ async def main(args) -> dict:
     for path in args.model:
         row = await bench_model(path, args)
         report["rows"].append(row)
-        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s, "
+        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
+              f"({row['prompt_tokens']} tokens in chunks of {row['prefill_chunk']}), "
               f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}), "
               f"step {row['step_median_ms']:.2f} ms, roofline {row['roofline_tokens_per_s']:.0f} tok/s "
               f"({row['of_roofline']:.2f}), host params {row['host']['params_ms']:.3f} ms + encode "
@@ -206,7 +210,8 @@ async def main(args) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", required=True, help=".slm file (repeatable)")
-    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="prefill prompt length (e.g. 128, 512)")
+    parser.add_argument("--prefill-chunk", type=int, help="tokens per prefill submit (default: the planner's)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")

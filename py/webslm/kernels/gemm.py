@@ -232,10 +232,12 @@ def candidates(limits: dict[str, int], features=frozenset(), order: tuple[str, .
 
 
 def choose_tile(limits: dict[str, int], m: int, n: int, features=frozenset(),
-                order: tuple[str, ...] | None = None, min_workgroups: int | None = None):
+                order: tuple[str, ...] | None = None, min_workgroups: int | None = None,
+                need_sections: bool = False):
     """The first admitted tile of the tier's order that still gives MIN_WORKGROUPS tiles (else
-    the admitted tile giving the most), never a tile taller than M needs."""
-    admitted = candidates(limits, features, order)
+    the admitted tile giving the most), never a tile taller than M needs; a tiled one when the
+    output has column sections."""
+    admitted = [t for t in candidates(limits, features, order) if t.sections or not need_sections]
     if not admitted:
         raise GemmError("tile-not-admitted", "limits", f"no GEMM tile fits {limits}")
     fitting = [t for t in admitted if t.tm <= max(32, m)] or admitted

@@ -11,7 +11,7 @@ own plan functions, before any GPU work.
     embed            embed_<enc>                          ids, table parts               x
     norm             rms_norm[_residual]                  weight, x (or delta)           out (and x)
     matmul decode    matvec[_norm|_swiglu]_<enc>          weight parts, x (+ norm weight)  y
-    matmul prefill   gemm_<enc>                           x, weight parts                y
+    matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
     rope_kv          rope_kv_append_<kv dtype>            rope_table                     qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
     attention_rope   attention_decode_rope                qkv, rope_table                k_cache, v_cache, out, acc, ml
@@ -196,11 +196,19 @@ class Lowering:
             if mode == "norm":
                 inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
             return [self._launch(op, p, parts + [inputs[name] for name in p.inputs], [y])]
-        if op.option("input", "plain") != "plain" or op.option("accumulate"):
-            raise ValueError(f"{op.name}: the prefill GEMM has no fused input or ACCUMULATE")
+        if op.option("input", "plain") != "plain":
+            raise ValueError(f"{op.name}: the prefill GEMM has no fused input")
+        sections = None
+        if op.write("y") == "qkv":        # stacked q|k|v: three column sections of the planar qkv activation
+            a = self.arch
+            _, k_at, v_at = qkv_offsets(a, self.chunk, self.s_align)
+            q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+            sections, y_stride = [(0, 0, q), (q, k_at // 4, kv), (q + kv, v_at // 4, kv)], q
         features = self.device.features
-        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows, features)   # one tile for every chunk size
-        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, tile=tile, features=features)
+        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows, features,   # one tile for every chunk size
+                                need_sections=sections is not None)
+        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, bool(op.option("accumulate")), tile,
+                      sections, features)
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
