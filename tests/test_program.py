@@ -153,7 +153,7 @@ def test_a_fusion_computes_what_the_reference_does(native_gpu, stacked_model, ru
         assert error <= FUSED_TOLERANCE, (rules, error)
 
 
-def test_the_stacked_prefill_qkv_writes_three_sections(stacked_model):
+def test_the_stacked_prefill_qkv_writes_three_sections(stacked_model, monkeypatch):
     """The prefill q|k|v GEMM writes q, k and v where rope_kv and attention read them: the planar
     qkv activation's sections (ops.qkv_offsets for the planned chunk), each [T][width]."""
     from webslm.kernels import gemm
@@ -179,3 +179,20 @@ def test_the_stacked_prefill_qkv_writes_three_sections(stacked_model):
     assert words[:5] == [5, q + 2 * kv, a.hidden, a.hidden, q]
     assert words[7:] == [q, q + kv, k_at // 4, v_at // 4, kv, kv]
     assert any(t.sections and t.overrides().items() <= launch.overrides.items() for t in gemm.TILES.values())
+    # The tile follows the chunk's length (rounded up to a bucket), and admission compiles each.
+    # (This model's projections are narrow: with the shipped MIN_WORKGROUPS every one takes the
+    # shortest tile, so the rule asks for none here and the tallest tile that fits wins.)
+    from webslm.admission.pipelines import pipelines
+    monkeypatch.setattr(gemm, "MIN_WORKGROUPS", 1)
+    compiled = pipelines(stacked_model, Device(), plan)
+    heights = set()
+    for tokens in range(1, lowering.chunk + 1, 7):
+        for op in programs["prefill"].layer(0):
+            for launch in lowering.lower(op, "prefill", tokens, 0):
+                assert (launch.kernel, launch.overrides) in compiled, (op.label, tokens)
+                if op.kind == "matmul":
+                    tile = next(t for t in gemm.TILES.values()
+                                if t.kernel("q4") == launch.kernel and t.overrides().items() <= launch.overrides.items())
+                    assert tile.tm <= max(32, 2 * tokens), (op.label, tokens, tile.name)
+                    heights.add(tile.tm)
+    assert len(heights) > 1

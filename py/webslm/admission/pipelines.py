@@ -55,7 +55,8 @@ def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "co
 def pipelines(model, device, plan) -> list[tuple[str, dict]]:
     """Exactly the (kernel, overrides) the plan's step programs lower to on this device: every op
     of the decode program (both attention forms when the context passes the single-pass length)
-    and of a prefill chunk, with each reduction the engine may read back."""
+    and of a prefill chunk of each length the GEMM tiles are chosen for, with each reduction the
+    engine may read back."""
     from ..plan.memory import plan_programs
     from ..program.lowering import Lowering
     lowering = Lowering(device, model, plan)
@@ -63,8 +64,8 @@ def pipelines(model, device, plan) -> list[tuple[str, dict]]:
     chosen: list[tuple[str, dict]] = []
     forms = [(0, False)] + ([(lowering.capacity - 1, True)] if lowering.decode_combine_grid is not None else [])
     for schedule, program in programs.items():
-        tokens = lowering.planned_tokens(schedule)
-        for op in program.ops:
+        lengths = lowering.prefill_buckets() if schedule == "prefill" else [lowering.planned_tokens(schedule)]
+        for op, tokens in ((op, t) for op in program.ops for t in lengths):
             for readback in (("argmax", "top-k") if op.kind == "reduce" else ("argmax",)):
                 for start, long_attention in (forms if schedule == "decode" else [(0, False)]):
                     for launch in lowering.lower(op, schedule, tokens, start, readback, long_attention):

@@ -33,6 +33,10 @@ from ..kernels.weights import PART_NAMES, Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
 
+# Prefill chunk lengths the GEMM tile choice distinguishes (Lowering.prefill_buckets).
+GEMM_BUCKETS = (32, 64, 128, 256)
+
+
 @dataclasses.dataclass(frozen=True)
 class Binding:
     role: str
@@ -115,6 +119,12 @@ class Lowering:
     def planned_tokens(self, schedule: str) -> int:
         """T the schedule's activations were laid out for (sections sit at these offsets)."""
         return 1 if schedule == "decode" else self.chunk
+
+    def prefill_buckets(self) -> list[int]:
+        """The chunk lengths prefill GEMM tiles are chosen for: a chunk of T tokens takes the
+        tile of the smallest bucket >= T, so a short prompt does not run the full chunk's tall
+        tiles. Admission compiles the tiles of every bucket (admission/pipelines.py)."""
+        return sorted({min(b, self.chunk) for b in GEMM_BUCKETS} | {self.chunk})
 
     def single_pass_at(self, position: int) -> bool:
         """Whether decode attention at this position is one pass (the "short" recording)."""
@@ -205,8 +215,8 @@ class Lowering:
             q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
             sections, y_stride = [(0, 0, q), (q, k_at // 4, kv), (q + kv, v_at // 4, kv)], q
         features = self.device.features
-        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows, features,   # one tile for every chunk size
-                                need_sections=sections is not None)
+        rows = next(b for b in self.prefill_buckets() if b >= tokens)
+        tile = gemm.choose_tile(self.limits, rows, weights.rows, features, need_sections=sections is not None)
         p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, bool(op.option("accumulate")), tile,
                       sections, features)
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
