@@ -36,7 +36,7 @@ struct WRaw {
 fn fetch_w(n: u32, k: u32) -> WRaw {
     let blocks = (params.k + BLOCK - 1u) / BLOCK;
     let block = n * blocks + k / BLOCK;
-    var raw: WRaw;
+    var raw = WRaw();
     raw.codes = codes[n * (blocks * BLOCK / 16u) + k / 16u];
     raw.s = scale_at(block);
     if (ZERO_MIN) {
