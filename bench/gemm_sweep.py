@@ -17,6 +17,10 @@ submit to a 4-byte readback, calibrated to ROUND_SECONDS a round, after a warm-u
 is the median of ROUNDS rounds per dispatch. TFLOP/s = 2 M N K / us; GB/s = (weight bytes +
 x + y) / us.
 
+Prefill attention (kernels/attention.py, both variants, f32 and f16 caches) on the same models'
+heads at T = 128 and 512 new tokens from position 0 is timed the same way after the GEMMs
+(--no-attention skips it), checked against attention.py's oracle and rule on every row first.
+
 Encodings after the first measure only the tiles within --prune (1.5x) of the best in the
 same shape and T for the first encoding, plus the host's choice and the classic kernel's best
 there (--prune 0 measures every tile: about three times longer).
@@ -45,7 +49,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from webslm.kernels import gemm, golden, runner  # noqa: E402
+from webslm.kernels import attention, gemm, golden, runner  # noqa: E402
 from webslm.kernels.gemm_oracle import decode64, oracle, random_parts  # noqa: E402
 from webslm.kernels.registry import KERNEL_FEATURES, compile_kernel  # noqa: E402
 from webslm.webgpu.interface import BufferBinding, BufferUsage, Dispatch  # noqa: E402
@@ -68,7 +72,9 @@ SHAPES = {      # name -> (N, K): y [T, N] = x [T, K] W^T
     "llama1b down 2048x8192": (2048, 8192),
 }
 TOKENS = (128, 512)
-QUICK = {"shapes": {"tiny 200x96": (200, 96), "tiny 70x160": (70, 160)}, "tokens": (37, 64)}
+ATTENTION = {"smollm2 9/3 d64": (9, 3, 64), "llama1b 32/8 d64": (32, 8, 64)}   # heads, KV heads, head_dim
+QUICK = {"shapes": {"tiny 200x96": (200, 96), "tiny 70x160": (70, 160)}, "tokens": (37, 64),
+         "attention": {"tiny 4/2 d64": (4, 2, 64)}}
 ROUND_SECONDS, ROUNDS, MAX_CHAIN = 0.015, 3, 4000
 CHECK_ROWS = 12
 MIN_WORKGROUPS_TRIED = (16, 32, 64, 96, 128, 192, 256, 384, 512)
@@ -150,19 +156,62 @@ class Cell:
                 "unwritten": unwritten}
 
     async def time(self, dispatch) -> float:
-        """Seconds per dispatch of a dependent chain (median of ROUNDS calibrated rounds)."""
-        async def chain(count: int) -> float:
-            self.device.submit([])
-            await self.device.read_buffer(self.buffers["y"], 0, 4)
-            self.device.submit([dispatch] * count)
-            started = time.perf_counter()
-            await self.device.read_buffer(self.buffers["y"], 0, 4)
-            return (time.perf_counter() - started) / count
+        return await time_chain(self.device, dispatch, self.buffers["y"])
 
-        estimate = await chain(2)
-        count = int(min(MAX_CHAIN, max(2, ROUND_SECONDS / max(estimate, 1e-7))))
-        await chain(count)                                  # warm-up: clocks up, caches filled
-        return statistics.median([await chain(count) for _ in range(ROUNDS)])
+
+async def time_chain(device, dispatch, sync_buffer) -> float:
+    """Seconds per dispatch of a dependent chain (median of ROUNDS calibrated rounds)."""
+    async def chain(count: int) -> float:
+        device.submit([])
+        await device.read_buffer(sync_buffer, 0, 4)
+        device.submit([dispatch] * count)
+        started = time.perf_counter()
+        await device.read_buffer(sync_buffer, 0, 4)
+        return (time.perf_counter() - started) / count
+
+    estimate = await chain(2)
+    count = int(min(MAX_CHAIN, max(2, ROUND_SECONDS / max(estimate, 1e-7))))
+    await chain(count)                                  # warm-up: clocks up, caches filled
+    return statistics.median([await chain(count) for _ in range(ROUNDS)])
+
+
+async def attention_rows(device, quick: bool) -> list[dict]:
+    """Both prefill attention variants per (model heads, T, cache type): checked, then timed."""
+    rows, rng = [], np.random.default_rng(1)
+    dtypes = ["f32"] + (["f16"] if "shader-f16" in device.features else [])
+    for name, (h, kv, e) in (QUICK["attention"] if quick else ATTENTION).items():
+        for t in QUICK["tokens"] if quick else TOKENS:
+            for dtype in dtypes:
+                shape = attention.AttentionShape(h, kv, e, t, dtype)
+                q, k_cache, v_cache = attention.make_case(rng, shape, t, 0, "random")
+                exact, chosen = None, attention.plan_prefill(device.limits, shape, 0, t).dispatch.kernel
+                for variant in attention.PREFILL_VARIANTS:
+                    plan = attention.plan_prefill(device.limits, shape, 0, t, variant=variant)
+                    kernel = await compile_kernel(device, plan.dispatch.kernel, **plan.dispatch.overrides)
+                    prepared = runner.prepare(device, kernel, plan.dispatch.params, [q, k_cache, v_cache],
+                                              [(q.size, np.float32)], plan.dispatch.grid)
+                    try:
+                        device.submit([prepared.dispatch])
+                        (got,) = await prepared.read_outputs(device)
+                        exact, bound = attention.error_bound(*attention.oracle_inputs(shape, q, k_cache, v_cache, t),
+                                                             0, attention.default_scale(e), plan.summation_depth,
+                                                             plan.exp_chain)
+                        check = golden.compare_bound("attention", "sweep", name, got, exact, bound, attention.RULE)
+                        row = {"shape": name, "t": t, "cache": dtype, "variant": variant, "kernel": plan.dispatch.kernel,
+                               "chosen": plan.dispatch.kernel == chosen, "valid": check.passed,
+                               "error_over_bound": check.error_over_tolerance}
+                        if check.passed:
+                            seconds = await time_chain(device, prepared.dispatch, prepared.outputs[0][0])
+                            pairs = h * t * (t + 1) // 2              # (query, visible key) pairs
+                            row |= {"us": seconds * 1e6, "tflops": 4 * e * pairs / seconds / 1e12}
+                    finally:
+                        prepared.release(device)
+                    rows.append(row)
+                    print(f"attention {name:18s} T={t:<4d} {dtype} {variant:6s} " + (
+                        f"{row['us']:9.1f} us {row['tflops']:6.2f} TFLOP/s" if row["valid"] else
+                        f"INVALID error/bound {row['error_over_bound']:.3g}") + ("  <- chosen" if row["chosen"] else ""),
+                        flush=True)
+    return rows
 
 
 def choice(limits, features, m: int, n: int, order=None, min_workgroups=None) -> str | None:
@@ -271,6 +320,7 @@ async def main(args) -> dict:
                     cell.release()
         if args.out:
             args.out.write_text(json.dumps(report, indent=1))
+    report["attention"] = [] if args.no_attention else await attention_rows(device, args.quick)
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["summary"] = summarize(report["rows"])
     report["recommendation"] = {tier: recommend(report["rows"], limits, features, half=tier == "B")
@@ -337,6 +387,7 @@ if __name__ == "__main__":
     parser.add_argument("--prune", type=float, default=1.5,
                         help="later encodings: only tiles within this factor of the first's best (0: all)")
     parser.add_argument("--max-seconds", type=float, default=200.0, help="start no new cell after this")
+    parser.add_argument("--no-attention", action="store_true", help="skip the prefill attention timings")
     parser.add_argument("--out", type=pathlib.Path, help="write the JSON report here")
     args = parser.parse_args()
     if args.out:
