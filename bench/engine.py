@@ -91,14 +91,15 @@ async def host_costs(backend, rounds: int = 50) -> dict:
             "submit_and_read_ms": floors}
 
 
-async def profile(backend, repeats: int = 200) -> list[dict]:
-    """GPU time of each kind of dispatch in the decode step (position 0, argmax): one dispatch
-    of that kind `repeats` times back to back in one command buffer encoded beforehand (each
-    depends on the last through its output, as in the step), minus an empty submit's round
-    trip, divided by `repeats`. The sum over the step's dispatch counts is what the step's
-    dispatches take on the GPU. (An earlier version encoded through wgpu-py's wrappers inside
-    the timed region, which cost ~12 us a dispatch on the host: it measured the host.)"""
-    recording = backend._recordings[("decode", False, "argmax", 1)]
+async def profile(backend, repeats: int = 200, key=("decode", False, "argmax", 1)) -> list[dict]:
+    """GPU time of each kind of dispatch in the decode step (position 0, argmax), or in another
+    recorded list (`key`: the prefill body of a one-chunk prompt): one dispatch of that kind
+    `repeats` times back to back in one command buffer encoded beforehand (each depends on the
+    last through its output, as in the step), minus an empty submit's round trip, divided by
+    `repeats`. The sum over the step's dispatch counts is what the step's dispatches take on
+    the GPU. (An earlier version encoded through wgpu-py's wrappers inside the timed region,
+    which cost ~12 us a dispatch on the host: it measured the host.)"""
+    recording = backend._recordings[key]
     labels = backend.forward.labels
     counts: dict[str, list] = {}
     for dispatch in recording.dispatches:
@@ -177,6 +178,9 @@ async def bench_model(path: str, args) -> dict:
             "decode_tokens_per_s_blocking_readback": await blocking_decode(backend, prompt, args.new_tokens),
             "executor_stats": {k: v for k, v in backend.stats.items()},
             "profile": await profile(backend) if args.profile else None,
+            # the prefill body's dispatches (layers, final norm) of the last run, when one chunk held the prompt
+            "prefill_profile": (await profile(backend, 20, ("prefill", args.prompt_tokens, True))
+                                if args.profile and args.prompt_tokens <= backend.forward.chunk else None),
         }
     finally:
         backend.release()
@@ -202,6 +206,9 @@ async def main(args) -> dict:
               f"admission {row['admission_s']} s", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
+        for p in row["prefill_profile"] or []:
+            print(f"    prefill {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = "
+                  f"{p['step_us'] / 1e3:.3f} ms/prompt")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
     return report
@@ -215,7 +222,8 @@ if __name__ == "__main__":
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")
-    parser.add_argument("--profile", action="store_true", help="time each kind of decode dispatch")
+    parser.add_argument("--profile", action="store_true", help="time each kind of decode (and one-chunk "
+                                                                  "prefill) dispatch")
     parser.add_argument("--fusions", default="all", help="comma-separated program/fusion.py rules, '' for "
                                                           "none, 'all' (default)")
     parser.add_argument("--out")
