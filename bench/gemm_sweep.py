@@ -224,7 +224,8 @@ def choice(limits, features, m: int, n: int, order=None, min_workgroups=None) ->
 def recommend(rows: list[dict], limits: dict, features, half: bool) -> dict | None:
     """The TILE_ORDER and MIN_WORKGROUPS minimising the summed time over every measured cell,
     by a greedy search: one representative per tile size (the variant with the best geometric
-    mean of time / cell best), largest first; then drop tiles while the total improves."""
+    mean of time / cell best; with and without split K), largest first; then drop tiles while the
+    total improves."""
     table: dict[tuple, dict[str, float]] = {}
     shapes: dict[tuple, tuple[int, int]] = {}
     for r in rows:
@@ -239,13 +240,13 @@ def recommend(rows: list[dict], limits: dict, features, half: bool) -> dict | No
     for cell, times in table.items():
         for tile, us in times.items():
             scores.setdefault(tile, []).append(math.log(us / best[cell]))
-    by_size: dict[tuple, str] = {}
+    by_size: dict[tuple, str] = {}      # (TM, TN, split K): the best variant measured in every cell
     for tile, logs in sorted(scores.items(), key=lambda kv: statistics.fmean(kv[1])):
         t = gemm.TILES[tile]
-        if len(logs) == len(table) and t.sections:   # a tiled tile measured in every cell
-            by_size.setdefault((t.tm, t.tn), tile)
+        if len(logs) == len(table) and t.sections:
+            by_size.setdefault((t.tm, t.tn, t.ksplit > 1), tile)
     order = sorted(by_size.values(), key=lambda name: (-gemm.TILES[name].tm * gemm.TILES[name].tn,
-                                                       -gemm.TILES[name].invocations))
+                                                       gemm.TILES[name].ksplit, -gemm.TILES[name].invocations))
 
     def total(names, mw) -> float:
         s = 0.0

@@ -69,8 +69,10 @@ def test_every_tile_is_exercised_by_the_full_suite():
     for config in gemm.CONFIGS:
         assert any(c.tile is not None and c.tile.sections and gemm._tag(config) in c.name for c in cases), config
     # the f16-tile variants meet the adversarial codes and the accumulate path too
-    half = [c for c in cases if c.tile is not None and c.tile.half]
-    assert any("max codes" in c.name for c in half) and any(c.y0 is not None for c in half)
+    for kind in ("half", "ksplit"):    # f16 tiles and split-K tiles meet adversarial codes and ACCUMULATE
+        mine = [c for c in cases if c.tile is not None and c.tile.sections and
+                (c.tile.half if kind == "half" else c.tile.ksplit > 1)]
+        assert any("max codes" in c.name for c in mine) and any(c.y0 is not None for c in mine), kind
 
 
 def test_quick_suite_covers_every_tile_the_host_may_choose():
@@ -233,14 +235,18 @@ def test_tiles_fit_their_advertised_budgets():
         for encoding in ("q4", "q8", "f16", "f32"):
             gemm.KERNELS[tile.kernel(encoding)].check_overrides(tile.overrides())
     assert Tile(16, 16, 8).tm == 128 and Tile(16, 16, 8).tn == 64
-    big = RegisterTile(16, 8, 8, 16, 2)
-    assert (big.tm, big.tn, big.invocations, big.workgroup_bytes) == (128, 128, 256, 2 * 256 * 20 * 4)
-    assert RegisterTile(16, 8, 8, 16, 2, half=True).workgroup_bytes == big.workgroup_bytes // 2
-    # the WGSL's register arrays: x items (RM BK / 4 WG_X) <= 4, weight items per encoding
+    big = RegisterTile(16, 8, 8, 16, 2)      # tiles + the 16-byte `red` stub
+    assert (big.tm, big.tn, big.invocations, big.workgroup_bytes) == (128, 128, 256, 2 * 256 * 20 * 4 + 16)
+    assert RegisterTile(16, 8, 8, 16, 2, half=True).workgroup_bytes == 2 * 256 * 20 * 2 + 16
+    split = RegisterTile(8, 4, 4, 16, 2, ksplit=2)
+    assert (split.name, split.invocations) == ("32x64/4x4/k16/s2/x2", 256)
+    assert split.workgroup_bytes == 2 * 96 * 20 * 4 + 32 * 64 * 4 + 16
+    # the WGSL's register arrays: x items ceil(RM BK / 4 WG_X KSPLIT) <= 4, weight items per encoding
     for tile in (t for t in gemm.TILES.values() if t.sections):
-        assert tile.rm * tile.bk // (4 * tile.wg_x) <= 4
+        assert -(-tile.tm * tile.bk // 4 // tile.invocations) <= 4
         for unit, most in ((16, 2), (8, 4), (4, 8)):     # q4/q8, f16, f32 (W_ITEMS_MAX)
             assert -(-tile.tn * tile.bk // unit // tile.invocations) <= most, tile.name
+        assert tile.bk // 4 % tile.ksplit == 0
 
 
 def test_bench_hook_covers_the_requested_shapes():

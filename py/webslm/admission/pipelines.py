@@ -15,10 +15,10 @@ from ..webgpu.interface import BufferUsage
 from ..kernels.registry import compile_kernel
 
 # Limits the kernels want beyond the plan's, capped by the adapter: workgroup memory for the
-# large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 256
-# invocations for the 256-wide variants.
-KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 256,
-                 "maxComputeWorkgroupSizeX": 256}
+# large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 512
+# invocations for the split-K GEMM tiles (256 for the other wide variants).
+KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 512,
+                 "maxComputeWorkgroupSizeX": 512}
 
 
 def unsupported(manifest) -> str | None:

@@ -55,7 +55,7 @@ def kernel_name(encoding: str) -> str:
 def _specs():
     classic = {"WG_X": (8, 16), "WG_Y": (8, 16), "RM": (4, 8), "ACCUMULATE": (0, 1)}
     tiled = {"WG_X": (16,), "WG_Y": (8, 16), "RM": (4, 8), "RN": (4, 8), "BK": (16, 32), "STAGES": (1, 2),
-             "ACCUMULATE": (0, 1)}
+             "KSPLIT": (1, 2, 4), "ACCUMULATE": (0, 1)}
     bindings = ("uniform", "read-only-storage", "storage")
     for encoding in ENCODINGS:
         quant = QUANT_SOURCES.get(encoding, ())
@@ -131,13 +131,15 @@ class Tile:
 class RegisterTile:
     """A tiled-kernel tile: TM = RM WG_Y rows of Y (tokens) by TN = RN * 16 columns (weight
     rows), each invocation an RM x RN register block; K steps of BK through STAGES workgroup
-    tiles of f32 (or f16: half) with rows padded by 4 elements."""
+    tiles of f32 (or f16: half) with rows padded by 4 elements; KSPLIT slices of invocations
+    share each step's k (their blocks added at the end through `red`)."""
     wg_y: int
     rm: int
     rn: int
     bk: int = 16
     stages: int = 2
     half: bool = False
+    ksplit: int = 1
     wg_x = 16
     sections = True
 
@@ -151,22 +153,24 @@ class RegisterTile:
 
     @property
     def invocations(self) -> int:
-        return self.wg_x * self.wg_y
+        return self.wg_x * self.wg_y * self.ksplit
 
     @property
     def workgroup_bytes(self) -> int:
-        return self.stages * (self.tm + self.tn) * (self.bk + 4) * (2 if self.half else 4)
+        tiles = self.stages * (self.tm + self.tn) * (self.bk + 4) * (2 if self.half else 4)
+        return tiles + (self.ksplit > 1) * self.tm * self.tn * 4 + 16      # + `red`
 
     @property
     def name(self) -> str:
-        return f"{self.tm}x{self.tn}/{self.rm}x{self.rn}/k{self.bk}/s{self.stages}" + ("/h" if self.half else "")
+        return (f"{self.tm}x{self.tn}/{self.rm}x{self.rn}/k{self.bk}/s{self.stages}" + ("/h" if self.half else "")
+                + (f"/x{self.ksplit}" if self.ksplit > 1 else ""))
 
     def kernel(self, encoding: str) -> str:
         return f"gemm_tiled_half_{encoding}" if self.half else f"gemm_tiled_{encoding}"
 
     def overrides(self) -> dict[str, int]:
         return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "RM": self.rm, "RN": self.rn, "BK": self.bk,
-                "STAGES": self.stages}
+                "STAGES": self.stages, "KSPLIT": self.ksplit}
 
     def admitted(self, limits: dict[str, int], features=frozenset()) -> bool:
         return (self.invocations <= runner.max_invocations(limits)
@@ -179,7 +183,7 @@ def _tiled(*tiles: RegisterTile) -> dict[str, RegisterTile]:
 
 
 # Every variant by name. Classic tiles: 32x32 (64 invocations, 8 KiB) and 64x64 (128, 16 KiB)
-# fit every device, compatibility mode included. Tiled: 256 or 128 invocations, 15-40 KiB.
+# fit every device, compatibility mode included. Tiled: 128 to 512 invocations, 15-40 KiB.
 TILES: dict[str, Tile | RegisterTile] = {
     "128x64": Tile(16, 16, 8),
     "64x64w": Tile(16, 16, 4),
@@ -199,6 +203,10 @@ TILES: dict[str, Tile | RegisterTile] = {
     RegisterTile(8, 4, 4, 16, 2),      # 32x64, 128 invocations, 15 KiB: fits every core device
     RegisterTile(8, 4, 4, 32, 2),      # 32x64, 128 invocations, 27 KiB
     RegisterTile(16, 4, 8, 32, 1),     # 64x128, 27 KiB
+    RegisterTile(8, 4, 4, 16, 2, ksplit=2),      # 32x64, 2 K slices: 256 invocations, 23 KiB
+    RegisterTile(8, 4, 4, 32, 1, ksplit=4),      # 32x64, 4 K slices: 512 invocations, 22 KiB
+    RegisterTile(16, 4, 4, 16, 1, ksplit=2),     # 64x64, 2 K slices: 512 invocations, 26 KiB
+    RegisterTile(8, 4, 8, 16, 1, ksplit=2),      # 32x128, 2 K slices: 256 invocations, 29 KiB
     RegisterTile(16, 8, 8, 32, 2, half=True),    # 128x128, f16 tiles, 36 KiB
     RegisterTile(16, 8, 8, 16, 2, half=True),    # 128x128, f16 tiles, 20 KiB
     RegisterTile(16, 4, 8, 32, 2, half=True),    # 64x128, f16 tiles, 27 KiB
@@ -208,13 +216,16 @@ TILES: dict[str, Tile | RegisterTile] = {
 # THE KNOB (set from `bench/gemm_sweep.py`'s H200 run: it prints a recommended setting). Per
 # tier, the tiles the host may choose, largest first; `choose_tile` takes the first one the
 # device admits that gives >= MIN_WORKGROUPS workgroups for the shape and is not taller than
-# M needs, else the admitted one giving the most workgroups. Tier A: f32 tiles only; tier B
+# M needs, else the admitted one giving the most workgroups (ties: the most invocations, so a
+# split-K "/x2" tile wins where no tile fills the GPU). Tier A: f32 tiles only; tier B
 # (shader-f16) may list "/h" tiles, whose bound is looser and which need activations within
 # the f16 range (docs/kernels.md), so they are not listed until measured to win. The classic
 # tiles follow every list as the fallback for devices the tiled ones do not fit.
 TILE_ORDER: dict[str, tuple[str, ...]] = {
-    "A": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2"),
-    "B": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2"),
+    "A": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2",
+          "32x64/4x4/k16/s2/x2"),
+    "B": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2",
+          "32x64/4x4/k16/s2/x2"),
 }
 CLASSIC_FALLBACK = ("128x64", "64x64w", "64x64", "32x32")
 # Below this many tiles a large GPU idles (an H200 has 132 multiprocessors): prefer a smaller tile.
@@ -473,15 +484,15 @@ def _cases(ctx: GoldenContext):
     accumulate = [(SMOLLM, 5, 9, 40)] if quick else [
         (config, m, n, k) for config in (SMOLLM, Q8_F32, F32) for m, n, k in [(17, 65, 97), (67, 33, 300)]]
     for config, m, n, k in accumulate:
-        for tile in [None] + ([] if quick else [t for t in tiles if t.name in ("128x64", "128x128/8x8/k16/s2",
-                                                                           "32x64/4x4/k16/s2", "32x64/4x4/k32/s2/h")]):
+        for tile in [None] + ([] if quick else [t for t in tiles if t.name in (
+                "128x64", "128x128/8x8/k16/s2", "32x64/4x4/k16/s2", "32x64/4x4/k32/s2/h", "32x64/4x4/k32/s1/x4")]):
             yield Case(f"accumulate {m}x{n}x{k} {_tag(config)} tile {tile.name if tile else 'chosen'}",
                        _random(rng, config, n, k), _activations(rng, m, k),
                        y0=(rng.standard_normal((m, n)) * 4).astype(np.float32), tile=tile)
     yield from _section_cases(rng, quick, [t for t in tiles if t.sections])
     if not quick:
-        yield from _adversarial_cases(rng, [None] + [t for t in tiles if t.name in ("64x128/4x8/k16/s2",
-                                                                                 "128x128/8x8/k16/s2/h")])
+        yield from _adversarial_cases(rng, [None] + [t for t in tiles if t.name in (
+            "64x128/4x8/k16/s2", "128x128/8x8/k16/s2/h", "64x64/4x4/k16/s1/x2")])
     if ctx.model is not None and "blk.0.ffn_up" in ctx.model.manifest.tensors:
         weights = Weights.from_model(ctx.model, "blk.0.ffn_up")
         m = 3 if quick else 17
