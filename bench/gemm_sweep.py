@@ -27,8 +27,9 @@ there (--prune 0 measures every tile: about three times longer).
 
 Summary per cell: the fastest tile, the host's current choice (choose_tile with TILE_ORDER and
 MIN_WORKGROUPS) and its loss, the classic kernel's best. `recommendation`, per tier: the
-TILE_ORDER and MIN_WORKGROUPS for kernels/gemm.py that minimise the summed time of all cells
-(a greedy search over the measured table; tier B may use f16 tiles). Cells are measured in
+TILE_ORDER and MIN_WORKGROUPS for kernels/gemm.py that minimise the summed time of the first
+encoding's cells (every tile is timed there; a greedy search over the measured table; tier B
+may use f16 tiles), with what that setting gives on the other encodings. Cells are measured in
 order of importance (q4 "min" first) and the run stops starting new ones after --max-seconds,
 so a slow device still writes a useful (marked) partial file.
 """
@@ -222,14 +223,16 @@ def choice(limits, features, m: int, n: int, order=None, min_workgroups=None) ->
 
 
 def recommend(rows: list[dict], limits: dict, features, half: bool) -> dict | None:
-    """The TILE_ORDER and MIN_WORKGROUPS minimising the summed time over every measured cell,
-    by a greedy search: one representative per tile size (the variant with the best geometric
-    mean of time / cell best; with and without split K), largest first; then drop tiles while the
-    total improves."""
+    """The TILE_ORDER and MIN_WORKGROUPS minimising the summed time over the first encoding's
+    cells (the ones where every tile was timed), by a greedy search: one representative per tile
+    size (the variant with the best geometric mean of time / cell best; with and without split
+    K), largest first; then drop tiles while the total improves. `other_encodings`: the summed
+    time of the other encodings' cells under that setting, where its picks were timed."""
+    first = rows[0]["encoding"] if rows else None
     table: dict[tuple, dict[str, float]] = {}
     shapes: dict[tuple, tuple[int, int]] = {}
     for r in rows:
-        if r.get("us") and r["valid"] and (half or not r["half"]):
+        if r.get("us") and r["valid"] and (half or not r["half"]) and r["encoding"] == first:
             cell = (r["encoding"], r["shape"], r["t"])
             table.setdefault(cell, {})[r["tile"]] = r["us"]
             shapes[cell] = (r["t"], r["n"])
@@ -240,11 +243,13 @@ def recommend(rows: list[dict], limits: dict, features, half: bool) -> dict | No
     for cell, times in table.items():
         for tile, us in times.items():
             scores.setdefault(tile, []).append(math.log(us / best[cell]))
-    by_size: dict[tuple, str] = {}      # (TM, TN, split K): the best variant measured in every cell
+    by_size: dict[tuple, str] = {}      # (TM, TN, split K): the best variant timed in every cell
     for tile, logs in sorted(scores.items(), key=lambda kv: statistics.fmean(kv[1])):
         t = gemm.TILES[tile]
         if len(logs) == len(table) and t.sections:
             by_size.setdefault((t.tm, t.tn, t.ksplit > 1), tile)
+    if not by_size:
+        return None
     order = sorted(by_size.values(), key=lambda name: (-gemm.TILES[name].tm * gemm.TILES[name].tn,
                                                        gemm.TILES[name].ksplit, -gemm.TILES[name].invocations))
 
@@ -268,8 +273,15 @@ def recommend(rows: list[dict], limits: dict, features, half: bool) -> dict | No
             if trial_score < score * 0.999:
                 current, score, mw, improved = trial, trial_score, trial_mw, True
                 break
+    others, covered = 0.0, 0
+    for cell in {(r["encoding"], r["shape"], r["t"]) for r in rows if r["encoding"] != first}:
+        timed = {r["tile"]: r["us"] for r in rows if (r["encoding"], r["shape"], r["t"]) == cell and r.get("us")}
+        picked = choice(limits, features, cell[2], next(r["n"] for r in rows if r["shape"] == cell[1]),
+                        tuple(current), mw)
+        if picked in timed:
+            others, covered = others + timed[picked], covered + 1
     return {"order": current, "min_workgroups": mw, "total_us": score, "best_total_us": sum(best.values()),
-            "cells": len(table)}
+            "cells": len(table), "tuned_on": first, "other_encodings_us": others, "other_cells_timed": covered}
 
 
 async def main(args) -> dict:
@@ -333,8 +345,8 @@ async def main(args) -> dict:
     for tier, rec in report["recommendation"].items():
         if rec:
             print(f"recommended tier {tier}: TILE_ORDER[{tier!r}] = {tuple(rec['order'])}, MIN_WORKGROUPS = "
-                  f"{rec['min_workgroups']} (total {rec['total_us']:.0f} us vs {rec['best_total_us']:.0f} us "
-                  f"for the best tile in every cell)")
+                  f"{rec['min_workgroups']} ({rec['tuned_on']}: total {rec['total_us']:.0f} us vs "
+                  f"{rec['best_total_us']:.0f} us for the best tile in every cell)")
     print(f"{len(report['rows'])} rows in {report['seconds']} s; complete: {report['complete']}")
     device.destroy()
     return report

@@ -220,7 +220,7 @@ TILES: dict[str, Tile | RegisterTile] = {
 # split-K "/x2" tile wins where no tile fills the GPU). Tier A: f32 tiles only; tier B
 # (shader-f16) may list "/h" tiles, whose bound is looser and which need activations within
 # the f16 range (docs/kernels.md), so they are not listed until measured to win. The classic
-# tiles follow every list as the fallback for devices the tiled ones do not fit.
+# tiles are the fallback for a device that admits none of the listed ones.
 TILE_ORDER: dict[str, tuple[str, ...]] = {
     "A": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2",
           "32x64/4x4/k16/s2/x2"),
@@ -237,9 +237,11 @@ def tier_of(features) -> str:
 
 
 def candidates(limits: dict[str, int], features=frozenset(), order: tuple[str, ...] | None = None) -> list:
-    """The tiles `choose_tile` picks among on this device, in preference order."""
-    names = (order if order is not None else TILE_ORDER[tier_of(features)]) + CLASSIC_FALLBACK
-    return [TILES[name] for name in dict.fromkeys(names) if TILES[name].admitted(limits, features)]
+    """The tiles `choose_tile` picks among on this device, in preference order: those of the
+    tier's order the device admits, or the classic tiles when it admits none of them."""
+    names = order if order is not None else TILE_ORDER[tier_of(features)]
+    ordered = [TILES[name] for name in dict.fromkeys(names) if TILES[name].admitted(limits, features)]
+    return ordered or [TILES[name] for name in CLASSIC_FALLBACK if TILES[name].admitted(limits, features)]
 
 
 def choose_tile(limits: dict[str, int], m: int, n: int, features=frozenset(),
