@@ -92,14 +92,15 @@ async def host_costs(backend, rounds: int = 50) -> dict:
             "submit_and_read_ms": floors}
 
 
-async def profile(backend, repeats: int = 200) -> list[dict]:
-    """GPU time of each kind of dispatch in the decode step (position 0, argmax): one dispatch
-    of that kind `repeats` times back to back in one command buffer encoded beforehand (each
-    depends on the last through its output, as in the step), minus an empty submit's round
-    trip, divided by `repeats`. The sum over the step's dispatch counts is what the step's
-    dispatches take on the GPU. (An earlier version encoded through wgpu-py's wrappers inside
-    the timed region, which cost ~12 us a dispatch on the host: it measured the host.)"""
-    recording = backend._recordings[("decode", False, "argmax", 1)]
+async def profile(backend, repeats: int = 200, key=("decode", False, "argmax", 1)) -> list[dict]:
+    """GPU time of each kind of dispatch in the decode step (position 0, argmax), or in another
+    recorded list (`key`: the prefill body of a one-chunk prompt): one dispatch of that kind
+    `repeats` times back to back in one command buffer encoded beforehand (each depends on the
+    last through its output, as in the step), minus an empty submit's round trip, divided by
+    `repeats`. The sum over the step's dispatch counts is what the step's dispatches take on
+    the GPU. (An earlier version encoded through wgpu-py's wrappers inside the timed region,
+    which cost ~12 us a dispatch on the host: it measured the host.)"""
+    recording = backend._recordings[key]
     labels = backend.forward.labels
     counts: dict[str, list] = {}
     for dispatch in recording.dispatches:
@@ -144,7 +145,8 @@ async def bench_model(path: str, args) -> dict:
     started = time.perf_counter()
     named = {"default": None, "all": ALL}
     fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
-    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions))
+    session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
+                                                              prefill_chunk=args.prefill_chunk))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -165,6 +167,8 @@ async def bench_model(path: str, args) -> dict:
             "dispatches_per_layer": backend.forward.programs["decode"].dispatches_per_layer(),
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
+            "prefill_chunk": backend.forward.chunk,
+            "prefill_dispatches_per_layer": backend.forward.programs["prefill"].dispatches_per_layer(),
             "prefill_tokens_per_s": statistics.median(args.prompt_tokens / r["prefill_s"] for r in warm),
             "prefill_cold_s": runs[0]["prefill_s"],
             "decode_tokens_per_s": decode_tps, "decode_cold_tokens_per_s": args.new_tokens / runs[0]["decode_s"],
@@ -176,6 +180,9 @@ async def bench_model(path: str, args) -> dict:
             "decode_tokens_per_s_blocking_readback": await blocking_decode(backend, prompt, args.new_tokens),
             "executor_stats": {k: v for k, v in backend.stats.items()},
             "profile": await profile(backend) if args.profile else None,
+            # the prefill body's dispatches (layers, final norm) of the last run, when one chunk held the prompt
+            "prefill_profile": (await profile(backend, 20, ("prefill", args.prompt_tokens, True))
+                                if args.profile and args.prompt_tokens <= backend.forward.chunk else None),
         }
     finally:
         backend.release()
@@ -190,7 +197,8 @@ async def main(args) -> dict:
     for path in args.model:
         row = await bench_model(path, args)
         report["rows"].append(row)
-        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s, "
+        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
+              f"({row['prompt_tokens']} tokens in chunks of {row['prefill_chunk']}), "
               f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}), "
               f"step {row['step_median_ms']:.2f} ms, roofline {row['roofline_tokens_per_s']:.0f} tok/s "
               f"({row['of_roofline']:.2f}), host params {row['host']['params_ms']:.3f} ms + encode "
@@ -200,6 +208,9 @@ async def main(args) -> dict:
               f"admission {row['admission_s']} s", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
+        for p in row["prefill_profile"] or []:
+            print(f"    prefill {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = "
+                  f"{p['step_us'] / 1e3:.3f} ms/prompt")
         if args.out:
             pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
     return report
@@ -208,11 +219,13 @@ async def main(args) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", required=True, help=".slm file (repeatable)")
-    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="prefill prompt length (e.g. 128, 512)")
+    parser.add_argument("--prefill-chunk", type=int, help="tokens per prefill submit (default: the planner's)")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--context", type=int, default=1024, help="KV capacity in tokens")
-    parser.add_argument("--profile", action="store_true", help="time each kind of decode dispatch")
+    parser.add_argument("--profile", action="store_true", help="time each kind of decode (and one-chunk "
+                                                                  "prefill) dispatch")
     parser.add_argument("--fusions", default="default", help="comma-separated program/fusion.py rules, '' for "
                                                               "none, 'all' for every rule, 'default' (the default: "
                                                               "fusion.DEFAULT)")

@@ -133,6 +133,23 @@ def test_gpu_logits_follow_the_cpu_oracle_through_prefill_and_decode(native_gpu,
     assert stats["decode_steps"] == 30
 
 
+def test_prefill_in_several_chunks_follows_the_cpu_oracle(native_gpu, model, run, path):
+    """A prompt longer than the plan's chunk runs as several submits (prefill_chunk 8: 23 tokens
+    in 8 + 8 + 7), each chunk attending to the rows the earlier ones put in the cache."""
+    ids = [int(i) for i in np.random.default_rng(23).integers(3, model.architecture.vocab, 23)]
+
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=PATHS[path][1], prefill_chunk=8))
+        backend = await GpuBackend.build(session, model)
+        try:
+            assert backend.forward.chunk == 8
+            return (await backend.prefill(ids, Want("full"))).logits
+        finally:
+            backend.release()
+    got, want = run(go()), CpuBackend(model).prefill(ids)
+    assert float(np.abs(got - want).max()) / float(np.abs(want).max()) <= LOGIT_TOLERANCE
+
+
 @pytest.mark.skipif(not SMOLLM2.exists(), reason="the default model is built by ./dev (tools/assets.py)")
 def test_smollm2_conformance_on_the_native_gpu(native_gpu):
     out = subprocess.run([sys.executable, "-m", "webslm.cli", "conformance", "--model", str(SMOLLM2),

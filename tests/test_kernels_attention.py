@@ -95,7 +95,20 @@ def test_workgroup_follows_the_device():
     assert pick_workgroup(COMPAT, 256) == 128
     assert pick_workgroup(CORE, 256) == 256
     assert plan_decode(COMPAT, AttentionShape(9, 3, 64, 10), 5).chunk_pass.overrides["WG"] == 128
-    assert plan_prefill(COMPAT, AttentionShape(9, 3, 64, 10), 0, 5).dispatch.overrides["WG"] <= 128
+    assert plan_prefill(COMPAT, AttentionShape(9, 3, 64, 10), 0, 5, variant="tiles").dispatch.overrides["WG"] <= 128
+    # head_dim <= 64: a query row per invocation (64 invocations, 16 KiB), on compatibility devices too
+    for limits in (COMPAT, CORE):
+        rows = plan_prefill(limits, AttentionShape(9, 3, 64, 200), 0, 130)
+        assert rows.dispatch.kernel == "attention_prefill_rows_f32" and rows.dispatch.overrides == {"HD4": 16}
+        assert rows.dispatch.grid == (3 * -(-130 * 3 // 64), 1, 1) and (rows.rows, rows.tile) == (64, 16)
+    assert plan_prefill(CORE, AttentionShape(32, 8, 128, 200), 0, 9).dispatch.kernel == "attention_prefill_f32"
+    assert plan_prefill(CORE, AttentionShape(9, 3, 64, 200), 0, 9, workgroup=64).dispatch.kernel == \
+        "attention_prefill_f32"                  # a workgroup size is the tiles kernel's override
+    with pytest.raises(KvShapeError, match="variant"):
+        plan_prefill(CORE, AttentionShape(32, 8, 128, 200), 0, 9, variant="rows")
+    with pytest.raises(KvShapeError, match="variant"):
+        plan_prefill({**CORE, "maxComputeWorkgroupStorageSize": 8192}, AttentionShape(9, 3, 64, 200), 0, 9,
+                     variant="rows")
     with pytest.raises(KvShapeError, match="workgroup"):
         plan_decode(COMPAT, AttentionShape(9, 3, 64, 10), 5, workgroup=256)
     with pytest.raises(KvShapeError, match="device"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from webslm.kernels import gemm, golden
-from webslm.kernels.gemm import GemmError, Tile
+from webslm.kernels.gemm import GemmError, RegisterTile, Tile
 from webslm.kernels.weights import Weights
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -18,6 +18,7 @@ CORE = {"maxComputeInvocationsPerWorkgroup": 256, "maxComputeWorkgroupSizeX": 25
         "maxStorageBufferBindingSize": 128 << 20}
 COMPAT = {**CORE, "maxComputeInvocationsPerWorkgroup": 128, "maxComputeWorkgroupSizeX": 128}
 ROOMY = {**CORE, "maxComputeWorkgroupStorageSize": 32768}
+H200 = {**CORE, "maxComputeWorkgroupStorageSize": 49152}
 
 
 def _failures(report):
@@ -58,8 +59,31 @@ def test_every_tile_is_exercised_by_the_full_suite():
     names = " ".join(case.name for case in cases)
     for word in ("max codes", "min codes", "mixed codes", "constant rows", "alternating signs",
                  "scale 6e-08", "scale 60000", "scale 1e-30", "scale 1e+30", "accumulate",
-                 "padding decodes to -inf", "strided"):
+                 "padding decodes to -inf", "strided", "sections", "sections + accumulate"):
         assert word in names, word
+    # every tiled tile meets the tail shapes and two encoding options; every option meets a tiled tile
+    for tile in (t for t in gemm.TILES.values() if t.sections):
+        mine = [c for c in cases if c.tile == tile]
+        assert {(3, 1, 1), (129, 37, 257)} <= {(c.x.shape[0], c.weights.rows, c.weights.cols) for c in mine}
+        assert len({c.weights.encoding for c in mine}) >= 2, tile.name
+    for config in gemm.CONFIGS:
+        assert any(c.tile is not None and c.tile.sections and gemm._tag(config) in c.name for c in cases), config
+    # the f16-tile variants meet the adversarial codes and the accumulate path too
+    for kind in ("half", "ksplit"):    # f16 tiles and split-K tiles meet adversarial codes and ACCUMULATE
+        mine = [c for c in cases if c.tile is not None and c.tile.sections and
+                (c.tile.half if kind == "half" else c.tile.ksplit > 1)]
+        assert any("max codes" in c.name for c in mine) and any(c.y0 is not None for c in mine), kind
+
+
+def test_quick_suite_covers_every_tile_the_host_may_choose():
+    """Admission's self-test (size quick) must run each tile choose_tile can return on that device."""
+    class FakeDevice:
+        limits, features = ROOMY, frozenset({"shader-f16"})
+    cases = list(gemm._cases(golden.GoldenContext(FakeDevice(), np.random.default_rng(0), "quick")))
+    tested = {case.tile for case in cases}
+    for m in (1, 17, 64, 128, 512):
+        for n in (1, 64, 576, 3072, 16384):
+            assert gemm.choose_tile(ROOMY, m, n, FakeDevice.features) in tested, (m, n)
 
 
 def test_the_comparison_rejects_wrong_results():
@@ -96,7 +120,7 @@ def _q4(n=40, k=100):
 
 
 def test_plan_builds_params_and_grid():
-    p = gemm.plan(CORE, _q4(), 17)
+    p = gemm.plan(CORE, _q4(), 17, tile=gemm.TILES["32x32"])
     assert p.kernel == "gemm_q4"
     assert p.overrides["BLOCK"] == 32 and p.overrides["ZERO_MIN"] == 1 and p.overrides["SCALE_F16"] == 1
     tiles_m = -(-17 // p.tile.tm)
@@ -104,21 +128,61 @@ def test_plan_builds_params_and_grid():
     assert list(p.params[:7]) == [17, 40, 100, 100, 40, tiles_m, tiles]
     assert p.grid == (tiles, 1, 1)
     assert p.binding_bytes["x"] == (16 * 100 + 100) * 4 and p.binding_bytes["y"] == 17 * 40 * 4
+    tiled = gemm.plan(CORE, _q4(), 17, tile=gemm.TILES["32x64/4x4/k16/s2"])
+    assert tiled.kernel == "gemm_tiled_q4" and tiled.params.size == 16
+    # one section: split1 = split2 = N, the rest zero
+    assert list(tiled.params[:13]) == [17, 40, 100, 100, 40, 1, 1, 40, 40, 0, 0, 0, 0]
+
+
+def test_plan_lays_out_column_sections():
+    """q | k | v of the planar qkv activation: three [M][width] arrays at their own offsets."""
+    w = gemm.random_parts(np.random.default_rng(0), "q4", 24, 64)
+    sections = [(0, 0, 16), (16, 1000, 4), (20, 2000, 4)]
+    p = gemm.plan(CORE, w, 10, sections=sections, tile=gemm.TILES["32x64/4x4/k16/s2"])
+    assert list(p.params[:13]) == [10, 24, 64, 64, 16, 1, 1, 16, 20, 1000, 2000, 4, 4]
+    assert p.binding_bytes["y"] == (2000 + 9 * 4 + 4) * 4
+    bad = {"overlap": [(0, 0, 16), (16, 100, 4), (20, 2000, 4)],      # section 0 spans floats 0..160
+           "not at column 0": [(4, 0, 16)],
+           "narrow stride": [(0, 0, 16), (16, 1000, 3), (20, 2000, 4)],
+           "too many": [(0, 0, 8), (8, 500, 4), (12, 1000, 4), (16, 2000, 8)],
+           "out of order": [(0, 0, 16), (20, 1000, 4), (16, 2000, 4)]}
+    for what, layout in bad.items():
+        with pytest.raises(GemmError, match="bad-sections"):
+            gemm.plan(CORE, w, 10, sections=layout, tile=gemm.TILES["32x64/4x4/k16/s2"])
+    with pytest.raises(GemmError, match="bad-sections"):             # the classic kernel has one output
+        gemm.plan(CORE, w, 10, sections=sections, tile=gemm.TILES["32x32"])
 
 
 def test_tile_choice_follows_device_limits():
-    for limits in (CORE, COMPAT, ROOMY):
-        for m, n in [(2, 5), (17, 576), (128, 576), (512, 3072), (512, 28672)]:
-            tile = gemm.choose_tile(limits, m, n)
-            assert tile.admitted(limits)
+    for limits in (CORE, COMPAT, ROOMY, H200):
+        for features in (frozenset(), frozenset({"shader-f16"})):
+            for m, n in [(2, 5), (17, 576), (128, 576), (512, 3072), (512, 28672)]:
+                tile = gemm.choose_tile(limits, m, n, features)
+                assert tile.admitted(limits, features)
     assert all(gemm.choose_tile(COMPAT, m, 4096).invocations <= 128 for m in (17, 128, 512))
-    assert gemm.choose_tile(ROOMY, 512, 28672) == gemm.TILES["128x64"]    # big problem, roomy device
+    assert gemm.choose_tile(H200, 512, 28672) == gemm.TILES[gemm.TILE_ORDER["A"][0]]   # big problem, roomy device
     assert gemm.choose_tile(CORE, 512, 28672).workgroup_bytes <= 16384
     assert gemm.choose_tile(CORE, 3, 64).tm == 32                          # short M: short tile
     with pytest.raises(GemmError, match="tile-not-admitted"):
         gemm.choose_tile({**CORE, "maxComputeInvocationsPerWorkgroup": 32}, 64, 64)
     with pytest.raises(GemmError, match="tile-not-admitted"):
         gemm.plan(COMPAT, _q4(), 64, tile=gemm.TILES["128x64"])
+    half = gemm.TILES["128x128/8x8/k16/s2/h"]
+    with pytest.raises(GemmError, match="tile-not-admitted"):        # f16 tiles need shader-f16
+        gemm.plan(ROOMY, _q4(), 64, tile=half)
+    assert gemm.plan(ROOMY, _q4(), 64, tile=half, features={"shader-f16"}).kernel == "gemm_tiled_half_q4"
+
+
+def test_the_knob_names_registered_tiles():
+    for tier, names in gemm.TILE_ORDER.items():
+        assert names and all(name in gemm.TILES and gemm.TILES[name].sections for name in names), tier
+        assert all(not gemm.TILES[name].half for name in names) or tier == "B"
+    for name in gemm.CLASSIC_FALLBACK:
+        assert not gemm.TILES[name].sections
+    # the choice can be steered without editing the module (the sweep's simulation does this)
+    assert gemm.choose_tile(H200, 512, 16384, order=("32x64/4x4/k16/s2",)).name == "32x64/4x4/k16/s2"
+    assert gemm.choose_tile(H200, 128, 2048, order=("128x128/8x8/k16/s2", "32x64/4x4/k16/s2"),
+                            min_workgroups=16).name == "128x128/8x8/k16/s2"
 
 
 @pytest.mark.parametrize("change, code", [
@@ -167,10 +231,22 @@ def test_gemm_rejects_activation_shape_before_dispatch(native_device, run):
 def test_tiles_fit_their_advertised_budgets():
     assert gemm.TILES["64x64"].workgroup_bytes == 16384 and gemm.TILES["64x64"].invocations == 128
     assert gemm.TILES["32x32"].workgroup_bytes == 8192 and gemm.TILES["32x32"].invocations == 64
-    spec = gemm.KERNELS["gemm_q4"]
     for tile in gemm.TILES.values():
-        spec.check_overrides(tile.overrides())
+        for encoding in ("q4", "q8", "f16", "f32"):
+            gemm.KERNELS[tile.kernel(encoding)].check_overrides(tile.overrides())
     assert Tile(16, 16, 8).tm == 128 and Tile(16, 16, 8).tn == 64
+    big = RegisterTile(16, 8, 8, 16, 2)      # tiles + the 16-byte `red` stub
+    assert (big.tm, big.tn, big.invocations, big.workgroup_bytes) == (128, 128, 256, 2 * 256 * 20 * 4 + 16)
+    assert RegisterTile(16, 8, 8, 16, 2, half=True).workgroup_bytes == 2 * 256 * 20 * 2 + 16
+    split = RegisterTile(8, 4, 4, 16, 2, ksplit=2)
+    assert (split.name, split.invocations) == ("32x64/4x4/k16/s2/x2", 256)
+    assert split.workgroup_bytes == 2 * 96 * 20 * 4 + 32 * 64 * 4 + 16
+    # the WGSL's register arrays: x items ceil(RM BK / 4 WG_X KSPLIT) <= 4, weight items per encoding
+    for tile in (t for t in gemm.TILES.values() if t.sections):
+        assert -(-tile.tm * tile.bk // 4 // tile.invocations) <= 4
+        for unit, most in ((16, 2), (8, 4), (4, 8)):     # q4/q8, f16, f32 (W_ITEMS_MAX)
+            assert -(-tile.tn * tile.bk // unit // tile.invocations) <= most, tile.name
+        assert tile.bk // 4 % tile.ksplit == 0
 
 
 def test_bench_hook_covers_the_requested_shapes():

@@ -50,7 +50,7 @@ def test_the_reference_layer_is_the_cpu_oracles_steps(stacked_model):
     assert [op.label for op in reference(arch, "prefill", 64).after] == ["final_norm", "last_row", "head", "reduce"]
 
 
-def test_every_rule_fused_gives_five_dispatches_a_layer_and_leaves_prefill_alone(stacked_model):
+def test_every_rule_fused_gives_five_dispatches_a_layer_and_prefill_only_stacks(stacked_model):
     arch = stacked_model.architecture
     layout = Layout({}, frozenset({"qkv", "gate_up"}))
     decode = fuse(reference(arch, "decode", 1, layout), layout)
@@ -64,8 +64,12 @@ def test_every_rule_fused_gives_five_dispatches_a_layer_and_leaves_prefill_alone
     head = decode.after[0]                              # the final norm folded into the head
     assert [op.kind for op in decode.after] == ["matmul", "reduce"] and head.option("input") == "norm"
     assert len(decode.dispatch_ops()) == 1 + 5 * arch.n_layers + 2
-    prefill = reference(arch, "prefill", 64, layout)
-    assert fuse(prefill, layout).ops == prefill.ops
+    prefill = fuse(reference(arch, "prefill", 64, layout), layout)
+    assert prefill.fusions == ("stack-projections",)
+    assert [op.label for op in prefill.layer(1)] == ["attn_norm", "qkv", "rope_kv", "attention", "o", "ffn_norm",
+                                                     "gate_up", "swiglu", "down"]
+    qkv = prefill.layer(1)[1]
+    assert qkv.write("y") == "qkv" and qkv.read("w") == "w:blk.1.attn_q+blk.1.attn_k+blk.1.attn_v"
 
 
 def test_each_rule_on_top_of_the_ones_before_removes_dispatches(stacked_model):
@@ -197,3 +201,48 @@ def test_a_fusion_computes_what_the_reference_does(native_gpu, stacked_model, ru
     for want, got in zip(reference_rows, fused_rows):
         error = float(np.abs(got - want).max()) / float(np.abs(want).max())
         assert error <= FUSED_TOLERANCE, (rules, error)
+
+
+def test_the_stacked_prefill_qkv_writes_three_sections(stacked_model, monkeypatch):
+    """The prefill q|k|v GEMM writes q, k and v where rope_kv and attention read them: the planar
+    qkv activation's sections (ops.qkv_offsets for the planned chunk), each [T][width]."""
+    from webslm.kernels import gemm
+    from webslm.program.lowering import Lowering
+    from webslm.program.ops import qkv_offsets
+
+    class Device:
+        limits = {**SPEC_DEFAULT_LIMITS["core"], "maxComputeWorkgroupStorageSize": 32768,
+                  "maxComputeInvocationsPerWorkgroup": 256, "maxComputeWorkgroupSizeX": 256,
+                  "maxComputeWorkgroupsPerDimension": 65535}
+        features = frozenset()
+    plan = plan_memory(stacked_model, Device.limits, PlanPolicy())
+    programs = plan_programs(stacked_model, plan)
+    lowering = Lowering(Device(), stacked_model, plan)
+    op = next(op for op in programs["prefill"].layer(0) if op.label == "qkv")
+    (launch,) = lowering.lower(op, "prefill", 5, 0)
+    a = stacked_model.architecture
+    q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+    _, k_at, v_at = qkv_offsets(a, lowering.chunk, lowering.s_align)
+    assert launch.kernel.startswith("gemm_tiled_") and launch.outputs[0].ref == "qkv"
+    # params: m, n, k, x_stride, y_stride, tiles_m, tiles, split1, split2, base1, base2, stride1, stride2
+    words = list(launch.params[:13])
+    assert words[:5] == [5, q + 2 * kv, a.hidden, a.hidden, q]
+    assert words[7:] == [q, q + kv, k_at // 4, v_at // 4, kv, kv]
+    assert any(t.sections and t.overrides().items() <= launch.overrides.items() for t in gemm.TILES.values())
+    # The tile follows the chunk's length (rounded up to a bucket), and admission compiles each.
+    # (This model's projections are narrow: with the shipped MIN_WORKGROUPS every one takes the
+    # shortest tile, so the rule asks for none here and the tallest tile that fits wins.)
+    from webslm.admission.pipelines import pipelines
+    monkeypatch.setattr(gemm, "MIN_WORKGROUPS", 1)
+    compiled = pipelines(stacked_model, Device(), plan)
+    heights = set()
+    for tokens in range(1, lowering.chunk + 1, 7):
+        for op in programs["prefill"].layer(0):
+            for launch in lowering.lower(op, "prefill", tokens, 0):
+                assert (launch.kernel, launch.overrides) in compiled, (op.label, tokens)
+                if op.kind == "matmul":
+                    tile = next(t for t in gemm.TILES.values()
+                                if t.kernel("q4") == launch.kernel and t.overrides().items() <= launch.overrides.items())
+                    assert tile.tm <= max(32, 2 * tokens), (op.label, tokens, tile.name)
+                    heights.add(tile.tm)
+    assert len(heights) > 1

@@ -84,6 +84,7 @@ class AdmissionPolicy:
     context: int | None = None              # KV capacity in tokens (None: the planner's default)
     kv_dtype: str | None = None             # "f32" | "f16" (None: f16 when the tier has it)
     fusions: tuple[str, ...] | None = None  # program/fusion.py rules (None: its DEFAULT; (): the reference program)
+    prefill_chunk: int | None = None        # tokens per prefill submit (None: the planner's default)
 
 
 @dataclasses.dataclass
@@ -342,6 +343,8 @@ class _Admission:
         from ..plan import PlanPolicy, PlanRejected, plan_memory
         kv_dtype = self.policy.kv_dtype or ("f16" if "shader-f16" in self.features else "f32")
         settings = {"kv_dtype": kv_dtype, "fusions": self.policy.fusions}
+        if self.policy.prefill_chunk is not None:
+            settings["prefill_chunk"] = self.policy.prefill_chunk
         if self.policy.context:
             settings["context_capacity"] = min(self.policy.context, self.model.manifest.architecture.context_length)
         try:

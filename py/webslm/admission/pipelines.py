@@ -15,9 +15,10 @@ from ..webgpu.interface import BufferUsage
 from ..kernels.registry import compile_kernel
 
 # Limits the kernels want beyond the plan's, capped by the adapter: workgroup memory for the
-# large GEMM tile (24 KiB) and the attention tiles, 256 invocations for the 256-wide variants.
-KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 32768, "maxComputeInvocationsPerWorkgroup": 256,
-                 "maxComputeWorkgroupSizeX": 256}
+# large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 512
+# invocations for the split-K GEMM tiles (256 for the other wide variants).
+KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 512,
+                 "maxComputeWorkgroupSizeX": 512}
 
 # Encodings the GPU kernels read. q5 and the super-block encodings (q4k, q5k, q6k) are valid
 # artifacts the CPU path runs; admission refuses them here until their kernels exist.
@@ -64,7 +65,8 @@ def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "co
 def pipelines(model, device, plan) -> list[tuple[str, dict]]:
     """Exactly the (kernel, overrides) the plan's step programs lower to on this device: every op
     of the decode program (both attention forms when the context passes the single-pass length)
-    and of a prefill chunk, with each reduction the engine may read back."""
+    and of a prefill chunk of each length the GEMM tiles are chosen for, with each reduction the
+    engine may read back."""
     from ..plan.memory import plan_programs
     from ..program.lowering import Lowering
     lowering = Lowering(device, model, plan)
@@ -72,8 +74,8 @@ def pipelines(model, device, plan) -> list[tuple[str, dict]]:
     chosen: list[tuple[str, dict]] = []
     forms = [(0, False)] + ([(lowering.capacity - 1, True)] if lowering.decode_combine_grid is not None else [])
     for schedule, program in programs.items():
-        tokens = lowering.planned_tokens(schedule)
-        for op in program.ops:
+        lengths = lowering.prefill_buckets() if schedule == "prefill" else [lowering.planned_tokens(schedule)]
+        for op, tokens in ((op, t) for op in program.ops for t in lengths):
             for readback in (("argmax", "top-k") if op.kind == "reduce" else ("argmax",)):
                 for start, long_attention in (forms if schedule == "decode" else [(0, False)]):
                     for launch in lowering.lower(op, schedule, tokens, start, readback, long_attention):

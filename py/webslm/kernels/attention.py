@@ -1,12 +1,13 @@
 """Causal grouped-query attention over the KV cache: decode (split-K) and prefill (tiled).
 
-Kernels (shaders/attention_decode.wgsl, attention_prefill.wgsl; the cache element type
+Kernels (shaders/attention_decode.wgsl, attention_prefill.wgsl, attention_prefill_rows.wgsl; the cache element type
 comes from the prelude attention_kv_f32.wgsl or enable_f16.wgsl + attention_kv_f16.wgsl):
 
     attention_decode_{f32,f16}   one token at position p over positions 0..p, one workgroup
                                  per (KV head, block of its query heads, chunk of positions)
     attention_combine_{f32,f16}  the split-K second pass: rescale chunks to a common max, normalize
     attention_prefill_{f32,f16}  T tokens at start..start+T-1, causal, tiled with online softmax
+    attention_prefill_rows_{f32,f16}  the same, one query row per invocation (head_dim <= 64)
 
 The f16 variants read an f16 cache (tier B, need shader-f16); all arithmetic is f32. The
 cache layout is kv_cache.py's: per layer K and V, each [n_kv_heads][capacity][head_dim].
@@ -53,11 +54,23 @@ for _dtype, _features in (("f32", frozenset()), ("f16", frozenset({"shader-f16"}
                    DECODE_BINDINGS, {"WG": WORKGROUPS, "HD4": ROW_VEC4S}, _features),
         KernelSpec(f"attention_prefill_{_dtype}", (*PRELUDES[_dtype], "attention_prefill.wgsl"), "prefill",
                    PREFILL_BINDINGS, {"WG": WORKGROUPS, "HD4": ROW_VEC4S}, _features),
+        KernelSpec(f"attention_prefill_rows_{_dtype}", (*PRELUDES[_dtype], "attention_prefill_rows.wgsl"),
+                   "prefill_rows", PREFILL_BINDINGS, {"HD4": ROW_VEC4S[:16]}, _features),
     )
 
 # Workgroup memory the WGSL declares (bytes), checked against the device before dispatch.
 DECODE_STORAGE = 256 * 16 + 256 * 4 + 2048 * 4 + 8 * 4
 PREFILL_STORAGE = 528 * 16 + 272 * 16 + 512 * 4 + 2 * 16 * 4
+# attention_prefill_rows.wgsl: one query row per invocation, its q and output in registers
+# (head_dim <= 64), ROWS rows a workgroup, TILE keys a tile, K and V tiles double-buffered.
+ROWS_KERNEL_ROWS, ROWS_KERNEL_TILE, ROWS_KERNEL_MAX_HD4 = 64, 16, 16
+# The knob: prefill variants in the host's order of preference (the first that fits is taken;
+# bench/gemm_sweep.py times both). "tiles" fits every shape and device.
+PREFILL_VARIANTS = ("rows", "tiles")
+
+
+def rows_storage(head_dim: int) -> int:
+    return 2 * 2 * ROWS_KERNEL_TILE * (head_dim // 4) * 16
 SCORE_WORDS = 2048           # decode: GW * chunk <= 2048
 # Decode tuning, measured on an NVIDIA H200 (docs/kernels.md): a dispatch costs ~7 us there, so
 # the combine pass is worth it only past a few hundred positions; about 256 workgroups of 256
@@ -207,8 +220,11 @@ class PrefillPlan:
 
 
 def plan_prefill(limits: dict, shape: AttentionShape, start: int, n_tokens: int,
-                 scale: float | None = None, workgroup: int | None = None) -> PrefillPlan:
-    """Validate and plan prefill attention for tokens at start..start+n_tokens-1."""
+                 scale: float | None = None, workgroup: int | None = None,
+                 variant: str | None = None) -> PrefillPlan:
+    """Validate and plan prefill attention for tokens at start..start+n_tokens-1. Variant "rows"
+    (attention_prefill_rows: a query row per invocation, head_dim <= 64) where it fits, else
+    "tiles" (attention_prefill: rows x keys tiles in workgroup memory, any head_dim)."""
     if n_tokens < 1 or start < 0:
         raise KvShapeError("shape", f"need n_tokens >= 1 and start >= 0, got {n_tokens}, {start}")
     if start + n_tokens > shape.capacity:
@@ -217,6 +233,21 @@ def plan_prefill(limits: dict, shape: AttentionShape, start: int, n_tokens: int,
     if n_tokens * shape.n_heads * shape.head_dim >= runner.U32_LIMIT:
         raise KvShapeError("offset-overflow", "T x n_heads x head_dim overflows u32 offsets")
     shape.layout.check_device(limits)
+    fits_rows = (shape.head_dim // 4 <= ROWS_KERNEL_MAX_HD4 and workgroup is None
+                 and rows_storage(shape.head_dim) <= limits.get("maxComputeWorkgroupStorageSize", 16384)
+                 and ROWS_KERNEL_ROWS <= runner.max_invocations(limits))
+    if variant not in (None, *PREFILL_VARIANTS) or (variant == "rows" and not fits_rows):
+        raise KvShapeError("shape", f"prefill variant {variant!r} is not one of {PREFILL_VARIANTS} or does not "
+                                    f"fit head_dim {shape.head_dim} (rows: <= 64, no workgroup size) on this device")
+    if (variant or next(v for v in PREFILL_VARIANTS if v == "tiles" or fits_rows)) == "rows":
+        row_blocks = -(-n_tokens * shape.group // ROWS_KERNEL_ROWS)
+        groups = shape.n_kv_heads * row_blocks
+        params = runner.params_words(shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.capacity, start,
+                                     n_tokens, ROWS_KERNEL_ROWS, ROWS_KERNEL_TILE, row_blocks, groups,
+                                     _scale(shape, scale))
+        grid = runner.workgroup_grid(groups, limits.get("maxComputeWorkgroupsPerDimension", 65535))
+        dispatch = DispatchPlan(f"attention_prefill_rows_{shape.dtype}", {"HD4": shape.head_dim // 4}, params, grid)
+        return PrefillPlan(dispatch, ROWS_KERNEL_ROWS, ROWS_KERNEL_TILE, -(-(start + n_tokens) // ROWS_KERNEL_TILE))
     wg = check_workgroup(limits, workgroup, 256, PREFILL_STORAGE)
     rows = min(16, 2048 // shape.head_dim)
     tile = min(32, 272 // (shape.head_dim // 4 + 1), 512 // rows)
@@ -406,7 +437,8 @@ PREFILL_CASES = [  # (label, H, K, E, start, T, data)
     ("identical keys", 32, 8, 128, 150, 6, "identical"),
     ("many row blocks", 9, 3, 64, 0, 130, "random"),
 ]
-QUICK_PREFILL = [("prompt", 9, 3, 64, 3, 5, "random"), ("huge scores", 9, 3, 64, 0, 9, "huge"),
+QUICK_PREFILL = [("prompt", 9, 3, 64, 20, 5, "random"),   # 25 keys: two tiles
+                 ("huge scores", 9, 3, 64, 0, 9, "huge"),
                  ("one position", 4, 4, 64, 0, 1, "random")]
 
 
@@ -417,7 +449,6 @@ async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
     limits = ctx.device.limits
     for dtype in ("f32", "f16"):
         decode_cases = (QUICK_DECODE if ctx.quick else DECODE_CASES) if ctx.variants(f"attention_decode_{dtype}") else []
-        prefill_cases = (QUICK_PREFILL if ctx.quick else PREFILL_CASES) if ctx.variants(f"attention_prefill_{dtype}") else []
         for index, (label, h, kv, e, n, data, chunk) in enumerate(decode_cases):
             shape = AttentionShape(h, kv, e, n + 3 + index, dtype)    # capacity past the context
             workgroup = 64 if index % 3 == 1 and not ctx.quick else None   # the smallest size too
@@ -435,10 +466,14 @@ async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
                 + (f" + {plan.combine.kernel}" if plan.combine else ""),
                 f"{label}: H={h} K={kv} E={e} keys={n} {data}, chunk {plan.chunk} x {plan.n_chunks}",
                 got, exact, bound, RULE), bound))
-        for index, (label, h, kv, e, start, t, data) in enumerate(prefill_cases):
+        prefill = [(case, variant) for case in (QUICK_PREFILL if ctx.quick else PREFILL_CASES)
+                   for variant in PREFILL_VARIANTS if variant == "tiles" or case[3] <= 4 * ROWS_KERNEL_MAX_HD4]
+        prefill = [(case, variant) for case, variant in prefill   # the variants this device runs and this run tests
+                   if ctx.variants(f"attention_prefill_{'rows_' if variant == 'rows' else ''}{dtype}")]
+        for index, ((label, h, kv, e, start, t, data), variant) in enumerate(prefill):
             shape = AttentionShape(h, kv, e, start + t + 5, dtype)
-            workgroup = 64 if index % 3 == 1 and not ctx.quick else None
-            plan = plan_prefill(limits, shape, start, t, workgroup=workgroup)
+            workgroup = 64 if index % 3 == 1 and variant == "tiles" and not ctx.quick else None
+            plan = plan_prefill(limits, shape, start, t, workgroup=workgroup, variant=variant)
             kernel = await ctx.kernel(plan.dispatch.kernel, **plan.dispatch.overrides)
             q, k_cache, v_cache = make_case(ctx.rng, shape, t, start, data)
             got = await run_prefill(ctx.device, kernel, plan, shape, q, k_cache, v_cache)
@@ -461,7 +496,7 @@ BENCH_SHAPES: dict[str, dict] = {   # "big": skipped by quick (software-adapter)
     for kind, tokens, context in (("decode-1024", 1, 1024), ("decode-4096", 1, 4096), ("prefill-512", 512, 512))
 }
 BENCH_KERNELS = tuple(f"{kind}_{dtype}" for kind in ("attention_decode", "attention_combine",
-                                                     "attention_prefill", "kv_append")
+                                                     "attention_prefill", "attention_prefill_rows", "kv_append")
                       for dtype in ("f32", "f16"))
 
 
@@ -503,7 +538,8 @@ async def prepare_bench(device: Device, name: str, shape: dict, rng: np.random.G
                            [(h * e, np.float32), *scratch], step.grid),
             bytes_moved=bytes_moved, flops=flops)
     if name.startswith("attention_prefill"):
-        plan = plan_prefill(device.limits, geometry, n - t, t).dispatch
+        variant = "rows" if name.startswith("attention_prefill_rows") else "tiles"
+        plan = plan_prefill(device.limits, geometry, n - t, t, variant=variant).dispatch
         kernel = await compile_kernel(device, name, **plan.overrides)
         pairs = sum(n - t + i + 1 for i in range(t))           # (query, visible key) pairs per head
         return dataclasses.replace(

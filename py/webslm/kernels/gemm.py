@@ -3,28 +3,29 @@
 Prefill multiplies many activation rows by the same weights, so it is compute-bound: the
 kernels tile Y in 2-D per workgroup, dequantize each W tile into workgroup memory once per
 K step (reused by every row of the tile), and multiply register blocks with f32 FMAs.
-The WGSL comes from trusted bundle files only (registry "sources"):
+Two kernel kinds, same bindings and params prefix (the WGSL comes from trusted bundle files):
 
-    common_quant.wgsl     exact q4/q8/f16 decoding helpers
-    gemm_<encoding>.wgsl  weight bindings and `decode_unit` (a few weights of one row)
-    quant_scales.wgsl     q4/q8: scale_at (f16 or f32 scales); q4 also quant_mins.wgsl, min_at
-    gemm_main.wgsl        the entry point, tiling, X and W tiles, register-blocked multiply
+    classic  gemm_<enc>              gemm_main.wgsl + gemm_<enc>.wgsl: RM x 4 register blocks,
+                                     one workgroup tile, two barriers a K step of 32
+    tiled    gemm_tiled_<enc>        gemm_tiled_main.wgsl + gemm_tiled_<enc>.wgsl: RM x RN
+             gemm_tiled_half_<enc>   register blocks (4 or 8 each way), the next step's loads in
+                                     registers during the multiply, two workgroup tiles (one
+                                     barrier a step), column sections; `_half` keeps the tiles
+                                     in f16 (needs shader-f16; its own error bound)
 
-Kernels (all tier A: no optional feature; f16 is decoded with unpack2x16float):
+    overrides  classic  WG_X 8|16, WG_Y 8|16, RM 4|8
+               tiled    WG_X 16, WG_Y 8|16, RM 4|8, RN 4|8, BK 16|32, STAGES 1|2
+               both     ACCUMULATE 0|1 (Y += X W^T); q4/q8 BLOCK 32..256, SCALE_F16; q4 ZERO_MIN
 
-    gemm_q4   BLOCK 32|64|128|256, ZERO_MIN 0|1, SCALE_F16 0|1
-    gemm_q8   BLOCK 32|64|128|256, SCALE_F16 0|1
-    gemm_f16, gemm_f32
-    every one: WG_X 8|16, WG_Y 8|16, RM 4|8 (the tile, see TILES), ACCUMULATE 0|1 (Y += X W^T)
+Bindings: 0 params, 1 x [M][x_stride] f32 (x_stride % 4 == 0), 2 y, 3.. the weight parts
+exactly as the artifact stores them (q4: codes, scales, mins; q8: codes, scales; f16/f32:
+data); q4 "offset" binds its scales again in the mins slot.
 
-Bindings: 0 params, 1 x [M][x_stride] f32 (x_stride % 4 == 0), 2 y [M][y_stride] f32,
-3.. the weight parts exactly as the artifact stores them (q4: codes, scales, mins; q8:
-codes, scales; f16/f32: data); q4 "offset" binds its scales again in the mins slot.
-
-Host side: `weights.Weights` describes a tensor's parts (shared with matvec.py),
-`choose_tile` picks a tile the device admits, `plan` validates everything before a dispatch
-and returns params and grid, `gemm` runs one product on fresh buffers. The oracle, golden
-tests and the benchmark hook follow.
+Host side: `weights.Weights` describes a tensor's parts (shared with matvec.py); TILES names
+every variant; `choose_tile` picks one for a device and shape from TILE_ORDER, the knob set
+from bench/gemm_sweep.py's measurements; `plan` validates everything before a dispatch and
+returns params and grid; `gemm` runs one product on fresh buffers. The oracle is in
+gemm_oracle.py; the golden cases and the benchmark hook follow here.
 """
 from __future__ import annotations
 
@@ -32,42 +33,47 @@ import dataclasses
 
 import numpy as np
 
-from ..artifact import quant
-from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row
+from ..artifact.format import BLOCK_ELEMENTS
 from ..errors import CodedError
 from ..webgpu.interface import Device
 from . import runner
-from .golden import F32_TINY, GoldenContext, GoldenResult, compare_bound, gamma, golden, label
+from .gemm_oracle import decode64, oracle, random_parts, wrong_results  # noqa: F401  (the family's API)
+from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
 from .registry import KERNELS, QUANT_SOURCES, KernelSpec, compile_kernel, register
 from .weights import ENCODINGS, PART_NAMES, Weights
 
-KT = 32     # the K step of gemm_main.wgsl
+KT = 32     # the classic kernel's K step (gemm_main.wgsl)
 U32_LIMIT = runner.U32_LIMIT
+MAX_SECTIONS = 3   # column sections the tiled kernel can write (q | k | v)
 
 
 def kernel_name(encoding: str) -> str:
+    """The classic kernel of an encoding (tiles name their own: Tile.kernel)."""
     return f"gemm_{encoding}"
 
 
 def _specs():
-    tile = {"WG_X": (8, 16), "WG_Y": (8, 16), "RM": (4, 8), "ACCUMULATE": (0, 1)}
+    classic = {"WG_X": (8, 16), "WG_Y": (8, 16), "RM": (4, 8), "ACCUMULATE": (0, 1)}
+    tiled = {"WG_X": (16,), "WG_Y": (8, 16), "RM": (4, 8), "RN": (4, 8), "BK": (16, 32), "STAGES": (1, 2),
+             "KSPLIT": (1, 2, 4), "ACCUMULATE": (0, 1)}
+    bindings = ("uniform", "read-only-storage", "storage")
     for encoding in ENCODINGS:
-        overrides = dict(tile)
+        quant = QUANT_SOURCES.get(encoding, ())
+        weights = {}
         if encoding in ("q4", "q8"):
-            overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
+            weights |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
         if encoding == "q4":
-            overrides |= {"ZERO_MIN": (0, 1)}
-        yield KernelSpec(
-            name=kernel_name(encoding),
-            # the encoding file (and the scale helpers that use its SCALE_F16) precede
-            # gemm_main.wgsl: see the note at the top of that file
-            sources=("common_quant.wgsl", f"gemm_{encoding}.wgsl", *QUANT_SOURCES.get(encoding, ()),
-                     "gemm_main.wgsl"),
-            entry_point="main",
-            bindings=("uniform", "read-only-storage", "storage")
-            + ("read-only-storage",) * len(PART_NAMES[encoding]),
-            overrides=overrides,
-        )
+            weights |= {"ZERO_MIN": (0, 1)}
+        parts = ("read-only-storage",) * len(PART_NAMES[encoding])
+        # the encoding file (and the scale helpers that use its SCALE_F16) precede the main
+        # file: see the note at the top of gemm_main.wgsl
+        yield KernelSpec(f"gemm_{encoding}", ("common_quant.wgsl", f"gemm_{encoding}.wgsl", *quant, "gemm_main.wgsl"),
+                         "main", bindings + parts, classic | weights)
+        body = ("common_quant.wgsl", f"gemm_tiled_{encoding}.wgsl", *quant, "gemm_tiled_main.wgsl")
+        yield KernelSpec(f"gemm_tiled_{encoding}", ("gemm_tiled_full.wgsl", *body), "main", bindings + parts,
+                         tiled | weights)
+        yield KernelSpec(f"gemm_tiled_half_{encoding}", ("enable_f16.wgsl", "gemm_tiled_half.wgsl", *body), "main",
+                         bindings + parts, tiled | weights, frozenset({"shader-f16"}))
 
 
 register(*_specs())
@@ -75,16 +81,20 @@ register(*_specs())
 
 class GemmError(CodedError):
     """A GEMM that cannot run as asked; codes: bad-encoding, dimension-mismatch,
-    buffer-too-small, offset-overflow, binding-too-large, too-many-workgroups, tile-not-admitted."""
+    buffer-too-small, offset-overflow, binding-too-large, too-many-workgroups, tile-not-admitted,
+    bad-sections."""
 
 
 # -- tiles ----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Tile:
+    """A classic tile: TM = RM WG_Y rows of Y by TN = 4 WG_X columns, K steps of 32."""
     wg_x: int     # invocations along N (4 columns each)
     wg_y: int     # invocations along M (RM rows each)
     rm: int
+    half = False
+    sections = False   # the classic kernel writes one [M][y_stride] output
 
     @property
     def tm(self) -> int:
@@ -102,39 +112,154 @@ class Tile:
     def workgroup_bytes(self) -> int:
         return (self.tm + self.tn) * KT * 4
 
+    @property
+    def name(self) -> str:
+        return next((name for name, tile in TILES.items() if tile == self), f"classic {self.tm}x{self.tn}")
+
+    def kernel(self, encoding: str) -> str:
+        return f"gemm_{encoding}"
+
     def overrides(self) -> dict[str, int]:
         return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "RM": self.rm}
 
-    def admitted(self, limits: dict[str, int]) -> bool:
+    def admitted(self, limits: dict[str, int], features=frozenset()) -> bool:
         return (self.invocations <= runner.max_invocations(limits)
                 and self.workgroup_bytes <= limits["maxComputeWorkgroupStorageSize"])
 
 
-# Largest first. 32x32 (64 invocations, 8 KiB) and 64x64 (128, 16 KiB) fit every device,
-# compatibility mode included; the 256-invocation tiles need a core device, 128x64 also
-# 24 KiB of workgroup memory.
-TILES = {
+@dataclasses.dataclass(frozen=True)
+class RegisterTile:
+    """A tiled-kernel tile: TM = RM WG_Y rows of Y (tokens) by TN = RN * 16 columns (weight
+    rows), each invocation an RM x RN register block; K steps of BK through STAGES workgroup
+    tiles of f32 (or f16: half) with rows padded by 4 elements; KSPLIT slices of invocations
+    share each step's k (their blocks added at the end through `red`)."""
+    wg_y: int
+    rm: int
+    rn: int
+    bk: int = 16
+    stages: int = 2
+    half: bool = False
+    ksplit: int = 1
+    wg_x = 16
+    sections = True
+
+    @property
+    def tm(self) -> int:
+        return self.rm * self.wg_y
+
+    @property
+    def tn(self) -> int:
+        return self.rn * self.wg_x
+
+    @property
+    def invocations(self) -> int:
+        return self.wg_x * self.wg_y * self.ksplit
+
+    @property
+    def workgroup_bytes(self) -> int:
+        tiles = self.stages * (self.tm + self.tn) * (self.bk + 4) * (2 if self.half else 4)
+        return tiles + (self.ksplit > 1) * self.tm * self.tn * 4 + 16      # + `red`
+
+    @property
+    def name(self) -> str:
+        return (f"{self.tm}x{self.tn}/{self.rm}x{self.rn}/k{self.bk}/s{self.stages}" + ("/h" if self.half else "")
+                + (f"/x{self.ksplit}" if self.ksplit > 1 else ""))
+
+    def kernel(self, encoding: str) -> str:
+        return f"gemm_tiled_half_{encoding}" if self.half else f"gemm_tiled_{encoding}"
+
+    def overrides(self) -> dict[str, int]:
+        return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "RM": self.rm, "RN": self.rn, "BK": self.bk,
+                "STAGES": self.stages, "KSPLIT": self.ksplit}
+
+    def admitted(self, limits: dict[str, int], features=frozenset()) -> bool:
+        return (self.invocations <= runner.max_invocations(limits)
+                and self.workgroup_bytes <= limits["maxComputeWorkgroupStorageSize"]
+                and (not self.half or "shader-f16" in features))
+
+
+def _tiled(*tiles: RegisterTile) -> dict[str, RegisterTile]:
+    return {tile.name: tile for tile in tiles}
+
+
+# Every variant by name. Classic tiles: 32x32 (64 invocations, 8 KiB) and 64x64 (128, 16 KiB)
+# fit every device, compatibility mode included. Tiled: 128 to 512 invocations, 15-40 KiB.
+TILES: dict[str, Tile | RegisterTile] = {
     "128x64": Tile(16, 16, 8),
     "64x64w": Tile(16, 16, 4),
     "64x64": Tile(16, 8, 8),
     "32x32": Tile(8, 8, 4),
+} | _tiled(
+    RegisterTile(16, 8, 8, 16, 2),     # 128x128, 40 KiB
+    RegisterTile(16, 8, 8, 16, 1),     # 128x128, 20 KiB
+    RegisterTile(16, 8, 8, 32, 1),     # 128x128, 36 KiB
+    RegisterTile(16, 4, 8, 16, 2),     # 64x128, 30 KiB
+    RegisterTile(16, 8, 4, 16, 2),     # 128x64, 30 KiB
+    RegisterTile(8, 8, 8, 16, 2),      # 64x128, 128 invocations, 30 KiB
+    RegisterTile(16, 4, 4, 32, 2),     # 64x64, 36 KiB
+    RegisterTile(16, 4, 4, 16, 2),     # 64x64, 20 KiB
+    RegisterTile(8, 8, 4, 16, 2),      # 64x64, 128 invocations, 20 KiB
+    RegisterTile(8, 4, 8, 16, 2),      # 32x128, 128 invocations, 25 KiB
+    RegisterTile(8, 4, 4, 16, 2),      # 32x64, 128 invocations, 15 KiB: fits every core device
+    RegisterTile(8, 4, 4, 32, 2),      # 32x64, 128 invocations, 27 KiB
+    RegisterTile(16, 4, 8, 32, 1),     # 64x128, 27 KiB
+    RegisterTile(8, 4, 4, 16, 2, ksplit=2),      # 32x64, 2 K slices: 256 invocations, 23 KiB
+    RegisterTile(8, 4, 4, 32, 1, ksplit=4),      # 32x64, 4 K slices: 512 invocations, 22 KiB
+    RegisterTile(16, 4, 4, 16, 1, ksplit=2),     # 64x64, 2 K slices: 512 invocations, 26 KiB
+    RegisterTile(8, 4, 8, 16, 1, ksplit=2),      # 32x128, 2 K slices: 256 invocations, 29 KiB
+    RegisterTile(16, 8, 8, 32, 2, half=True),    # 128x128, f16 tiles, 36 KiB
+    RegisterTile(16, 8, 8, 16, 2, half=True),    # 128x128, f16 tiles, 20 KiB
+    RegisterTile(16, 4, 8, 32, 2, half=True),    # 64x128, f16 tiles, 27 KiB
+    RegisterTile(8, 4, 4, 32, 2, half=True),     # 32x64, f16 tiles, 14 KiB
+)
+
+# THE KNOB (set from `bench/gemm_sweep.py`'s H200 run: it prints a recommended setting). Per
+# tier, the tiles the host may choose, largest first; `choose_tile` takes the first one the
+# device admits that gives >= MIN_WORKGROUPS workgroups for the shape and is not taller than
+# M needs, else the admitted one giving the most workgroups (ties: the most invocations, so a
+# split-K "/x2" tile wins where no tile fills the GPU). Tier A: f32 tiles only; tier B
+# (shader-f16) may list "/h" tiles, whose bound is looser and which need activations within
+# the f16 range (docs/kernels.md), so they are not listed until measured to win. The classic
+# tiles are the fallback for a device that admits none of the listed ones.
+TILE_ORDER: dict[str, tuple[str, ...]] = {
+    "A": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2",
+          "32x64/4x4/k16/s2/x2"),
+    "B": ("128x128/8x8/k16/s2", "64x128/4x8/k16/s2", "64x64/4x4/k16/s2", "32x64/4x4/k16/s2",
+          "32x64/4x4/k16/s2/x2"),
 }
-# Below this many tiles a large GPU idles (an H200 has 132 multiprocessors): prefer a smaller
-# tile. Measured there (docs/kernels.md): 128x64 wins from ~128 tiles up, 32x32 below.
+CLASSIC_FALLBACK = ("128x64", "64x64w", "64x64", "32x32")
+# Below this many tiles a large GPU idles (an H200 has 132 multiprocessors): prefer a smaller tile.
 MIN_WORKGROUPS = 128
 
 
-def choose_tile(limits: dict[str, int], m: int, n: int) -> Tile:
-    """The largest admitted tile that still gives MIN_WORKGROUPS tiles (else the admitted
-    tile giving the most), never a tile taller than M needs."""
-    admitted = [t for t in TILES.values() if t.admitted(limits)]
+def tier_of(features) -> str:
+    return "B" if "shader-f16" in set(features or ()) else "A"
+
+
+def candidates(limits: dict[str, int], features=frozenset(), order: tuple[str, ...] | None = None) -> list:
+    """The tiles `choose_tile` picks among on this device, in preference order: those of the
+    tier's order the device admits, or the classic tiles when it admits none of them."""
+    names = order if order is not None else TILE_ORDER[tier_of(features)]
+    ordered = [TILES[name] for name in dict.fromkeys(names) if TILES[name].admitted(limits, features)]
+    return ordered or [TILES[name] for name in CLASSIC_FALLBACK if TILES[name].admitted(limits, features)]
+
+
+def choose_tile(limits: dict[str, int], m: int, n: int, features=frozenset(),
+                order: tuple[str, ...] | None = None, min_workgroups: int | None = None,
+                need_sections: bool = False):
+    """The first admitted tile of the tier's order that still gives MIN_WORKGROUPS tiles (else
+    the admitted tile giving the most), never a tile taller than M needs; a tiled one when the
+    output has column sections."""
+    admitted = [t for t in candidates(limits, features, order) if t.sections or not need_sections]
     if not admitted:
         raise GemmError("tile-not-admitted", "limits", f"no GEMM tile fits {limits}")
     fitting = [t for t in admitted if t.tm <= max(32, m)] or admitted
-    def count(t: Tile) -> int:
+    least = MIN_WORKGROUPS if min_workgroups is None else min_workgroups
+
+    def count(t) -> int:
         return -(-m // t.tm) * -(-n // t.tn)
 
-    busy = [t for t in fitting if count(t) >= MIN_WORKGROUPS]
+    busy = [t for t in fitting if count(t) >= least]
     return busy[0] if busy else max(fitting, key=lambda t: (count(t), t.invocations))
 
 
@@ -144,19 +269,39 @@ def choose_tile(limits: dict[str, int], m: int, n: int) -> Tile:
 class GemmPlan:
     kernel: str
     overrides: dict[str, int]
-    tile: Tile
+    tile: Tile | RegisterTile
     params: np.ndarray
     grid: tuple[int, int, int]
     binding_bytes: dict[str, int]     # minimum bytes each binding must hold
 
 
+def _check_sections(sections, n: int, m: int) -> list[tuple[int, int, int]]:
+    """[(first column, float offset, row stride)] sorted, section 0 at column 0 and offset 0."""
+    if not 1 <= len(sections) <= MAX_SECTIONS or tuple(sections[0][:2]) != (0, 0):
+        raise GemmError("bad-sections", "sections", f"1..{MAX_SECTIONS} sections, the first at column 0 "
+                        f"and offset 0: {sections}")
+    ends = [first for first, _, _ in sections[1:]] + [n]
+    for (first, base, stride), end in zip(sections, ends):
+        if not first < end or stride < end - first or base < 0:
+            raise GemmError("bad-sections", "sections", f"section {(first, base, stride)} must hold columns "
+                            f"{first}..{end} with a row stride >= its width")
+    spans = sorted((base, base + (m - 1) * stride + (end - first)) for (first, base, stride), end
+                   in zip(sections, ends))
+    if any(a_end > b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])):
+        raise GemmError("bad-sections", "sections", f"sections overlap in y: {sections}")
+    return list(sections)
+
+
 def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None = None,
-         y_stride: int | None = None, accumulate: bool = False, tile: Tile | None = None) -> GemmPlan:
+         y_stride: int | None = None, accumulate: bool = False, tile=None,
+         sections: list[tuple[int, int, int]] | None = None, features=frozenset()) -> GemmPlan:
     """Check every assumption of the kernel's addressing, then choose variant, params, grid.
-    Raises GemmError before any GPU work."""
+    `sections` [(first column, float offset, row stride)] splits Y's columns over up to three
+    arrays (the tiled kernels only; the first must be (0, 0, y_stride)). Raises GemmError
+    before any GPU work."""
     w, n, k = weights, weights.rows, weights.cols
     x_stride = -(-k // 4) * 4 if x_stride is None else x_stride
-    y_stride = n if y_stride is None else y_stride
+    y_stride = (n if sections is None else sections[0][2]) if y_stride is None else y_stride
     if w.encoding not in ENCODINGS:
         raise GemmError("bad-encoding", "weights", f"GEMM has no {w.encoding!r} encoding")
     if w.encoding in ("q4", "q8") and (w.block not in BLOCK_ELEMENTS or w.scale_type not in ("f16", "f32")):
@@ -169,14 +314,20 @@ def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None 
         raise GemmError("offset-overflow", "k", f"K={k} is too close to 2^32")
     if x_stride % 4 or x_stride < k:
         raise GemmError("dimension-mismatch", "x_stride", f"{x_stride} must be a multiple of 4 and >= K={k}")
-    if y_stride < n:
+    if sections is None and y_stride < n:
         raise GemmError("dimension-mismatch", "y_stride", f"{y_stride} must be >= N={n}")
+    sections = _check_sections(sections or [(0, 0, y_stride)], n, m)
+    if sections[0][2] != y_stride:
+        raise GemmError("bad-sections", "sections", f"section 0's stride {sections[0][2]} is not y_stride {y_stride}")
     # Minimum binding sizes: x is read as vec4 up to align4(K) in its last row.
     exact = w.part_bytes()
-    need = {"x": ((m - 1) * x_stride + -(-k // 4) * 4) * 4, "y": ((m - 1) * y_stride + n) * 4}
+    ends = [first for first, _, _ in sections[1:]] + [n]
+    y_floats = max(base + (m - 1) * stride + end - first for (first, base, stride), end in zip(sections, ends))
+    need = {"x": ((m - 1) * x_stride + -(-k // 4) * 4) * 4, "y": y_floats * 4}
     need |= {name: -(-length // 4) * 4 for name, length in exact.items()}   # f16 scales: whole words
     # Every index the shader computes is a u32 element (or word, or vec4) index below these.
-    largest = {"x": m * x_stride, "y": m * y_stride, **{name: need[name] // 4 for name in exact}}
+    largest = {"x": m * x_stride, "y": y_floats + max(stride for _, _, stride in sections),
+               **{name: need[name] // 4 for name in exact}}
     for name, count in largest.items():
         if count >= U32_LIMIT:
             raise GemmError("offset-overflow", name, f"{count} elements cannot be indexed with u32")
@@ -189,19 +340,25 @@ def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None 
         have = len(memoryview(w.parts[name]).cast("B")) if name in w.parts else 0
         if have < length:
             raise GemmError("buffer-too-small", name, f"part {name} has {have} bytes, needs {length}")
-    tile = tile or choose_tile(limits, m, n)
-    if not tile.admitted(limits):
-        raise GemmError("tile-not-admitted", "tile", f"{tile} needs {tile.invocations} invocations and "
-                        f"{tile.workgroup_bytes} bytes of workgroup memory")
+    tile = tile or choose_tile(limits, m, n, features)
+    if not tile.admitted(limits, features):
+        raise GemmError("tile-not-admitted", "tile", f"{tile} needs {tile.invocations} invocations, "
+                        f"{tile.workgroup_bytes} bytes of workgroup memory" + (" and shader-f16" if tile.half else ""))
+    if len(sections) > 1 and not tile.sections:
+        raise GemmError("bad-sections", "tile", f"the classic tile {tile.name} writes one output array")
     tiles_m = -(-m // tile.tm)
     tiles = tiles_m * -(-n // tile.tn)
     try:
         grid = runner.workgroup_grid(tiles, limits["maxComputeWorkgroupsPerDimension"])
     except ValueError as exc:
         raise GemmError("too-many-workgroups", "grid", str(exc)) from None
-    params = runner.params_words(m, n, k, x_stride, y_stride, tiles_m, tiles)
+    padded = sections + [(n, 0, 0)] * (MAX_SECTIONS - len(sections))
+    words = [m, n, k, x_stride, y_stride, tiles_m, tiles]
+    if tile.sections:   # split1, split2, base1, base2, stride1, stride2
+        words += [padded[1][0], padded[2][0], padded[1][1], padded[2][1], padded[1][2], padded[2][2]]
+    params = runner.params_words(*words)
     overrides = {**tile.overrides(), **w.overrides(), "ACCUMULATE": int(accumulate)}
-    return GemmPlan(kernel_name(w.encoding), overrides, tile, params, grid, need)
+    return GemmPlan(tile.kernel(w.encoding), overrides, tile, params, grid, need)
 
 
 def check_bindings(gemm_plan: GemmPlan, sizes: dict[str, int]) -> None:
@@ -222,131 +379,27 @@ def padded_activations(x: np.ndarray, fill: float = np.nan, stride: int | None =
 
 
 async def gemm(ctx_or_device, weights: Weights, x: np.ndarray, y0: np.ndarray | None = None,
-               tile: Tile | None = None, x_stride: int | None = None, y_stride: int | None = None) -> np.ndarray:
-    """Y = x [M, K] W^T (+ y0 [M, y_stride] when given: the ACCUMULATE variant), once, on fresh
-    buffers. Returns [M, y_stride] (y_stride = N unless given; columns past N are whatever the
-    buffer held: the NaN poison, or y0's)."""
+               tile=None, x_stride: int | None = None, y_stride: int | None = None,
+               sections: list[tuple[int, int, int]] | None = None) -> np.ndarray:
+    """Y = x [M, K] W^T (+ y0 when given: the ACCUMULATE variant), once, on fresh buffers.
+    Returns [M, y_stride] (y_stride = N unless given; columns past N are whatever the buffer
+    held: the NaN poison, or y0's); with sections, the whole flat y buffer (y0 flat too)."""
     ctx = ctx_or_device if isinstance(ctx_or_device, GoldenContext) else GoldenContext(ctx_or_device, None)
     x = np.atleast_2d(np.asarray(x, np.float32))
     if x.shape[1] != weights.cols:
         raise GemmError("dimension-mismatch", "x", f"x has {x.shape[1]} columns, W has {weights.cols}")
-    y_stride = weights.rows if y_stride is None else y_stride
+    y_stride = (weights.rows if sections is None else sections[0][2]) if y_stride is None else y_stride
     p = plan(ctx.device.limits, weights, x.shape[0], x_stride or -(-weights.cols // 4) * 4, y_stride,
-             y0 is not None, tile)
+             y0 is not None, tile, sections, ctx.device.features)
     xs, _ = padded_activations(x, stride=x_stride)
     kernel = await ctx.kernel(p.kernel, **p.overrides)
-    out = (np.ascontiguousarray(y0, np.float32).reshape(-1) if y0 is not None
-           else (x.shape[0] * y_stride, np.float32))
+    size = x.shape[0] * y_stride if sections is None else p.binding_bytes["y"] // 4
+    out = np.ascontiguousarray(y0, np.float32).reshape(-1) if y0 is not None else (size, np.float32)
     (y,) = await runner.run_once(ctx.device, kernel, p.params, [xs, *weights.bindings()], [out], p.grid)
-    return y.reshape(x.shape[0], y_stride)
-
-
-# -- the oracle and its error bound ---------------------------------------------------------
-
-RULE = ("|y - exact| <= gamma(K + 2) * sum_k (|s c_k| + |m|) |x_k| + (K + 2) tiny; "
-        "accumulate: gamma(K + 3) * (that sum + |y0|) + (K + 3) tiny")
-
-
-def decode64(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
-    """(W, magnitude) in float64, [N, K]: W = s c + m exactly as the format defines it, and
-    the magnitude |s c| + |m| (|s (c - 8)| for "offset", |w| for f16/f32) the bound uses."""
-    n, k, enc = weights.rows, weights.cols, weights.encoding
-    if enc in ("f16", "f32"):
-        w = quant.dequantize(enc, (n, k), None, weights.parts).astype(np.float64)
-        return w, np.abs(w)
-    parts = {name: np.frombuffer(memoryview(v).cast("B"), np.uint8) for name, v in weights.parts.items()}
-    dtype = quant.SCALE_DTYPES[weights.scale_type]
-
-    def per_block(name: str) -> np.ndarray:   # [N, blocks] scales or mins -> [N, K]
-        side = parts[name].view(dtype)[: n * weights.blocks].reshape(n, -1).astype(np.float64)
-        return np.repeat(side, weights.block, axis=1)[:, :k]
-
-    s = per_block("scales")
-    if enc == "q8":
-        c = parts["codes"].view(np.int8).reshape(n, -1)[:, :k].astype(np.float64)
-        return s * c, np.abs(s * c)
-    c = quant.unpack_nibbles(parts["codes"].reshape(n, -1))[:, :k].astype(np.float64)
-    if weights.zero == "offset":
-        return s * (c - 8), np.abs(s * (c - 8))
-    mins = per_block("mins")
-    return s * c + mins, np.abs(s * c) + np.abs(mins)
-
-
-def oracle(weights: Weights, x: np.ndarray, y0: np.ndarray | None = None):
-    """(exact Y in float64, elementwise bound, rule).
-
-    The kernel decodes each weight with one rounding (fma(c, s, m), (c - 8) * s or c * s;
-    none for f16/f32) and sums K products with FMAs in f32: by Higham's lemma 3.3 the two
-    compose to gamma(K + 2) relative to sum (|s c| + |m|) |x|, for any summation order (so
-    also for a kernel that sums s * sum(c x) + m * sum(x) per block). Each operation that
-    flushes a subnormal loses at most `tiny`, hence the additive (K + 2) tiny. Accumulating
-    into y0 adds one rounding of y0 + sum."""
-    x64 = np.atleast_2d(x).astype(np.float64)
-    w, magnitude = decode64(weights)
-    k = weights.cols
-    exact = x64 @ w.T
-    size = np.abs(x64) @ magnitude.T
-    if y0 is None:
-        return exact, gamma(k + 2) * size + (k + 2) * F32_TINY, RULE
-    y0 = np.asarray(y0, np.float64).reshape(exact.shape)
-    return exact + y0, gamma(k + 3) * (size + np.abs(y0)) + (k + 3) * F32_TINY, RULE
-
-
-def wrong_results(weights: Weights, x: np.ndarray) -> dict[str, np.ndarray]:
-    """Results a broken kernel could produce; the comparison must reject each one."""
-    w, _ = decode64(weights)
-    x64 = np.atleast_2d(x).astype(np.float64)
-    exact = x64 @ w.T
-    m, n = exact.shape
-    return {
-        "transposed": (exact.T.reshape(m, n) if m != n else exact.T.copy()),
-        "missing K tail": x64[:, :-1] @ w[:, :-1].T,
-        "shifted row": np.roll(exact, 1, axis=0),
-        "shifted column": np.roll(exact, 1, axis=1),
-        "zeros": np.zeros_like(exact),
-    }
+    return y if sections is not None else y.reshape(x.shape[0], y_stride)
 
 
 # -- golden tests ---------------------------------------------------------------------------
-
-def random_parts(rng, encoding: str, n: int, k: int, block: int = 32, zero: str = "min",
-                 scale_type: str = "f16", codes: str = "random", scale: float = 0.01) -> Weights:
-    """Parts built directly (no quantizer): random or extreme codes, scales of magnitude
-    `scale` (times 0.5..1, random sign for mins). Padding codes past K stay 0 as the format
-    requires. Also the benchmarks' fast random weights."""
-    if encoding in ("f16", "f32"):
-        w = (rng.standard_normal((n, k)) * scale).astype(np.float32)
-        return Weights.quantized(w, encoding)
-    blocks = blocks_per_row(k, block)
-    width = blocks * block
-    lo, hi = (0, 15) if encoding == "q4" else (-128, 127)
-    if codes == "random":   # random bytes: every code value, and fast for benchmark sizes
-        raw = rng.integers(0, 256, (n, width // 2 if encoding == "q4" else width), dtype=np.uint8)
-    else:
-        if codes in ("max", "min"):
-            c = np.full((n, width), hi if codes == "max" else lo)
-        elif codes == "eights":   # q4 "offset" values 0 and s: with a huge s, padding decodes to -8 s = -inf
-            c = rng.choice([8, 9], (n, width))
-        else:   # "mixed": extremes only (q8 also -127)
-            c = rng.choice([lo, hi] if encoding == "q4" else [-128, -127, 127], (n, width))
-        raw = quant.pack_nibbles(c.astype(np.uint8)) if encoding == "q4" else c.astype(np.int8).view(np.uint8)
-    if encoding == "q8":
-        raw[:, k:] = 0
-    else:
-        raw[:, (k + 1) // 2:] = 0
-        if k % 2:
-            raw[:, k // 2] &= 0x0F
-    dtype = quant.SCALE_DTYPES[scale_type]
-    s = (scale * rng.uniform(0.5, 1.0, (n, blocks))).astype(dtype)
-    if encoding == "q8":
-        return Weights("q8", n, k, {"codes": raw.tobytes(), "scales": s.tobytes()}, block, None, scale_type)
-    parts = {"codes": raw.tobytes(), "scales": s.tobytes()}
-    if zero == "min":
-        finite = float(np.finfo(dtype).max)
-        mins = np.clip(scale * rng.uniform(-8.0, 8.0, (n, blocks)), -finite, finite)
-        parts["mins"] = mins.astype(dtype).tobytes()
-    return Weights("q4", n, k, parts, block, zero, scale_type)
-
 
 def _activations(rng, m: int, k: int, kind: str = "normal") -> np.ndarray:
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -374,9 +427,10 @@ class Case:
     weights: Weights
     x: np.ndarray
     y0: np.ndarray | None = None       # ACCUMULATE into this
-    tile: Tile | None = None           # None: the host function's choice
+    tile: Tile | RegisterTile | None = None   # None: the host function's choice
     x_stride: int | None = None
     y_stride: int | None = None
+    sections: list | None = None       # [(first column, offset, stride)]: y is flat
 
 
 def _tag(config) -> str:
@@ -393,21 +447,36 @@ def _random(rng, config, n: int, k: int, codes: str = "random", scale: float = 0
     return random_parts(rng, enc, n, k, block or 32, zero or "min", st or "f16", codes, scale)
 
 
+def _tiles(ctx: GoldenContext) -> list:
+    """The tiles this run covers: every variant the device admits (full), or the ones the host
+    may choose on it (quick: what admission's self-test must have seen pass)."""
+    limits, features = ctx.device.limits, ctx.device.features
+    if ctx.quick:
+        return candidates(limits, features)
+    return [t for t in TILES.values() if t.admitted(limits, features)]
+
+
 def _cases(ctx: GoldenContext):
     rng, quick = ctx.rng, ctx.quick
-    # Every tile on every tail shape, in the shipped encoding.
-    for tile_name, tile in ([("chosen", None)] if quick else TILES.items()):
-        for m, n, k in (TAIL_SHAPES[1:3] if quick else TAIL_SHAPES):
-            yield Case(f"random {m}x{n}x{k} {_tag(SMOLLM)} tile {tile_name}", _random(rng, SMOLLM, n, k),
+    tiles = _tiles(ctx) if ctx.device is not None else list(TILES.values())
+    # Every tile on the tail shapes, in the shipped encoding (the classic tiles on all six).
+    for tile in tiles:
+        shapes = TAIL_SHAPES[2:3] if quick else TAIL_SHAPES if not tile.sections else TAIL_SHAPES[::2] + [(129, 37, 257)]
+        for m, n, k in shapes:
+            yield Case(f"random {m}x{n}x{k} {_tag(SMOLLM)} tile {tile.name}", _random(rng, SMOLLM, n, k),
                        _activations(rng, m, k), tile=tile)
-    # Every encoding option, quantized from real-valued data, on every tile.
+    # Every encoding option, quantized from real-valued data: on the host's choice, and on every
+    # tile two options in turn (each option meets several tiles).
     for config in ([Q8, F16] if quick else CONFIGS):
-        for tile_name, tile in ([("chosen", None)] if quick else [("chosen", None), *TILES.items()]):
-            shapes = [(3, 20, 45)] if quick else [(17, 70, 129), (3, 5, 257)] if tile is None else [(19, 37, 161)]
-            for m, n, k in shapes:
-                w = _quantized(rng, config, rng.standard_normal((n, k)))
-                yield Case(f"quantized {m}x{n}x{k} {_tag(config)} tile {tile_name}", w, _activations(rng, m, k),
-                           tile=tile)
+        for m, n, k in [(3, 20, 45)] if quick else [(17, 70, 129), (3, 5, 257)]:
+            w = _quantized(rng, config, rng.standard_normal((n, k)))
+            yield Case(f"quantized {m}x{n}x{k} {_tag(config)} tile chosen", w, _activations(rng, m, k))
+    for i, tile in enumerate([] if quick else tiles):
+        for config in (CONFIGS[i % len(CONFIGS)], CONFIGS[(i + 5) % len(CONFIGS)]):
+            m, n, k = 19, 37, 161
+            w = _quantized(rng, config, rng.standard_normal((n, k)))
+            yield Case(f"quantized {m}x{n}x{k} {_tag(config)} tile {tile.name}", w, _activations(rng, m, k),
+                       tile=tile)
     # Strided x and y: columns past N must keep their poison.
     strided = [(5, 9, 33, SMOLLM)] if quick else [(17, 37, 97, SMOLLM), (67, 45, 161, Q8), (3, 70, 40, F16)]
     for m, n, k, config in strided:
@@ -417,39 +486,83 @@ def _cases(ctx: GoldenContext):
     accumulate = [(SMOLLM, 5, 9, 40)] if quick else [
         (config, m, n, k) for config in (SMOLLM, Q8_F32, F32) for m, n, k in [(17, 65, 97), (67, 33, 300)]]
     for config, m, n, k in accumulate:
-        for tile_name, tile in [("chosen", None)] + ([] if quick else [("128x64", TILES["128x64"])]):
-            yield Case(f"accumulate {m}x{n}x{k} {_tag(config)} tile {tile_name}", _random(rng, config, n, k),
-                       _activations(rng, m, k), y0=(rng.standard_normal((m, n)) * 4).astype(np.float32), tile=tile)
+        for tile in [None] + ([] if quick else [t for t in tiles if t.name in (
+                "128x64", "128x128/8x8/k16/s2", "32x64/4x4/k16/s2", "32x64/4x4/k32/s2/h", "32x64/4x4/k32/s1/x4")]):
+            yield Case(f"accumulate {m}x{n}x{k} {_tag(config)} tile {tile.name if tile else 'chosen'}",
+                       _random(rng, config, n, k), _activations(rng, m, k),
+                       y0=(rng.standard_normal((m, n)) * 4).astype(np.float32), tile=tile)
+    yield from _section_cases(rng, quick, [t for t in tiles if t.sections])
     if not quick:
-        yield from _adversarial_cases(rng)
+        yield from _adversarial_cases(rng, [None] + [t for t in tiles if t.name in (
+            "64x128/4x8/k16/s2", "128x128/8x8/k16/s2/h", "64x64/4x4/k16/s1/x2")])
     if ctx.model is not None and "blk.0.ffn_up" in ctx.model.manifest.tensors:
         weights = Weights.from_model(ctx.model, "blk.0.ffn_up")
         m = 3 if quick else 17
-        yield Case(f"real blk.0.ffn_up {m}x{weights.rows}x{weights.cols} {weights.encoding}", weights,
-                   _activations(rng, m, weights.cols))
+        for tile in [None] + ([] if quick else [t for t in tiles if t.half][:1]):
+            yield Case(f"real blk.0.ffn_up {m}x{weights.rows}x{weights.cols} {weights.encoding} tile "
+                       f"{tile.name if tile else 'chosen'}", weights, _activations(rng, m, weights.cols), tile=tile)
 
 
-def _adversarial_cases(rng):
+def _section_cases(rng, quick: bool, tiles: list):
+    """q | k | v in one product: three column sections, each [M][width] at its own offset
+    (gaps between them stay poisoned), as the planar qkv activation is laid out."""
+    m, widths, k = (5, (12, 4, 4), 33) if quick else (19, (36, 12, 12), 97)
+    n = sum(widths)
+    first = [0, widths[0], widths[0] + widths[1]]
+    bases = [0, m * widths[0] + 7, m * (widths[0] + widths[1]) + 13]
+    sections = [(first[i], bases[i], widths[i]) for i in range(3)]
+    for tile in tiles[:1] if quick else tiles:
+        yield Case(f"sections {m}x{widths}x{k} {_tag(SMOLLM)} tile {tile.name}", _random(rng, SMOLLM, n, k),
+                   _activations(rng, m, k), tile=tile, sections=sections)
+    if not quick and tiles:
+        y0 = (rng.standard_normal(bases[2] + m * widths[2]) * 4).astype(np.float32)
+        yield Case(f"sections + accumulate {m}x{widths}x{k} {_tag(Q8)}", _random(rng, Q8, n, k),
+                   _activations(rng, m, k), y0=y0, tile=tiles[0], sections=sections)
+
+
+def _adversarial_cases(rng, tiles: list):
     m, n, k = 17, 45, 161   # K = 161: a partial last block for every block size
-    for config in (SMOLLM, Q4_OFFSET, Q8, Q4_OFFSET_F32, Q8_F32):
-        for codes in ("max", "min", "mixed"):   # q4 15 / 0, q8 127 / -128, and mixes of extremes
-            yield Case(f"{codes} codes {m}x{n}x{k} {_tag(config)}", _random(rng, config, n, k, codes),
-                       _activations(rng, m, k))
-        for scale in ((6e-8, 6e4) if config[3] == "f16" else (1e-30, 1e30)):   # f16 subnormal .. huge
-            yield Case(f"scale {scale:g} {m}x{n}x{k} {_tag(config)}", _random(rng, config, n, k, scale=scale),
-                       _activations(rng, m, k))
-    # q4 "offset", f32 scale near 3e38 (finite): real weights are 0 or s, but the last block's
-    # padding codes (0) decode to -8 s = -inf, so the weights must be masked, not only x.
-    yield Case(f"padding decodes to -inf {m}x{n}x{k} q4/64/offset/f32",
-               random_parts(rng, "q4", n, k, 64, "offset", "f32", "eights", scale=3e38),
-               _activations(rng, m, k) * np.float32(1e-3))
-    for config in (SMOLLM, Q8, F16, F32):
-        w = np.full((n, k), 0.37) + np.arange(n)[:, None] * 0.01
-        yield Case(f"constant rows {m}x{n}x{k} {_tag(config)}", _quantized(rng, config, w),
-                   _activations(rng, m, k, "constant"))
-        w = np.abs(rng.standard_normal((n, k))) * np.where(np.arange(k) % 2, -1, 1)
-        yield Case(f"alternating signs {m}x{n}x{k} {_tag(config)}", _quantized(rng, config, w),
-                   _activations(rng, m, k, "alternating"))
+    for tile in tiles:
+        half = tile is not None and tile.half
+        tag = f" tile {tile.name if tile else 'chosen'}"
+        for config in (SMOLLM, Q4_OFFSET, Q8, Q4_OFFSET_F32, Q8_F32):
+            for codes in ("max", "min", "mixed"):   # q4 15 / 0, q8 127 / -128, and mixes of extremes
+                yield Case(f"{codes} codes {m}x{n}x{k} {_tag(config)}{tag}", _random(rng, config, n, k, codes),
+                           _activations(rng, m, k), tile=tile)
+            # f16 subnormal .. huge (f16 tiles: tiny scales only; huge ones leave the f16 range)
+            for scale in ((6e-8,) if half else (6e-8, 6e4) if config[3] == "f16" else (1e-30, 1e30)):
+                yield Case(f"scale {scale:g} {m}x{n}x{k} {_tag(config)}{tag}",
+                           _random(rng, config, n, k, scale=scale), _activations(rng, m, k), tile=tile)
+        if not half:
+            # q4 "offset", f32 scale near 3e38 (finite): real weights are 0 or s, but the last block's
+            # padding codes (0) decode to -8 s = -inf, so the weights must be masked, not only x.
+            yield Case(f"padding decodes to -inf {m}x{n}x{k} q4/64/offset/f32{tag}",
+                       random_parts(rng, "q4", n, k, 64, "offset", "f32", "eights", scale=3e38),
+                       _activations(rng, m, k) * np.float32(1e-3), tile=tile)
+        for config in (SMOLLM, Q8, F16, F32):
+            w = np.full((n, k), 0.37) + np.arange(n)[:, None] * 0.01
+            yield Case(f"constant rows {m}x{n}x{k} {_tag(config)}{tag}", _quantized(rng, config, w),
+                       _activations(rng, m, k, "constant"), tile=tile)
+            w = np.abs(rng.standard_normal((n, k))) * np.where(np.arange(k) % 2, -1, 1)
+            yield Case(f"alternating signs {m}x{n}x{k} {_tag(config)}{tag}", _quantized(rng, config, w),
+                       _activations(rng, m, k, "alternating"), tile=tile)
+
+
+def _section_view(case: Case, y: np.ndarray) -> tuple[np.ndarray, int]:
+    """(Y [M, N] gathered from the sections of flat y, elements outside every section that
+    are not the poison (or y0's value))."""
+    m, n = case.x.shape[0], case.weights.rows
+    ends = [first for first, _, _ in case.sections[1:]] + [n]
+    out = np.empty((m, n), np.float32)
+    inside = np.zeros(y.size, bool)
+    for (first, base, stride), end in zip(case.sections, ends):
+        index = base + np.arange(m)[:, None] * stride + np.arange(end - first)[None, :]
+        out[:, first:end] = y[index]
+        inside[index] = True
+    outside = y[~inside]
+    kept = case.y0[~inside] if case.y0 is not None else None
+    overwritten = int((~np.isnan(outside)).sum()) if kept is None else int((outside != kept).sum())
+    return out, overwritten
 
 
 @golden("gemm", kernels=("gemm_",))
@@ -457,27 +570,36 @@ async def golden_gemm(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     for case in _cases(ctx):
         m, n = case.x.shape[0], case.weights.rows
-        p = plan(ctx.device.limits, case.weights, m, case.x_stride, case.y_stride, case.y0 is not None, case.tile)
+        p = plan(ctx.device.limits, case.weights, m, case.x_stride, case.y_stride, case.y0 is not None,
+                 case.tile, case.sections, ctx.device.features)
         if not ctx.uses(p.kernel):
             continue
-        exact, bound, rule = oracle(case.weights, case.x, case.y0)
-        y = await gemm(ctx, case.weights, case.x, case.y0, case.tile, case.x_stride, case.y_stride)
+        y0 = case.y0
+        if case.sections is not None and y0 is not None:
+            y0 = _section_view(case, y0)[0]
+        exact, bound, rule = oracle(case.weights, case.x, y0, half=p.tile.half)
+        y = await gemm(ctx, case.weights, case.x, case.y0, case.tile, case.x_stride, case.y_stride, case.sections)
         name = label(KERNELS[p.kernel], p.overrides)
-        result = compare_bound("gemm", name, case.name, y[:, :n], exact, bound, rule)
-        overwritten = int((~np.isnan(y[:, n:])).sum()) if case.y0 is None else 0   # strided y: padding kept
+        if case.sections is not None:
+            got, overwritten = _section_view(case, y)
+        else:   # strided y: padding columns keep their poison
+            got, overwritten = y[:, :n], int((~np.isnan(y[:, n:])).sum()) if case.y0 is None else 0
+        result = compare_bound("gemm", name, case.name, got, exact, bound, rule)
         results.append(dataclasses.replace(result, mismatched=result.mismatched + overwritten))
-    # The comparison itself must reject wrong results (no GPU needed).
+    # The comparison itself must reject wrong results (no GPU needed), under both rules.
     weights = random_parts(ctx.rng, "q4", 33, 97)
     x = _activations(ctx.rng, 17, 97)
-    exact, bound, rule = oracle(weights, x)
-    for what, wrong in wrong_results(weights, x).items():
-        check = compare_bound("gemm", "oracle", what, wrong, exact, bound, rule)
-        results.append(GoldenResult("gemm", "oracle", f"rejects {what}", "a wrong result must fail the bound",
-                                    check.max_abs_error, 0.0, 0, mismatched=int(check.passed)))
+    for half in (False, True):
+        exact, bound, rule = oracle(weights, x, half=half)
+        for what, wrong in wrong_results(weights, x).items():
+            check = compare_bound("gemm", "oracle", what, wrong, exact, bound, rule)
+            results.append(GoldenResult("gemm", "oracle", f"{'f16 tiles ' if half else ''}rejects {what}",
+                                        "a wrong result must fail the bound", check.max_abs_error, 0.0, 0,
+                                        mismatched=int(check.passed)))
     return results
 
 
-# -- benchmark hook -------------------------------------------------------------------------
+# -- benchmark hook (bench/kernels.py; bench/gemm_sweep.py times every variant) -------------------
 
 def _bench_shapes() -> dict[str, dict]:
     models = {
@@ -500,9 +622,9 @@ def _bench_shapes() -> dict[str, dict]:
 BENCH_SHAPES: dict[str, dict] = _bench_shapes()
 
 
-async def prepare_bench(device: Device, name: str, shape: dict, rng, tile: Tile | None = None) -> runner.Prepared:
-    """`name` is a kernel of this family (shape["kernel"]) or an encoding; the tile is the
-    host function's choice for this device unless given. No readback."""
+async def prepare_bench(device: Device, name: str, shape: dict, rng, tile=None) -> runner.Prepared:
+    """`name` is a classic kernel of this family (shape["kernel"]) or an encoding; the tile is
+    the host function's choice for this device unless given. No readback."""
     encoding = name.removeprefix("gemm_")
     if encoding != shape["encoding"]:
         raise ValueError(f"{name} does not run {shape['encoding']} weights")
@@ -510,7 +632,7 @@ async def prepare_bench(device: Device, name: str, shape: dict, rng, tile: Tile 
     weights = random_parts(rng, encoding, n, k, shape.get("block") or 32, shape.get("zero") or "min",
                            shape.get("scale_type") or "f16")
     x, stride = padded_activations(rng.standard_normal((m, k)).astype(np.float32), 0.0)
-    p = plan(device.limits, weights, m, stride, n, tile=tile)
+    p = plan(device.limits, weights, m, stride, n, tile=tile, features=device.features)
     kernel = await compile_kernel(device, p.kernel, **p.overrides)
     prepared = runner.prepare(device, kernel, p.params, [x, *weights.bindings()], [(m * n, np.float32)], p.grid)
     prepared.bytes_moved = weights.nbytes + m * k * 4 + m * n * 4

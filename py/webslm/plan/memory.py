@@ -102,7 +102,7 @@ class PlanRejected(CodedError):
 class PlanPolicy:
     context_capacity: int | None = None      # tokens; None: min(context_length, 2048)
     kv_dtype: str = "f32"                    # "f32" (tier A) or "f16" (tier B)
-    prefill_chunk: int = 64                  # tokens per prefill submit
+    prefill_chunk: int = 512                 # tokens per prefill submit (the activations hold this many rows)
     top_k_capacity: int = 64                 # largest k the logits reduction returns
     upload_chunk: int = 4 * MiB              # bytes per bounded upload
     reserve: str = "reserve-v1"

@@ -8,7 +8,7 @@ the next one matches (residual-into-accumulate turns the residual norms into pla
 norm-into-matmul then folds away).
 
     rule                       schedule  what it does                                     dispatches a layer
-    stack-projections          decode    q|k|v and gate|up as one stacked mat-vec each      13 -> 10
+    stack-projections          both      q|k|v and gate|up as one stacked mat-vec (GEMM)    13 -> 10
     residual-into-accumulate   decode    o and down add into x (ACCUMULATE); the residual
                                          norms become plain norms of x
     norm-into-matmul           decode    a plain RMSNorm read only by mat-vecs moves into     -> 8
@@ -18,7 +18,8 @@ norm-into-matmul then folds away).
 
 (The counts are for a decode layer whose q|k|v and gate|up stack; tests/test_program.py
 checks each rule against the reference numerically on the GPU.) Prefill multiplies with the
-GEMM, which has no fused input modes: its program stays the reference.
+GEMM, which has no fused input modes: only the stacking applies there (12 -> 9 dispatches a
+layer; the stacked q|k|v GEMM writes the planar qkv activation as three column sections).
 
 `fuse(program, layout, rules)` applies the named rules in RULES order; `ALL` names them all.
 """
@@ -51,8 +52,8 @@ def _with(op: Op, reads: dict | None = None, writes: dict | None = None, **mode)
 
 def stack_projections(ops: list[Op], layout: Layout) -> list[Op]:
     """A layer's q, k, v (and gate, up) matmuls read one input row; when the planner laid their
-    weights out back to back (layout.stacks), one mat-vec over the stacked rows writes the whole
-    qkv (gate_up) activation."""
+    weights out back to back (layout.stacks), one mat-vec (prefill: one GEMM) over the stacked
+    rows writes the whole qkv (gate_up) activation."""
     groups = {"qkv": (("q", "k", "v"), "attn_", "qkv"), "gate_up": (("gate", "up"), "ffn_", "gate_up")}
     out = list(ops)
     for stack, (labels, prefix, target) in groups.items():
@@ -159,7 +160,7 @@ class Rule:
 
 
 RULES = (
-    Rule("stack-projections", stack_projections, ("decode",)),
+    Rule("stack-projections", stack_projections, ("decode", "prefill")),
     Rule("residual-into-accumulate", residual_into_accumulate, ("decode",)),
     Rule("norm-into-matmul", norm_into_matmul, ("decode",)),
     Rule("swiglu-into-down", swiglu_into_down, ("decode",)),

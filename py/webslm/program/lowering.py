@@ -11,7 +11,7 @@ own plan functions, before any GPU work.
     embed            embed_<enc>                          ids, table parts               x
     norm             rms_norm[_residual]                  weight, x (or delta)           out (and x)
     matmul decode    matvec[_norm|_swiglu]_<enc>          weight parts, x (+ norm weight)  y
-    matmul prefill   gemm_<enc>                           x, weight parts                y
+    matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
     rope_kv          rope_kv_append_<kv dtype>            rope_table                     qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
     attention_rope   attention_decode_rope                qkv, rope_table                k_cache, v_cache, out, acc, ml
@@ -31,6 +31,10 @@ import numpy as np
 from ..kernels import attention, attention_rope, embed, gemm, logits, matvec, norm, rope_kv, swiglu
 from ..kernels.weights import PART_NAMES, Weights
 from .ops import Op, ffn_padded, qkv_offsets
+
+
+# Prefill chunk lengths the GEMM tile choice distinguishes (Lowering.prefill_buckets).
+GEMM_BUCKETS = (32, 64, 128, 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +121,12 @@ class Lowering:
         """T the schedule's activations were laid out for (sections sit at these offsets)."""
         return 1 if schedule == "decode" else self.chunk
 
+    def prefill_buckets(self) -> list[int]:
+        """The chunk lengths prefill GEMM tiles are chosen for: a chunk of T tokens takes the
+        tile of the smallest bucket >= T, so a short prompt does not run the full chunk's tall
+        tiles. Admission compiles the tiles of every bucket (admission/pipelines.py)."""
+        return sorted({min(b, self.chunk) for b in GEMM_BUCKETS} | {self.chunk})
+
     def single_pass_at(self, position: int) -> bool:
         """Whether decode attention at this position is one pass (the "short" recording)."""
         return position + 1 <= self.single_pass or self.decode_combine_grid is None
@@ -197,10 +207,19 @@ class Lowering:
             if mode == "norm":
                 inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
             return [self._launch(op, p, parts + [inputs[name] for name in p.inputs], [y])]
-        if op.option("input", "plain") != "plain" or op.option("accumulate"):
-            raise ValueError(f"{op.name}: the prefill GEMM has no fused input or ACCUMULATE")
-        tile = gemm.choose_tile(self.limits, self.chunk, weights.rows)    # one tile for every chunk size
-        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, tile=tile)
+        if op.option("input", "plain") != "plain":
+            raise ValueError(f"{op.name}: the prefill GEMM has no fused input")
+        sections = None
+        if op.write("y") == "qkv":        # stacked q|k|v: three column sections of the planar qkv activation
+            a = self.arch
+            _, k_at, v_at = qkv_offsets(a, self.chunk, self.s_align)
+            q, kv = a.n_heads * a.head_dim, a.n_kv_heads * a.head_dim
+            sections, y_stride = [(0, 0, q), (q, k_at // 4, kv), (q + kv, v_at // 4, kv)], q
+        features = self.device.features
+        rows = next(b for b in self.prefill_buckets() if b >= tokens)
+        tile = gemm.choose_tile(self.limits, rows, weights.rows, features, need_sections=sections is not None)
+        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, bool(op.option("accumulate")), tile,
+                      sections, features)
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
