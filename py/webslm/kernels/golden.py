@@ -22,7 +22,7 @@ import numpy as np
 
 from ..webgpu.interface import Device
 from . import runner
-from .registry import KERNELS, CompiledKernel, KernelSpec, compile_kernel
+from .registry import KERNELS, CompiledKernel, KernelSpec, capabilities, compile_kernel
 
 # The unit roundoff the bounds use. IEEE round-to-nearest would give 2^-24, but WGSL lets
 # "correctly rounded" f32 operations round to either neighbour of the exact result, so one
@@ -107,7 +107,7 @@ class GoldenContext:
     def variants(self, prefix: str) -> list[KernelSpec]:
         """Registered kernels whose name starts with prefix and that this device can run."""
         return [spec for name, spec in sorted(KERNELS.items())
-                if name.startswith(prefix) and spec.runs_on(self.device.features)]
+                if name.startswith(prefix) and spec.runs_on(capabilities(self.device))]
 
     def workgroups(self, wanted: int = 256, bytes_per_lane: int = 0) -> list[int]:
         """The WG values a layer-op golden test runs: the largest the device admits
