@@ -35,6 +35,7 @@ def test_every_variant_passes_its_golden_cases(native_device, run):
                         assert (mv.kernel_name(encoding, s, input, variant), accumulate) in seen
     shapes = {r["kernel"].split("[")[1] for r in results if "ROWS=16" in r["kernel"] and "WG=32" in r["kernel"]}
     assert shapes, "ROWS=16 was not run"
+    assert {"RESIDUAL=0" in r["kernel"] for r in results if "dot4" in r["kernel"]} == {True, False}
     cases = " ".join(r["case"] for r in results)
     for word in ("int8-exact x", "outlier 1e3", "zero units", "off-grid ties", "doubled scale", "tiny x",
                  "huge x", "extreme gates", "max codes", "min codes", "mixed codes", "7x33", "129x4099"):
@@ -66,7 +67,7 @@ def test_the_int8_bound_catches_wrong_results(encoding, zero):
     mat-vec's: one activation off by one step of its unit's scale, the bytes of a word in the
     wrong order, a dropped tail or shifted rows all fail it."""
     weights, x = _q(encoding, zero or "min")
-    exact, bound, rule = mv.fused_oracle(weights, x, int8=True)
+    exact, bound, rule = mv.fused_oracle(weights, x, int8=1)
     assert "int8" in rule
     assert np.array_equal(mv.int8_error(x, 0.0, mv.UNIT_ELEMENTS[encoding]), np.zeros_like(x))
     w = weights.dequantize().astype(np.float64)
@@ -92,9 +93,11 @@ def test_int8_rounding_is_bounded_on_random_activations():
     a result that rounds every activation to its byte (as the kernel does) stays inside it."""
     weights, _ = _q("q4", "min", rows=8, cols=96)
     x = np.random.default_rng(7).standard_normal((1, 96)).astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(weights, x, int8=True)
+    exact, bound, rule = mv.fused_oracle(weights, x, int8=1)
     plain = mv.fused_oracle(weights, x)[1]
+    residual = mv.fused_oracle(weights, x, int8=2)[1]
     assert np.all(bound > 10 * plain)                                       # the rounding dominates
+    assert np.all(residual < bound / 30)                                    # 64 times finer, and then f32
     units = x.reshape(1, -1, 32)
     d = mv.int8_scale(np.abs(units).max(axis=2))[..., None]
     rounded = (np.round(units / d) * d).reshape(1, -1)
@@ -106,12 +109,15 @@ def test_int8_rounding_is_bounded_on_random_activations():
 def test_int8_scale_follows_the_wgsl():
     amax = np.array([0.0, 1.0, 127 / 64, 1.99, 2.0, 1e-38, 3e38], np.float32)
     d = mv.int8_scale(amax)
-    assert list(d[:5]) == [2.0 ** -126, 2.0 ** -6, 2.0 ** -6, 2.0 ** -5, 2.0 ** -5]
-    assert d[5] == 2.0 ** -126 and np.all(np.abs(amax / d) <= 127)
+    assert list(d[:5]) == [2.0 ** -120, 2.0 ** -6, 2.0 ** -6, 2.0 ** -5, 2.0 ** -5]
+    assert d[5] == 2.0 ** -120 and np.all(np.abs(amax / d) <= 127)
     # the error bound: exact multiples 0, anything else one step; inexact inputs a whole binade
     t = np.array([[64 * 2.0 ** -6, 0.5, 3 * 2.0 ** -6, 1e-3]], np.float32)
     assert list(mv.int8_error(t, 0.0, 4)[0]) == [0.0, 0.0, 0.0, 2.0 ** -6]
     assert np.all(mv.int8_error(t, 1e-7, 4) == 2.0 ** -5)
+    # with the residual byte: steps of d / 64
+    t[0, 2] += np.float32(2.0 ** -12)
+    assert list(mv.int8_error(t, 0.0, 4, residual=True)[0]) == [0.0, 0.0, 0.0, 2.0 ** -12]
 
 
 def test_variants_need_their_conditions(native_device, run):
@@ -132,8 +138,8 @@ def test_variants_need_their_conditions(native_device, run):
     q4, _ = _q()
     with pytest.raises(mv.MatvecShapeError, match="packed_4x8"):
         mv.choose_kernel(Plain, q4, variant="dot4")
-    assert mv.choose_kernel(Plain, q4, tuning=mv.Tuning(int8=True))[0] == mv.kernel_name("q4", "subgroups" in
-                                                                                             Plain.features)
+    assert mv.choose_kernel(Plain, q4, tuning=mv.Tuning(activations="int8"))[0] == \
+        mv.kernel_name("q4", "subgroups" in Plain.features)
     with pytest.raises(KernelError, match="packed_4x8"):
         run(compile_kernel(Plain, "matvec_q4_dot4", WG=32, ROWS=4))
 
@@ -147,9 +153,13 @@ def test_choice_follows_the_tuning():
     big = mv.Weights("q4", 14336, 4096, {}, 32, "min", "f16")
     small = mv.Weights("q4", 576, 1536, {}, 32, "min", "f16")
     f16 = mv.Weights("f16", 2048, 8192, {})
-    name, o = mv.choose_kernel(Device, big, tuning=mv.Tuning(int8=True, units_per_invocation=1, rows=16,
-                                                             min_workgroups=1024))
+    name, o = mv.choose_kernel(Device, big, tuning=mv.Tuning(activations="int8x2", units_per_invocation=1,
+                                                             rows=16, min_workgroups=1024))
     assert name == "matvec_q4_dot4_subgroup" and o["WG"] == 128 and o["ROWS"] == 8     # 14336 / 16 < 1024
+    assert o["RESIDUAL"] == 1
+    assert mv.choose_kernel(Device, big, tuning=mv.Tuning(activations="int8"))[1]["RESIDUAL"] == 0
+    with pytest.raises(mv.MatvecShapeError, match="activations"):
+        mv.choose_kernel(Device, big, tuning=mv.Tuning(activations="int4"))
     name, o = mv.choose_kernel(Device, small, tuning=mv.Tuning(rows=16, min_workgroups=256))
     assert name == "matvec_q4_subgroup" and o["ROWS"] == 2 and o["WG"] == 32
     assert mv.choose_kernel(Device, f16)[0] == "matvec_f16_wide_subgroup"

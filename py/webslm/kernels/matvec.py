@@ -22,8 +22,9 @@ override ACCUMULATE 0|1 (y += W x: the residual add of the attention output and 
 projections) besides WG, ROWS and the encoding's BLOCK, SCALE_F16, ZERO_MIN. Where <enc> is
 followed by a variant (`VARIANTS`), the weights are the same parts, read another way:
     q4_dot4, q8_dot4   int8 activations and dot4I8Packed (matvec_int8_x.wgsl): the
-                       activation is rounded to bytes per unit, a stated error (`int8_error`);
-                       needs the WGSL language feature packed_4x8_integer_dot_product
+                       activation is rounded to bytes per unit, a stated error (`int8_error`),
+                       64 times smaller with the override RESIDUAL=1 (a second byte); needs
+                       the WGSL language feature packed_4x8_integer_dot_product
     f16_wide           one 16-byte load per 8 values, no clamps or masks: K % 8 == 0 only
 `choose_kernel` picks among them by `TUNING` (a `Tuning`, set from bench/matvec_sweep.py).
 
@@ -115,6 +116,8 @@ def _specs():
                         overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
                     if encoding == "q4":
                         overrides |= {"ZERO_MIN": (0, 1)}
+                    if variant == "dot4":
+                        overrides |= {"RESIDUAL": (0, 1)}
                     reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
                     weights_file = f"matvec_{encoding}" + (f"_{variant}" if variant else "") + ".wgsl"
                     yield KernelSpec(
@@ -157,7 +160,8 @@ class Tuning:
     """How `choose_kernel` shapes a launch when the caller leaves it open. bench/matvec_sweep.py
     times every (variant, WG, ROWS) on the shapes of interest, scores candidate Tunings
     against those timings and prints the best as a Tuning(...) line: set TUNING to it."""
-    int8: bool = False          # q4, q8: the dot4 variants (int8 activations) where the WGSL has them
+    activations: str = "f32"    # q4, q8: "int8" / "int8x2" take the dot4 variants (RESIDUAL 0 / 1)
+                                # where the WGSL has them; "f32" the exact kernels
     wide_f16: bool = True       # f16 with K % 8 == 0: the f16_wide variant (same numerics)
     units_per_invocation: int = UNITS_PER_INVOCATION   # WG: largest allowlisted <= units / this (>= 32)
     rows: int = 4               # ROWS, the rows per workgroup, halved while the grid has
@@ -166,9 +170,11 @@ class Tuning:
 
 # The engine's choice. Tier rules hold whatever it says: subgroup sums only where the device
 # has subgroups (tier C), dot4 only where its WGSL has packed_4x8_integer_dot_product, and
-# workgroup memory within the device's limit (compatibility devices: 16 KiB). int8 stays off
-# until measured and checked on the target: it trades exactness for speed (docs/kernels.md).
+# workgroup memory within the device's limit (compatibility devices: 16 KiB). int8 activations
+# stay off until measured and checked on the target (`webslm conformance`): they trade
+# exactness for speed (docs/kernels.md).
 TUNING = Tuning()
+ACTIVATIONS = ("f32", "int8", "int8x2")
 
 
 def variant_of(name: str) -> str:
@@ -202,8 +208,11 @@ def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None
     `input` picks the input mode ("plain", "norm", "swiglu"); `accumulate` adds ACCUMULATE=1
     (left out when False, the WGSL default 0)."""
     tuning = tuning or TUNING
+    if tuning.activations not in ACTIVATIONS:
+        raise MatvecShapeError("variant", f"activations must be one of {ACTIVATIONS}, not {tuning.activations!r}")
     if variant is None:
-        if weights.encoding in ("q4", "q8") and tuning.int8 and DOT4_FEATURE in capabilities(device):
+        if (weights.encoding in ("q4", "q8") and tuning.activations != "f32"
+                and DOT4_FEATURE in capabilities(device)):
             variant = "dot4"
         elif weights.encoding == "f16" and tuning.wide_f16 and weights.cols % 8 == 0:
             variant = "wide"
@@ -224,6 +233,8 @@ def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None
                                             f"{min(wanted, runner.max_invocations(limits))} invocations and "
                                             f"{limits['maxComputeWorkgroupStorageSize']} bytes of workgroup memory")
     overrides = {"WG": size, "ROWS": rows_per_group, **weights.overrides()}
+    if variant == "dot4":
+        overrides["RESIDUAL"] = int(tuning.activations == "int8x2")
     if accumulate:
         overrides["ACCUMULATE"] = 1
     return kernel_name(weights.encoding, "subgroups" in device.features, input, variant), overrides
@@ -431,21 +442,23 @@ def _magnitudes(weights: Weights) -> tuple[np.ndarray, np.ndarray, int, str, np.
 def int8_scale(amax: np.ndarray) -> np.ndarray:
     """The int8 variants' power-of-two scale d (float64) of units whose largest |x| is amax
     (f32, finite, >= 0): matvec_int8_x.wgsl's int8_scale, step by step."""
-    field = np.maximum(np.asarray(amax, np.float32).view(np.uint32) >> 23, 7).astype(np.int64)
+    field = np.maximum(np.asarray(amax, np.float32).view(np.uint32) >> 23, 13).astype(np.int64)   # d >= 2^-120
     field = field + (np.asarray(amax, np.float64) * np.ldexp(1.0, 133 - field) > 127)
     return np.ldexp(1.0, field - 133)
 
 
-def int8_error(t: np.ndarray, t_err: np.ndarray, unit: int) -> np.ndarray:
-    """Per activation, a bound on |t_k - d q_k|, the rounding of the int8 variants (t [M, K]
-    the f32 values the kernel quantizes as the host computes them, t_err a bound on how far
-    the kernel's own values may be from them, unit the activations per scale).
+def int8_error(t: np.ndarray, t_err: np.ndarray, unit: int, residual: bool = False) -> np.ndarray:
+    """Per activation, a bound on |t_k - d q_k| (with `residual`: |t_k - d (q_k + r_k / 64)|),
+    the rounding of the int8 variants (t [M, K] the f32 values the kernel quantizes as the
+    host computes them, t_err a bound on how far the kernel's own values may be from them,
+    unit the activations per scale).
 
     Where t_err is 0 across a unit, the kernel quantizes exactly t: its d is int8_scale of the
-    unit's max |t|, and an activation whose t / d is an integer rounds to itself (error 0),
-    any other by at most d (d / 2 when rounding to nearest; WGSL allows either neighbour).
-    Elsewhere the kernel's max |t| is at most max(|t| + t_err), whose binade gives d at most
-    2^(E - 5) (the doubled case), and the error is at most that."""
+    unit's max |t|, and an activation whose t / d (64 t / d) is an integer is represented
+    exactly (error 0), any other within one step, d (d / 64) (half a step when rounding to
+    nearest; WGSL allows either neighbour). Elsewhere the kernel's max |t| is at most
+    max(|t| + t_err), whose binade gives d at most 2^(E - 5) (the doubled case), and the
+    error is at most one step of that."""
     t = np.atleast_2d(np.asarray(t, np.float32))
     m, k = t.shape
     padded = -(-k // unit) * unit
@@ -455,10 +468,10 @@ def int8_error(t: np.ndarray, t_err: np.ndarray, unit: int) -> np.ndarray:
     exact_unit = (errors == 0).all(axis=2)
     d_exact = int8_scale(np.abs(values).max(axis=2))
     upper = np.nextafter(((np.abs(values) + errors).max(axis=2)).astype(np.float32), np.float32(np.inf))
-    d_upper = np.ldexp(1.0, np.maximum(upper.view(np.uint32) >> 23, 7).astype(np.int64) - 132)
-    d = np.where(exact_unit, d_exact, d_upper)[..., None]
-    ratio = values / d
-    delta = np.where(exact_unit[..., None] & (ratio == np.round(ratio)), 0.0, d)
+    d_upper = np.ldexp(1.0, np.maximum(upper.view(np.uint32) >> 23, 13).astype(np.int64) - 132)
+    step = np.where(exact_unit, d_exact, d_upper)[..., None] / (64.0 if residual else 1.0)
+    ratio = values / step
+    delta = np.where(exact_unit[..., None] & (ratio == np.round(ratio)), 0.0, step)
     return delta.reshape(m, padded)[:, :k]
 
 
@@ -481,13 +494,13 @@ NORM_INPUT_RULE = ("(1+R)(1+u) inv gamma(n+1) sum|terms(x g)| + (R + u + R u)|ex
 SWIGLU_INPUT_RULE = ("sum|w| B + gamma(n) sum|terms(|z| + B)| + (n+2) 2^-126, z = float64 silu(gate) up, "
                      "B its swiglu rule; exact = float64 W z")
 ACCUMULATE_RULE = " ; ACCUMULATE: (1+u) bound + u (|y0| + |W x|) + 2^-126, exact + y0"
-INT8_RULE = (" ; int8: + (1 + gamma(n)) Q (norm: (1+R)(1+u) inv (1 + gamma(n+1)) Q) + (n+2) 2^-126, "
+INT8_RULE = (" ; int8 (x2: with the residual byte): + (1 + gamma(n)) Q (norm: (1+R)(1+u) inv (1 + gamma(n+1)) Q) + (n+2) 2^-126, "
              "Q = sum |s c| delta, delta = int8_error of the activation, also added to its magnitude")
 
 
 def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_weight: np.ndarray | None = None,
                  eps: float | None = None, up_offset: int | None = None,
-                 y0: np.ndarray | None = None, int8: bool = False) -> tuple[np.ndarray, np.ndarray, str]:
+                 y0: np.ndarray | None = None, int8: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
     """(exact y in float64, elementwise bound, rule) of every input mode, with or without y0.
 
     "plain": `oracle`. "norm": the kernel multiplies W by t = fl(x g) (one rounding each, so
@@ -501,10 +514,11 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
     rounding: (1+u) bound + u (|y0| + |exact|). Every mode adds (n + 2) 2^-126 for flushed
     subnormal products.
 
-    `int8` (the dot4 variants): the code part of each term multiplies d q_k instead of the
-    activation t_k the mode computes, |t_k - d q_k| <= delta_k (`int8_error`), so the bound
-    gains Q = sum_k |s c_k| delta_k (scaled like the rest of the row sum in the norm mode),
-    and the rounding terms are taken on magnitudes |t| + delta."""
+    `int8` (the dot4 variants; 1: RESIDUAL=0, 2: RESIDUAL=1): the code part of each term
+    multiplies d q_k (d (q_k + r_k / 64)) instead of the activation t_k the mode computes,
+    within delta_k of it (`int8_error`), so the bound gains Q = sum_k |s c_k| delta_k (scaled
+    like the rest of the row sum in the norm mode), and the rounding terms are taken on
+    magnitudes |t| + delta."""
     from .swiglu import swiglu_oracle
     x64 = np.atleast_2d(x).astype(np.float64)
     w, magnitude_w, n, rule, code_magnitude = _magnitudes(weights)
@@ -515,7 +529,7 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
     quantized = 0.0                                      # Q, see above
     if input == "plain":
         if int8:
-            quantized = int8_error(x, 0.0, unit) @ code_magnitude.T
+            quantized = int8_error(x, 0.0, unit, int8 == 2) @ code_magnitude.T
         exact, bound = x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T + quantized) + quantized
     elif input == "norm":
         eps64 = float(np.float32(eps))
@@ -526,7 +540,7 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
         r = gamma(k) / 2 + 12 * U + F32_TINY / (2 * eps64)
         if int8:                                         # t = fl(x g): exact where representable
             t = z.astype(np.float32)
-            quantized = int8_error(t, np.where(t == z, 0.0, 2 * U * np.abs(z)), unit) @ code_magnitude.T
+            quantized = int8_error(t, np.where(t == z, 0.0, 2 * U * np.abs(z)), unit, int8 == 2) @ code_magnitude.T
         bound = ((1 + r) * (1 + U) * inv * (gamma(n + 1) * (np.abs(z) @ magnitude_w.T + quantized) + quantized)
                  + (r + U + r * U) * np.abs(exact) + (n + 2) * F32_TINY * (1 + inv))
         rule = NORM_INPUT_RULE
@@ -536,7 +550,7 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
         z, b = swiglu_oracle(np.atleast_2d(h))
         exact = z @ w.T
         if int8:                                         # the kernel's t is within b of z
-            quantized = int8_error(z.astype(np.float32), b + U * np.abs(z), unit) @ code_magnitude.T
+            quantized = int8_error(z.astype(np.float32), b + U * np.abs(z), unit, int8 == 2) @ code_magnitude.T
         bound = (b @ np.abs(w).T + gamma(n) * ((np.abs(z) + b) @ magnitude_w.T + quantized) + quantized
                  + (n + 2) * F32_TINY)
         rule = SWIGLU_INPUT_RULE

@@ -4,8 +4,9 @@ activations and packed dot products) and f16_wide (16-byte loads), each in every
 
 The kernels share matvec_main.wgsl and the input files with the plain mat-vec, so the cases
 are the plain family's kinds (random shapes with odd tails, adversarial activations, extreme
-codes, real weights) run through `matvec.fused_oracle`; for the dot4 variants with
-`int8=True`, whose bound adds the activation's rounding to bytes (`matvec.int8_error`).
+codes, real weights) run through `matvec.fused_oracle`; for the dot4 variants (each case with
+RESIDUAL 0 and 1) with `int8` 1 or 2, whose bound adds the activation's rounding to bytes
+(`matvec.int8_error`).
 
 That rounding makes the bound on random activations loose (about sum |s c| |x| / 64), too
 loose to notice a dropped column. So most dot4 cases also run on activations the kernel
@@ -170,27 +171,31 @@ def _real_cases(ctx: GoldenContext):
 
 @golden("matvec_variants")
 async def golden_matvec_variants(ctx: GoldenContext) -> list[GoldenResult]:
-    """Every case on both reductions (subgroups where admitted) with the default launch shape;
-    the random cases of the 65-row shapes (main options) also on other (WG, ROWS) (full)."""
+    """Every case on both reductions (subgroups where admitted) with the default launch shape,
+    the dot4 cases with RESIDUAL 0 and 1; the random cases of the 65-row shapes (main options)
+    also on other (WG, ROWS) (full; RESIDUAL=0, the launch shape does not touch the residual)."""
     results = []
     available = {spec.name for spec in ctx.variants("matvec_")}
     default = [(None, 4)]
     every_shape = default + [(32, 16), (256, 1), (64, 2), (128, 8)]
     for item in (*_random_cases(ctx), *_adversarial_cases(ctx), *_real_cases(ctx)):
         case = item.case
-        exact, bound, rule = fused_oracle(case.weights, case.x, case.input, case.norm_weight, case.eps,
-                                          case.up_offset, case.y0, int8=item.variant == "dot4")
         accumulate = case.y0 is not None
         shapes = every_shape if (not ctx.quick and case.name.startswith(("random 65x264", "random 65x257"))
                                  and item.case.weights.block in (None, 32)) else default
-        for subgroups in (False, True):
-            name = kernel_name(case.weights.encoding, subgroups, case.input, item.variant)
-            if name not in available:
-                continue
-            for workgroup, rows_per_group in shapes:
-                _, overrides = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input,
-                                             accumulate, item.variant)
-                y = await case.run(ctx, name, overrides)
-                results.append(compare_bound("matvec_variants", label(KERNELS[name], overrides), case.name, y,
-                                             exact, bound, rule))
+        for residual in ((0, 1) if item.variant == "dot4" else (None,)):
+            exact, bound, rule = fused_oracle(case.weights, case.x, case.input, case.norm_weight, case.eps,
+                                              case.up_offset, case.y0, int8=0 if residual is None else 1 + residual)
+            for subgroups in (False, True):
+                name = kernel_name(case.weights.encoding, subgroups, case.input, item.variant)
+                if name not in available:
+                    continue
+                for workgroup, rows_per_group in (shapes if not residual else default):
+                    _, overrides = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input,
+                                                 accumulate, item.variant)
+                    if residual is not None:
+                        overrides["RESIDUAL"] = residual
+                    y = await case.run(ctx, name, overrides)
+                    results.append(compare_bound("matvec_variants", label(KERNELS[name], overrides), case.name, y,
+                                                 exact, bound, rule))
     return results
