@@ -47,12 +47,10 @@ struct UnitX {
 fn pack_pair(a: vec4<f32>, b: vec4<f32>, inverse: f32) -> vec4<u32> {
     let la = int8_lanes(a, inverse);
     let lb = int8_lanes(b, inverse);
-    let qa = la.q;
-    let qb = lb.q;
-    let ra = la.r;
-    let rb = lb.r;
-    return vec4<u32>(pack4xI8(vec4<i32>(qa.x, qa.z, qb.x, qb.z)), pack4xI8(vec4<i32>(qa.y, qa.w, qb.y, qb.w)),
-                     pack4xI8(vec4<i32>(ra.x, ra.z, rb.x, rb.z)), pack4xI8(vec4<i32>(ra.y, ra.w, rb.y, rb.w)));
+    return vec4<u32>(pack4xI8(vec4<i32>(la.q.x, la.q.z, lb.q.x, lb.q.z)),
+                     pack4xI8(vec4<i32>(la.q.y, la.q.w, lb.q.y, lb.q.w)),
+                     pack4xI8(vec4<i32>(la.r.x, la.r.z, lb.r.x, lb.r.z)),
+                     pack4xI8(vec4<i32>(la.r.y, la.r.w, lb.r.y, lb.r.w)));
 }
 
 fn load_x(u: u32, m: u32) -> UnitX {
@@ -93,10 +91,10 @@ fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
     let c = codes[row * params.units + u];
     let low = c & vec4<u32>(0x0F0F0F0Fu);
     let high = (c >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
-    var cx = xu.scale * f32(byte_dot(low, high, xu.even, xu.odd));
-    if (RESIDUAL) {        // d (64 C_q + C_r) / 64, the integer exact, d / 64 a power of two
-        let c64 = 64 * byte_dot(low, high, xu.even, xu.odd) + byte_dot(low, high, xu.even_r, xu.odd_r);
-        cx = (xu.scale / RESIDUAL_STEPS) * f32(c64);
+    let c_q = byte_dot(low, high, xu.even, xu.odd);
+    var cx = xu.scale * f32(c_q);
+    if (RESIDUAL) {        // d (64 C_q + C_r) / 64: the integer exact, d / 64 a power of two
+        cx = (xu.scale / RESIDUAL_STEPS) * f32(64 * c_q + byte_dot(low, high, xu.even_r, xu.odd_r));
     }
     let b = row * params.blocks + u * 32u / BLOCK;
     if (ZERO_MIN) {

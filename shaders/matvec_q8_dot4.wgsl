@@ -59,9 +59,10 @@ fn byte_dot(c: vec4<u32>, b: vec4<u32>) -> i32 {
 // Row `row`'s share of unit u.
 fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
     let c = codes[row * params.units + u];
-    var cx = xu.scale * f32(byte_dot(c, xu.q));
-    if (RESIDUAL) {        // d (64 C_q + C_r) / 64, the integer exact, d / 64 a power of two
-        cx = (xu.scale / RESIDUAL_STEPS) * f32(64 * byte_dot(c, xu.q) + byte_dot(c, xu.r));
+    let c_q = byte_dot(c, xu.q);
+    var cx = xu.scale * f32(c_q);
+    if (RESIDUAL) {        // d (64 C_q + C_r) / 64: the integer exact, d / 64 a power of two
+        cx = (xu.scale / RESIDUAL_STEPS) * f32(64 * c_q + byte_dot(c, xu.r));
     }
     return scale_at(row * params.blocks + u * 16u / BLOCK) * cx;
 }
