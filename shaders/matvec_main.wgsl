@@ -4,11 +4,18 @@
 // Work split: a workgroup owns ROWS consecutive output rows; its WG invocations stride
 // over the row's "units" together (a unit is a run of weights one 16-byte load brings in:
 // 32 q4 codes, 16 q8 codes; 8 f16 or 4 f32 values), each invocation accumulating all ROWS
-// rows. So each unit of x is loaded once into registers and reused for ROWS rows, adjacent
-// invocations read adjacent weights (coalesced), and an invocation never mixes partial sums
-// of different row sets -- which lets the subgroup reduction be correct for any subgroup
-// layout (matvec_reduce_subgroup.wgsl). The host picks WG so that each invocation gets
-// several units: the reduction after the loop costs about as much as a few units.
+// rows. So each unit of x is loaded (and, for the int8 variants, quantized) once into
+// registers and reused for ROWS rows, adjacent invocations read adjacent weights
+// (coalesced), and an invocation never mixes partial sums of different row sets -- which
+// lets the subgroup reduction be correct for any subgroup layout
+// (matvec_reduce_subgroup.wgsl). The host picks WG so that each invocation gets a few
+// units: the reduction after the loop costs about as much as a few units.
+//
+// Bytes in flight: the ROWS rows of a unit are read unconditionally, the row index clamped
+// to the last row (`unit_dot`), so the ROWS 16-byte loads of an iteration are independent
+// and the compiler issues them together. A guard per row (as this file had before) puts
+// each load behind a branch, and the loads then run one after the other. Rows past the
+// last one repeat the last row's work; their sums are never stored.
 //
 // The encoding file (matvec_q4.wgsl, ...) concatenated with this one provides the weight
 // bindings (1 .. X_BINDING - 1), `UnitX`, `load_x(u, m)` (a unit of the activations in
@@ -24,7 +31,7 @@
 // ACCUMULATE adds y's previous value (y += ..., one more rounding).
 
 override WG: u32 = 64u;      // invocations per workgroup; allowlist 32, 64, 128, 256
-override ROWS: u32 = 4u;     // output rows per workgroup; allowlist 1, 2, 4, 8
+override ROWS: u32 = 4u;     // output rows per workgroup; allowlist 1, 2, 4, 8, 16
 override ACCUMULATE: bool = false;   // y += W x instead of y = W x (a residual add)
 
 struct Params {
@@ -38,6 +45,14 @@ struct Params {
     aux: u32,        // input "norm": eps (f32 bits); "swiglu": floats from a row's gate to its up; else 0
 }
 
+// One invocation's partial sums of the workgroup's rows 0..15 (rows >= ROWS stay 0).
+struct Partials {
+    rows_0_3: vec4<f32>,
+    rows_4_7: vec4<f32>,
+    rows_8_11: vec4<f32>,
+    rows_12_15: vec4<f32>,
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) group: vec3<u32>,
         @builtin(num_workgroups) groups: vec3<u32>,
@@ -48,18 +63,21 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
     }
     let m = group.z;
 
-    var rows_0_3 = vec4<f32>(0.0);
-    var rows_4_7 = vec4<f32>(0.0);
+    var sums = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var u = lane; u < params.units; u += WG) {
         let xu = load_x(u, m);
-        rows_0_3 += unit_dot(xu, u, first_row, first_row);
+        sums.rows_0_3 += unit_dot(xu, u, first_row);
         if (ROWS > 4u) {
-            rows_4_7 += unit_dot(xu, u, first_row + 4u, first_row);
+            sums.rows_4_7 += unit_dot(xu, u, first_row + 4u);
+        }
+        if (ROWS > 8u) {
+            sums.rows_8_11 += unit_dot(xu, u, first_row + 8u);
+            sums.rows_12_15 += unit_dot(xu, u, first_row + 12u);
         }
     }
 
     let scale = input_finish(lane);      // barriers inside: uniform control flow here
-    let total = row_sums(rows_0_3, rows_4_7, lane);
+    let total = row_sums(sums, lane);
     if (lane < ROWS && first_row + lane < params.rows) {
         let at = m * params.y_stride + first_row + lane;
         var value = scaled(total, scale);
@@ -70,27 +88,35 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
     }
 }
 
-// Row r's partial sum out of the two accumulators.
-fn row_partial(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, r: u32) -> f32 {
+// Row r's partial sum (r < 16), r a constant after unrolling or a loop index below ROWS.
+fn row_partial(sums: Partials, r: u32) -> f32 {
     if (r < 4u) {
-        return rows_0_3[r];
+        return sums.rows_0_3[r];
     }
-    return rows_4_7[r - 4u];
+    if (r < 8u) {
+        return sums.rows_4_7[r - 4u];
+    }
+    if (r < 12u) {
+        return sums.rows_8_11[r - 8u];
+    }
+    return sums.rows_12_15[r - 12u];
 }
 
-// Unit u's contribution to rows first .. first+3 (0 for rows outside the workgroup).
-fn unit_dot(xu: UnitX, u: u32, first: u32, group_first: u32) -> vec4<f32> {
+// Unit u's contribution to rows first .. first+3 (to `first` alone when ROWS = 1, to two
+// rows when ROWS = 2). Every row index is clamped to the last row, so no load sits behind a
+// branch (see the file comment); ROWS is a constant, so the `if`s fold away. Spelled out
+// rather than looped: a loop with a runtime bound that indexes a vector can put the vector
+// in local memory (on the H200 this form was 3-12% faster).
+fn unit_dot(xu: UnitX, u: u32, first: u32) -> vec4<f32> {
+    let last = params.rows - 1u;
     var out = vec4<f32>(0.0);
-    if (row_in_group(first, 0u, group_first)) { out.x = row_dot(xu, u, first); }
-    if (row_in_group(first, 1u, group_first)) { out.y = row_dot(xu, u, first + 1u); }
-    if (row_in_group(first, 2u, group_first)) { out.z = row_dot(xu, u, first + 2u); }
-    if (row_in_group(first, 3u, group_first)) { out.w = row_dot(xu, u, first + 3u); }
+    out.x = row_dot(xu, u, min(first, last));
+    if (ROWS > 1u) {
+        out.y = row_dot(xu, u, min(first + 1u, last));
+    }
+    if (ROWS > 2u) {
+        out.z = row_dot(xu, u, min(first + 2u, last));
+        out.w = row_dot(xu, u, min(first + 3u, last));
+    }
     return out;
-}
-
-// Whether row `first + r` (r < 4) belongs to this workgroup and exists. Callers spell out
-// r = 0..3 as constants rather than looping: a loop with a runtime bound that indexes a
-// vector can put the vector in local memory (on the H200 this form was 3-12% faster).
-fn row_in_group(first: u32, r: u32, group_first: u32) -> bool {
-    return (first - group_first) + r < ROWS && first + r < params.rows;
 }

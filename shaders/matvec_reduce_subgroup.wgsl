@@ -10,22 +10,22 @@
 // barrier) rather than trusting workgroup memory's zero initialization: lavapipe was seen
 // carrying the counter over from an earlier workgroup.
 
-var<workgroup> subgroup_sums: array<f32, 8 * WG>;   // [ROWS <= 8][slot < number of subgroups]
+var<workgroup> subgroup_sums: array<f32, ROWS * WG>;   // [ROWS <= 16][slot < number of subgroups]
 var<workgroup> subgroups_stored: atomic<u32>;
 
-fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
+fn row_sums(sums: Partials, lane: u32) -> f32 {
     if (lane == 0u) {
         atomicStore(&subgroups_stored, 0u);
     }
     workgroupBarrier();
-    var sums: array<f32, 8>;
+    var row_totals: array<f32, 16>;
     for (var r = 0u; r < ROWS; r++) {
-        sums[r] = subgroupAdd(row_partial(rows_0_3, rows_4_7, r));
+        row_totals[r] = subgroupAdd(row_partial(sums, r));
     }
     if (subgroupBroadcastFirst(lane) == lane) {
         let slot = atomicAdd(&subgroups_stored, 1u);
         for (var r = 0u; r < ROWS; r++) {
-            subgroup_sums[r * WG + slot] = sums[r];
+            subgroup_sums[r * WG + slot] = row_totals[r];
         }
     }
     workgroupBarrier();
@@ -41,7 +41,7 @@ fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
 // The sum of every lane's `value`, returned to every lane (the RMSNorm input's sum of
 // squares, matvec_input_norm.wgsl): one subgroupAdd, each elected invocation takes a slot
 // with its own workgroup atomic (reset behind a barrier, as above), and every lane adds the
-// slots in slot order. The slots are a constant-size array, not 8 * WG: see
+// slots in slot order. The slots are a constant-size array, not ROWS * WG: see
 // matvec_reduce_workgroup.wgsl (naga 29 declaration order). Call from uniform control flow.
 var<workgroup> total_slots: array<f32, 256>;      // [slot < number of subgroups <= WG <= 256]
 var<workgroup> totals_stored: atomic<u32>;

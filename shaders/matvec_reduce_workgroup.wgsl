@@ -4,11 +4,11 @@
 // they are added in a tree: log2(WG) steps, each behind a barrier that every invocation
 // reaches. Afterwards invocation r < ROWS returns row r's sum.
 
-var<workgroup> row_partials: array<f32, 8 * WG>;   // [ROWS <= 8][WG]
+var<workgroup> row_partials: array<f32, ROWS * WG>;   // [ROWS <= 16][WG]
 
-fn row_sums(rows_0_3: vec4<f32>, rows_4_7: vec4<f32>, lane: u32) -> f32 {
+fn row_sums(sums: Partials, lane: u32) -> f32 {
     for (var r = 0u; r < ROWS; r++) {
-        row_partials[r * WG + lane] = row_partial(rows_0_3, rows_4_7, r);
+        row_partials[r * WG + lane] = row_partial(sums, r);
     }
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {

@@ -33,7 +33,12 @@ export function adapterSummary(adapter) {
 }
 
 export function deviceSummary(device) {
-  return { features: [...device.features].sort(), limits: limitsOf(device.limits) };
+  const language = globalThis.navigator?.gpu?.wgslLanguageFeatures;
+  return {
+    features: [...device.features].sort(),
+    limits: limitsOf(device.limits),
+    wgslLanguageFeatures: language ? [...language].sort() : [],
+  };
 }
 
 export async function popErrorScope(device) {

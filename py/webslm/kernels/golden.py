@@ -23,7 +23,7 @@ import numpy as np
 
 from ..webgpu.interface import Device
 from . import runner
-from .registry import KERNELS, CompiledKernel, KernelSpec, compile_kernel
+from .registry import KERNELS, CompiledKernel, KernelSpec, capabilities, compile_kernel
 
 # The unit roundoff the bounds use. IEEE round-to-nearest would give 2^-24, but WGSL lets
 # "correctly rounded" f32 operations round to either neighbour of the exact result, so one
@@ -114,7 +114,7 @@ class GoldenContext:
         """Registered kernels whose name starts with prefix, that this device can run and
         that this run tests."""
         return [spec for name, spec in sorted(KERNELS.items())
-                if name.startswith(prefix) and spec.runs_on(self.device.features) and self.uses(name)]
+                if name.startswith(prefix) and spec.runs_on(capabilities(self.device)) and self.uses(name)]
 
     def workgroups(self, wanted: int = 256, bytes_per_lane: int = 0) -> list[int]:
         """The WG values a layer-op golden test runs: the largest the device admits

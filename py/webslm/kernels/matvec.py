@@ -19,7 +19,14 @@ Variants (registry names; `kernel_name`): `matvec_<enc>[_subgroup]` (input "plai
 `matvec_norm_<enc>[_subgroup]` (INPUT 1) and `matvec_swiglu_<enc>[_subgroup]` (INPUT 2): the
 input mode changes the bindings, so it is a registry entry, not an override. Each takes the
 override ACCUMULATE 0|1 (y += W x: the residual add of the attention output and FFN down
-projections) besides WG, ROWS and the encoding's BLOCK, SCALE_F16, ZERO_MIN.
+projections) besides WG, ROWS and the encoding's BLOCK, SCALE_F16, ZERO_MIN. Where <enc> is
+followed by a variant (`VARIANTS`), the weights are the same parts, read another way:
+    q4_dot4, q8_dot4   int8 activations and dot4I8Packed (matvec_int8_x.wgsl): the
+                       activation is rounded to bytes per unit, a stated error (`int8_error`),
+                       64 times smaller with the override RESIDUAL=1 (a second byte); needs
+                       the WGSL language feature packed_4x8_integer_dot_product
+    f16_wide           one 16-byte load per 8 values, no clamps or masks: K % 8 == 0 only
+`choose_kernel` picks among them by `TUNING` (a `Tuning`, set from bench/matvec_sweep.py).
 
 Bindings (index order; runner.prepare and the executor bind in this order):
     0 params (uniform, `params`: 8 words)
@@ -55,13 +62,17 @@ from ..webgpu.interface import Device
 from . import runner
 from .golden import (F32_TINY, F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, gamma, golden,
                      label)
-from .registry import KERNELS, QUANT_SOURCES, KernelSpec, compile_kernel, register
+from .registry import KERNELS, QUANT_SOURCES, KernelSpec, capabilities, compile_kernel, register
 from .weights import ENCODINGS, PART_NAMES, Weights
 
 UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4}   # weights one invocation step covers
 WORKGROUP_SIZES = (32, 64, 128, 256)
-ROWS_PER_WORKGROUP = (1, 2, 4, 8)
+ROWS_PER_WORKGROUP = (1, 2, 4, 8, 16)
 UNITS_PER_INVOCATION = 4
+# Per encoding, its kernel variants besides the plain one ("": matvec_<enc>.wgsl): the file
+# matvec_<enc>_<variant>.wgsl replaces it, binding the same weight parts (module docstring).
+VARIANTS = {"q4": ("dot4",), "q8": ("dot4",), "f16": ("wide",), "f32": ()}
+DOT4_FEATURE = "packed_4x8_integer_dot_product"     # the WGSL language feature dot4 needs
 INPUTS = {"plain": 0, "norm": 1, "swiglu": 2}               # input mode -> INPUT number (docs)
 # The activation bindings of each input mode, after the weight parts (y follows them).
 INPUT_BINDINGS = {"plain": ("x",), "norm": ("x", "norm_weight"), "swiglu": ("h",)}
@@ -70,18 +81,21 @@ INPUT_BINDINGS = {"plain": ("x",), "norm": ("x", "norm_weight"), "swiglu": ("h",
 class MatvecShapeError(ValueError):
     """A mat-vec the kernels cannot serve, refused before any GPU work. `problem` names it:
     "encoding", "input", "empty", "stride", "grid", "offset-overflow", "binding-size", "eps",
-    "up-offset", "norm-weight", "accumulate", "alias", "shape", "workgroup"."""
+    "up-offset", "norm-weight", "accumulate", "alias", "shape", "workgroup", "variant"."""
 
     def __init__(self, problem: str, message: str):
         super().__init__(f"{problem}: {message}")
         self.problem = problem
 
 
-def kernel_name(encoding: str, subgroups: bool, input: str = "plain") -> str:
+def kernel_name(encoding: str, subgroups: bool, input: str = "plain", variant: str = "") -> str:
     if input not in INPUTS:
         raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
+    if variant and variant not in VARIANTS.get(encoding, ()):
+        raise MatvecShapeError("variant", f"{encoding} has no mat-vec variant {variant!r} "
+                                          f"(it has {list(VARIANTS.get(encoding, ()))})")
     mode = "" if input == "plain" else f"{input}_"
-    return f"matvec_{mode}{encoding}" + ("_subgroup" if subgroups else "")
+    return f"matvec_{mode}{encoding}" + (f"_{variant}" if variant else "") + ("_subgroup" if subgroups else "")
 
 
 def input_of(name: str) -> str:
@@ -95,27 +109,33 @@ def input_of(name: str) -> str:
 def _specs():
     for input in INPUTS:
         for encoding in ENCODINGS:
-            for subgroups in (False, True):
-                overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP, "ACCUMULATE": (0, 1)}
-                if encoding in ("q4", "q8"):
-                    overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
-                if encoding == "q4":
-                    overrides |= {"ZERO_MIN": (0, 1)}
-                reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
-                yield KernelSpec(
-                    name=kernel_name(encoding, subgroups, input),
-                    sources=(("enable_subgroups.wgsl",) if subgroups else ())
-                    + ("common_quant.wgsl", "matvec_main.wgsl", f"matvec_{encoding}.wgsl",
-                       f"matvec_input_{input}.wgsl", reduce)
-                    + (("silu.wgsl",) if input == "swiglu" else ())
-                    + QUANT_SOURCES.get(encoding, ()),
-                    entry_point="main",
-                    bindings=("uniform",) + ("read-only-storage",) * (len(PART_NAMES[encoding])
-                                                                      + len(INPUT_BINDINGS[input]))
-                    + ("storage",),
-                    overrides=overrides,
-                    requires=frozenset({"subgroups"}) if subgroups else frozenset(),
-                )
+            for variant in ("", *VARIANTS[encoding]):
+                for subgroups in (False, True):
+                    overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP, "ACCUMULATE": (0, 1)}
+                    if encoding in ("q4", "q8"):
+                        overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
+                    if encoding == "q4":
+                        overrides |= {"ZERO_MIN": (0, 1)}
+                    if variant == "dot4":
+                        overrides |= {"RESIDUAL": (0, 1)}
+                    reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
+                    weights_file = f"matvec_{encoding}" + (f"_{variant}" if variant else "") + ".wgsl"
+                    yield KernelSpec(
+                        name=kernel_name(encoding, subgroups, input, variant),
+                        sources=(("enable_subgroups.wgsl",) if subgroups else ())
+                        + ("common_quant.wgsl", "matvec_main.wgsl", weights_file,
+                           f"matvec_input_{input}.wgsl", reduce)
+                        + (("matvec_int8_x.wgsl",) if variant == "dot4" else ())
+                        + (("silu.wgsl",) if input == "swiglu" else ())
+                        + QUANT_SOURCES.get(encoding, ()),
+                        entry_point="main",
+                        bindings=("uniform",) + ("read-only-storage",) * (len(PART_NAMES[encoding])
+                                                                          + len(INPUT_BINDINGS[input]))
+                        + ("storage",),
+                        overrides=overrides,
+                        requires=(frozenset({"subgroups"}) if subgroups else frozenset())
+                        | (frozenset({DOT4_FEATURE}) if variant == "dot4" else frozenset()),
+                    )
 
 
 register(*_specs())
@@ -135,26 +155,89 @@ def _quads(n: int) -> int:
     return -(-n // 4) * 4
 
 
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """How `choose_kernel` shapes a launch when the caller leaves it open. bench/matvec_sweep.py
+    times every (variant, WG, ROWS) on the shapes of interest, scores candidate Tunings
+    against those timings and prints the best as a Tuning(...) line: set TUNING to it."""
+    activations: str = "f32"    # q4, q8: "int8" / "int8x2" take the dot4 variants (RESIDUAL 0 / 1)
+                                # where the WGSL has them; "f32" the exact kernels
+    wide_f16: bool = True       # f16 with K % 8 == 0: the f16_wide variant (same numerics)
+    units_per_invocation: int = UNITS_PER_INVOCATION   # WG: largest allowlisted <= units / this (>= 32)
+    rows: int = 4               # ROWS, the rows per workgroup, halved while the grid has
+    min_workgroups: int = 0     # fewer workgroups than this (0: never)
+
+
+# The engine's choice. Tier rules hold whatever it says: subgroup sums only where the device
+# has subgroups (tier C), dot4 only where its WGSL has packed_4x8_integer_dot_product, and
+# workgroup memory within the device's limit (compatibility devices: 16 KiB). int8 activations
+# stay off until measured and checked on the target (`webslm conformance`): they trade
+# exactness for speed (docs/kernels.md).
+TUNING = Tuning()
+ACTIVATIONS = ("f32", "int8", "int8x2")
+
+
+def variant_of(name: str) -> str:
+    """The variant of a mat-vec registry name ("" for the plain kernels)."""
+    parts = name.removesuffix("_subgroup").split("_")
+    return parts[-1] if parts[-1] in {v for vs in VARIANTS.values() for v in vs} else ""
+
+
+def check_variant(device: Device, weights: Weights, variant: str) -> None:
+    """A variant must exist for the encoding, have its WGSL language feature, and fit K."""
+    if variant and variant not in VARIANTS.get(weights.encoding, ()):
+        raise MatvecShapeError("variant", f"{weights.encoding} has no mat-vec variant {variant!r}")
+    if variant == "dot4" and DOT4_FEATURE not in capabilities(device):
+        raise MatvecShapeError("variant", f"dot4 needs the WGSL language feature {DOT4_FEATURE}")
+    if variant == "wide" and weights.cols % 8:
+        raise MatvecShapeError("variant", f"f16_wide reads whole 16-byte runs: cols {weights.cols} % 8 != 0")
+
+
+def workgroup_bytes(rows_per_group: int, workgroup: int) -> int:
+    """Workgroup memory of a mat-vec: the row sums [ROWS][WG] f32 and the 256-slot total of the
+    norm input (matvec_reduce_*.wgsl), plus the subgroup reduction's two counters."""
+    return 4 * rows_per_group * workgroup + 4 * 256 + 8
+
+
 def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None,
-                  rows_per_group: int = 4, input: str = "plain",
-                  accumulate: bool = False) -> tuple[str, dict[str, int]]:
-    """The variant and overrides for this device: subgroup sums when the device has them; a
-    workgroup size that gives each invocation about UNITS_PER_INVOCATION units (the
-    reduction after the loop costs about as much as a few units, measured on the H200:
-    docs/RESULTS.md), unless `workgroup` asks for one; never more than the limits admit.
-    `input` picks the variant's input mode ("plain", "norm", "swiglu"); `accumulate` adds
-    ACCUMULATE=1 (left out when False, the WGSL default 0)."""
-    wanted = workgroup or max(32, units(weights) // UNITS_PER_INVOCATION)
-    size = runner.largest_workgroup(device.limits, WORKGROUP_SIZES, wanted)
-    if size is None:
-        raise MatvecShapeError("workgroup", f"no mat-vec workgroup size fits "
-                                            f"{min(wanted, runner.max_invocations(device.limits))} invocations")
+                  rows_per_group: int | None = None, input: str = "plain", accumulate: bool = False,
+                  variant: str | None = None, tuning: Tuning | None = None) -> tuple[str, dict[str, int]]:
+    """The kernel and overrides for this device: subgroup sums when the device has them; the
+    variant, workgroup size and rows per workgroup by `tuning` (default TUNING) unless the
+    caller gives them; never more invocations or workgroup memory than the limits admit.
+    `input` picks the input mode ("plain", "norm", "swiglu"); `accumulate` adds ACCUMULATE=1
+    (left out when False, the WGSL default 0)."""
+    tuning = tuning or TUNING
+    if tuning.activations not in ACTIVATIONS:
+        raise MatvecShapeError("variant", f"activations must be one of {ACTIVATIONS}, not {tuning.activations!r}")
+    if variant is None:
+        if (weights.encoding in ("q4", "q8") and tuning.activations != "f32"
+                and DOT4_FEATURE in capabilities(device)):
+            variant = "dot4"
+        elif weights.encoding == "f16" and tuning.wide_f16 and weights.cols % 8 == 0:
+            variant = "wide"
+        else:
+            variant = ""
+    check_variant(device, weights, variant)
+    if rows_per_group is None:
+        rows_per_group = tuning.rows
+        while rows_per_group > 1 and -(-weights.rows // rows_per_group) < tuning.min_workgroups:
+            rows_per_group //= 2
     if rows_per_group not in ROWS_PER_WORKGROUP:
         raise MatvecShapeError("workgroup", f"rows per workgroup {rows_per_group} is not one of {ROWS_PER_WORKGROUP}")
+    wanted = workgroup or max(32, units(weights) // tuning.units_per_invocation)
+    limits = {"maxComputeWorkgroupStorageSize": 16384, **device.limits}     # WebGPU's minimum if not given
+    size = runner.largest_workgroup(limits, WORKGROUP_SIZES, wanted, lambda wg: workgroup_bytes(rows_per_group, wg))
+    if size is None:
+        raise MatvecShapeError("workgroup", f"no mat-vec workgroup size fits "
+                                            f"{min(wanted, runner.max_invocations(limits))} invocations and "
+                                            f"{limits['maxComputeWorkgroupStorageSize']} bytes of workgroup memory")
     overrides = {"WG": size, "ROWS": rows_per_group, **weights.overrides()}
+    if variant == "dot4":
+        overrides["RESIDUAL"] = int(tuning.activations == "int8x2")
     if accumulate:
         overrides["ACCUMULATE"] = 1
-    return kernel_name(weights.encoding, "subgroups" in device.features, input), overrides
+    return kernel_name(weights.encoding, "subgroups" in device.features, input, variant), overrides
 
 
 def check_shapes(device: Device, weights: Weights, m: int, x_stride: int, input: str = "plain",
@@ -215,6 +298,7 @@ def params(weights: Weights, x_stride: int, y_stride: int, input: str = "plain",
 
 
 def grid(device: Device, weights: Weights, rows_per_group: int, m: int) -> tuple[int, int, int]:
+    """ceil(rows / ROWS) workgroups (2-D past the x limit), times m in z."""
     groups = -(-weights.rows // rows_per_group)
     gx, gy, _ = runner.workgroup_grid(groups, device.limits["maxComputeWorkgroupsPerDimension"])
     return (gx, gy, m)
@@ -231,12 +315,12 @@ class MatvecPlan(NamedTuple):
 def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int, input: str = "plain",
          accumulate: bool = False, eps: float | None = None, up_offset: int | None = None,
          norm_elements: int | None = None, workgroup: int | None = None,
-         rows_per_group: int = 4) -> MatvecPlan:
+         rows_per_group: int | None = None, variant: str | None = None) -> MatvecPlan:
     """check_shapes, choose_kernel, params and grid in one call: a validated launch."""
     check_shapes(device, weights, m, x_stride, input, eps, up_offset, norm_elements)
-    name, overrides = choose_kernel(device, weights, workgroup, rows_per_group, input, accumulate)
+    name, overrides = choose_kernel(device, weights, workgroup, rows_per_group, input, accumulate, variant)
     return MatvecPlan(name, overrides, params(weights, x_stride, y_stride, input, eps, up_offset),
-                      grid(device, weights, rows_per_group, m), INPUT_BINDINGS[input])
+                      grid(device, weights, overrides["ROWS"], m), INPUT_BINDINGS[input])
 
 
 def check_no_alias(inputs: Sequence, output) -> None:
@@ -287,6 +371,8 @@ async def matvec(ctx_or_device, weights: Weights, x: np.ndarray, name: str | Non
     x = np.atleast_2d(np.asarray(x, np.float32))
     if name is not None and input_of(name) != input:
         raise MatvecShapeError("input", f"{name} has input {input_of(name)!r}, not {input!r}")
+    if name is not None:
+        check_variant(device, weights, variant_of(name))
     accumulate = y0 is not None
     if input == "swiglu":
         up_offset = x.shape[1] // 2 if up_offset is None else up_offset
@@ -330,9 +416,10 @@ async def matvec(ctx_or_device, weights: Weights, x: np.ndarray, name: str | Non
 U = F32_UNIT_ROUNDOFF
 
 
-def _magnitudes(weights: Weights) -> tuple[np.ndarray, np.ndarray, int, str]:
+def _magnitudes(weights: Weights) -> tuple[np.ndarray, np.ndarray, int, str, np.ndarray]:
     """(W exactly decoded [N, K] float64, the per-weight magnitude of its elementary terms,
-    n for gamma(n), the rule's words). See `oracle`."""
+    n for gamma(n), the rule's words, |s c| [N, K]: the magnitude of the code part alone,
+    the part the int8 variants multiply by quantized activations). See `oracle`."""
     w = weights.dequantize().astype(np.float64)
     padded = units(weights) * UNIT_ELEMENTS[weights.encoding]
     if weights.encoding == "q4":
@@ -347,8 +434,45 @@ def _magnitudes(weights: Weights) -> tuple[np.ndarray, np.ndarray, int, str]:
             magnitude_w = np.abs(s * codes) + np.abs(mins)
         else:
             magnitude_w = np.abs(s) * (codes + 8.0)
-        return w, magnitude_w, 2 * padded + 2, "gamma(2 K_padded + 2) * sum(|s c| + |zero part|) |x|"
-    return w, np.abs(w), padded + 2, "gamma(K_padded + 2) * sum |w| |x|"
+        return (w, magnitude_w, 2 * padded + 2, "gamma(2 K_padded + 2) * sum(|s c| + |zero part|) |x|",
+                np.abs(s) * codes)
+    return w, np.abs(w), padded + 2, "gamma(K_padded + 2) * sum |w| |x|", np.abs(w)
+
+
+def int8_scale(amax: np.ndarray) -> np.ndarray:
+    """The int8 variants' power-of-two scale d (float64) of units whose largest |x| is amax
+    (f32, finite, >= 0): matvec_int8_x.wgsl's int8_scale, step by step."""
+    field = np.maximum(np.asarray(amax, np.float32).view(np.uint32) >> 23, 13).astype(np.int64)   # d >= 2^-120
+    field = field + (np.asarray(amax, np.float64) * np.ldexp(1.0, 133 - field) > 127)
+    return np.ldexp(1.0, field - 133)
+
+
+def int8_error(t: np.ndarray, t_err: np.ndarray, unit: int, residual: bool = False) -> np.ndarray:
+    """Per activation, a bound on |t_k - d q_k| (with `residual`: |t_k - d (q_k + r_k / 64)|),
+    the rounding of the int8 variants (t [M, K] the f32 values the kernel quantizes as the
+    host computes them, t_err a bound on how far the kernel's own values may be from them,
+    unit the activations per scale).
+
+    Where t_err is 0 across a unit, the kernel quantizes exactly t: its d is int8_scale of the
+    unit's max |t|, and an activation whose t / d (64 t / d) is an integer is represented
+    exactly (error 0), any other within one step, d (d / 64) (half a step when rounding to
+    nearest; WGSL allows either neighbour). Elsewhere the kernel's max |t| is at most
+    max(|t| + t_err), whose binade gives d at most 2^(E - 5) (the doubled case), and the
+    error is at most one step of that."""
+    t = np.atleast_2d(np.asarray(t, np.float32))
+    m, k = t.shape
+    padded = -(-k // unit) * unit
+    values, errors = np.zeros((m, padded), np.float32), np.zeros((m, padded))
+    values[:, :k], errors[:, :k] = t, np.broadcast_to(t_err, t.shape)
+    values, errors = values.reshape(m, -1, unit), errors.reshape(m, -1, unit)
+    exact_unit = (errors == 0).all(axis=2)
+    d_exact = int8_scale(np.abs(values).max(axis=2))
+    upper = np.nextafter(((np.abs(values) + errors).max(axis=2)).astype(np.float32), np.float32(np.inf))
+    d_upper = np.ldexp(1.0, np.maximum(upper.view(np.uint32) >> 23, 13).astype(np.int64) - 132)
+    step = np.where(exact_unit, d_exact, d_upper)[..., None] / (64.0 if residual else 1.0)
+    ratio = values / step
+    delta = np.where(exact_unit[..., None] & (ratio == np.round(ratio)), 0.0, step)
+    return delta.reshape(m, padded)[:, :k]
 
 
 def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
@@ -361,7 +485,7 @@ def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str
     n = terms + 2 (Higham 3.1 / 4.2). Terms are 2 per weight for q4 (code and zero part),
     1 otherwise; padding weights count (they are multiplied by masked zeros)."""
     x64 = np.atleast_2d(x).astype(np.float64)
-    w, magnitude_w, n, rule = _magnitudes(weights)
+    w, magnitude_w, n, rule, _ = _magnitudes(weights)
     return x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T), rule
 
 
@@ -370,11 +494,13 @@ NORM_INPUT_RULE = ("(1+R)(1+u) inv gamma(n+1) sum|terms(x g)| + (R + u + R u)|ex
 SWIGLU_INPUT_RULE = ("sum|w| B + gamma(n) sum|terms(|z| + B)| + (n+2) 2^-126, z = float64 silu(gate) up, "
                      "B its swiglu rule; exact = float64 W z")
 ACCUMULATE_RULE = " ; ACCUMULATE: (1+u) bound + u (|y0| + |W x|) + 2^-126, exact + y0"
+INT8_RULE = (" ; int8 (x2: with the residual byte): + (1 + gamma(n)) Q (norm: (1+R)(1+u) inv (1 + gamma(n+1)) Q) + (n+2) 2^-126, "
+             "Q = sum |s c| delta, delta = int8_error of the activation, also added to its magnitude")
 
 
 def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_weight: np.ndarray | None = None,
                  eps: float | None = None, up_offset: int | None = None,
-                 y0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+                 y0: np.ndarray | None = None, int8: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
     """(exact y in float64, elementwise bound, rule) of every input mode, with or without y0.
 
     "plain": `oracle`. "norm": the kernel multiplies W by t = fl(x g) (one rounding each, so
@@ -386,13 +512,25 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
     "swiglu": the kernel multiplies W by t with |t - z| <= B (swiglu.swiglu_oracle's rule), so
     |y - W z| <= sum |w| B + gamma(n) sum|terms(|z| + B)|. ACCUMULATE adds y0 with one more
     rounding: (1+u) bound + u (|y0| + |exact|). Every mode adds (n + 2) 2^-126 for flushed
-    subnormal products."""
+    subnormal products.
+
+    `int8` (the dot4 variants; 1: RESIDUAL=0, 2: RESIDUAL=1): the code part of each term
+    multiplies d q_k (d (q_k + r_k / 64)) instead of the activation t_k the mode computes,
+    within delta_k of it (`int8_error`), so the bound gains Q = sum_k |s c_k| delta_k (scaled
+    like the rest of the row sum in the norm mode), and the rounding terms are taken on
+    magnitudes |t| + delta."""
     from .swiglu import swiglu_oracle
     x64 = np.atleast_2d(x).astype(np.float64)
-    w, magnitude_w, n, rule = _magnitudes(weights)
+    w, magnitude_w, n, rule, code_magnitude = _magnitudes(weights)
     k = weights.cols
+    unit = UNIT_ELEMENTS[weights.encoding]
+    if int8 and weights.encoding not in ("q4", "q8"):
+        raise MatvecShapeError("variant", f"int8 activations are for q4 and q8, not {weights.encoding}")
+    quantized = 0.0                                      # Q, see above
     if input == "plain":
-        exact, bound = x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T)
+        if int8:
+            quantized = int8_error(x, 0.0, unit, int8 == 2) @ code_magnitude.T
+        exact, bound = x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T + quantized) + quantized
     elif input == "norm":
         eps64 = float(np.float32(eps))
         g = np.asarray(norm_weight, np.float32).astype(np.float64).reshape(1, -1)
@@ -400,7 +538,10 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
         z = x64 * g
         exact = (z @ w.T) * inv
         r = gamma(k) / 2 + 12 * U + F32_TINY / (2 * eps64)
-        bound = ((1 + r) * (1 + U) * inv * gamma(n + 1) * (np.abs(z) @ magnitude_w.T)
+        if int8:                                         # t = fl(x g): exact where representable
+            t = z.astype(np.float32)
+            quantized = int8_error(t, np.where(t == z, 0.0, 2 * U * np.abs(z)), unit, int8 == 2) @ code_magnitude.T
+        bound = ((1 + r) * (1 + U) * inv * (gamma(n + 1) * (np.abs(z) @ magnitude_w.T + quantized) + quantized)
                  + (r + U + r * U) * np.abs(exact) + (n + 2) * F32_TINY * (1 + inv))
         rule = NORM_INPUT_RULE
     elif input == "swiglu":
@@ -408,10 +549,16 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
         h = np.concatenate([x[:, :k], x[:, up_offset:up_offset + k]], axis=1).astype(np.float32)
         z, b = swiglu_oracle(np.atleast_2d(h))
         exact = z @ w.T
-        bound = b @ np.abs(w).T + gamma(n) * ((np.abs(z) + b) @ magnitude_w.T) + (n + 2) * F32_TINY
+        if int8:                                         # the kernel's t is within b of z
+            quantized = int8_error(z.astype(np.float32), b + U * np.abs(z), unit, int8 == 2) @ code_magnitude.T
+        bound = (b @ np.abs(w).T + gamma(n) * ((np.abs(z) + b) @ magnitude_w.T + quantized) + quantized
+                 + (n + 2) * F32_TINY)
         rule = SWIGLU_INPUT_RULE
     else:
         raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
+    if int8:
+        bound = bound + (n + 2) * F32_TINY
+        rule += INT8_RULE
     if y0 is not None:
         y0 = np.asarray(y0, np.float32).astype(np.float64)
         bound = (1 + U) * bound + U * (np.abs(y0) + np.abs(exact)) + F32_TINY
@@ -497,7 +644,7 @@ async def golden_matvec(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     variants = {spec.name for spec in ctx.variants("matvec_")}
     default = [(None, 4)]
-    every_shape = default if ctx.quick else default + [(32, 8), (64, 1), (256, 2)]
+    every_shape = default if ctx.quick else default + [(32, 8), (64, 1), (256, 2), (64, 16)]
     for case, weights, x in _cases(ctx):
         exact, bound, rule = oracle(weights, x)
         for subgroups in (False, True):
@@ -647,7 +794,7 @@ async def golden_matvec_fused(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     variants = {spec.name for spec in ctx.variants("matvec_")}
     default = [(None, 4)]
-    every_shape = default + [(32, 8), (64, 1)]
+    every_shape = default + [(32, 8), (64, 1), (32, 16)]
     for case in _fused_cases(ctx):
         exact, bound, rule = case.oracle()
         accumulate = case.y0 is not None
@@ -705,16 +852,18 @@ def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 3
 
 async def prepare_bench(device: Device, name: str, shape: dict, rng,
                         overrides: dict[str, int] | None = None) -> runner.Prepared:
-    """`name` is an encoding, optionally with overrides ("q4/WG=256/ROWS=2") and an input mode
-    ("q4/input=norm", "q4/input=swiglu/ACCUMULATE=1"); the variant (subgroups or not) follows
-    the device."""
+    """`name` is an encoding, optionally with overrides ("q4/WG=256/ROWS=2"), an input mode
+    ("q4/input=norm", "q4/input=swiglu/ACCUMULATE=1") and a variant ("q4/variant=dot4",
+    "q4/variant=" for the plain kernel; by default TUNING's choice); subgroups follow the
+    device. bench/matvec_sweep.py sweeps all of them at once."""
     encoding, *settings = name.split("/")
     pairs = dict(item.split("=") for item in settings)
     input = pairs.pop("input", "plain")
+    variant = pairs.pop("variant", None)
     overrides = {**{k: int(v) for k, v in pairs.items()}, **(overrides or {})}
     weights = random_weights_fast(rng, encoding, shape["rows"], shape["cols"])
     accumulate = bool(overrides.get("ACCUMULATE", 0))
-    chosen, chosen_overrides = choose_kernel(device, weights, input=input, accumulate=accumulate)
+    chosen, chosen_overrides = choose_kernel(device, weights, input=input, accumulate=accumulate, variant=variant)
     overrides = {**chosen_overrides, **overrides}
     kernel = await compile_kernel(device, chosen, **overrides)
     x, stride = padded_activations(rng.standard_normal((1, weights.cols)).astype(np.float32), 0.0)

@@ -3,7 +3,8 @@
 An entry names its WGSL sources in the bundle (concatenated in order, so a family can share
 a trusted helper file such as `common_quant.wgsl`), its entry point, its bindings (kind per
 binding index, in WGSL order), the override constants it accepts with their allowed values,
-and the device features it needs ("subgroups", "shader-f16"). Specialization happens only
+and the device features it needs ("subgroups", "shader-f16") or the WGSL language features
+("packed_4x8_integer_dot_product"). Specialization happens only
 through those overrides and the choice among registered variants; nothing here builds WGSL
 from input.
 
@@ -30,7 +31,8 @@ class KernelSpec:
     entry_point: str
     bindings: tuple[str, ...]                     # binding kinds of group 0, by index
     overrides: dict[str, tuple[int, ...]]         # name -> allowed values
-    requires: frozenset[str] = frozenset()        # device features the WGSL enables
+    requires: frozenset[str] = frozenset()        # device features the WGSL enables, and
+                                                  # WGSL language features it uses (LANGUAGE_FEATURES)
 
     def check_overrides(self, values: dict[str, int]) -> dict[str, int]:
         for name, value in values.items():
@@ -57,6 +59,18 @@ class KernelSpec:
 # The optional device features any kernel may require (KernelSpec.requires): a device created
 # with those of them its adapter offers can run every variant of every tier.
 KERNEL_FEATURES = frozenset({"shader-f16", "subgroups"})
+
+# WGSL language features a kernel may use (KernelSpec.requires): not device features (nothing
+# to request), but what the implementation's WGSL compiler accepts. Browsers list theirs in
+# navigator.gpu.wgslLanguageFeatures; a device reports them as `wgsl_language_features`.
+LANGUAGE_FEATURES = frozenset({"packed_4x8_integer_dot_product"})
+
+
+def capabilities(device: Device) -> frozenset[str]:
+    """What a device offers kernels: its features and the WGSL language features its compiler
+    accepts (devices without the attribute offer none)."""
+    return frozenset(device.features) | frozenset(getattr(device, "wgsl_language_features", ()))
+
 
 # Prelude files holding one `enable` directive -> the WGSL extension they enable.
 ENABLE_FILES = {"enable_subgroups.wgsl": "subgroups", "enable_f16.wgsl": "f16"}
@@ -88,8 +102,9 @@ async def compile_kernel(device: Device, name: str, **overrides: int) -> Compile
     spec = KERNELS.get(name)
     if spec is None:
         raise KernelError(f"no kernel named {name!r}; known: {sorted(KERNELS)}")
-    if not spec.runs_on(device.features):
-        raise KernelError(f"{name} needs {sorted(spec.requires - device.features)}, "
+    offered = capabilities(device)
+    if not spec.runs_on(offered):
+        raise KernelError(f"{name} needs {sorted(spec.requires - offered)}, "
                           f"which this device was not created with")
     overrides = spec.check_overrides(overrides)
     code = spec.source(getattr(device, "implicit_wgsl_enables", frozenset()))

@@ -71,6 +71,8 @@ class BrowserDevice(Device):
         summary = bridge.deviceSummary(device).to_py()
         self.features = frozenset(summary["features"])
         self.limits = {k: int(v) for k, v in summary["limits"].items()}
+        # navigator.gpu.wgslLanguageFeatures: what this browser's WGSL compiler accepts
+        self.wgsl_language_features = frozenset(summary.get("wgslLanguageFeatures", ()))
         self._proxies: list[Any] = []   # JS holds these callbacks; keep them alive
 
     # -- lifetime and errors ------------------------------------------------------------

@@ -107,6 +107,10 @@ class NativeDevice(Device):
     # naga implements subgroup operations but not yet the `enable subgroups;` directive
     # (it rejects it); kernels/registry.py leaves that prelude out for this device.
     implicit_wgsl_enables = frozenset({"subgroups"})
+    # WGSL language features naga (29, in wgpu-native 0.32) accepts: dot4I8Packed and
+    # pack4xI8, lowered to SPIR-V OpSDot where the Vulkan device has integer dot products and
+    # to shifts and multiplies where not (kernels/registry.py LANGUAGE_FEATURES).
+    wgsl_language_features = frozenset({"packed_4x8_integer_dot_product"})
     # read_mapped blocks the thread until the GPU is done instead of awaiting (lower latency per
     # decode step; nothing else on the event loop runs meanwhile). bench/engine.py compares both.
     blocking_readback = False
