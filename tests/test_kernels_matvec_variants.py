@@ -144,7 +144,8 @@ def test_variants_need_their_conditions(native_device, run):
         run(compile_kernel(Plain, "matvec_q4_dot4", WG=32, ROWS=4))
 
 
-def test_choice_follows_the_tuning():
+def test_choice_follows_the_tuning(monkeypatch):
+    monkeypatch.setattr(mv, "TUNING", mv.Tuning())      # the defaults below are the base rule's
     class Device:
         features = frozenset({"subgroups"})
         limits = {"maxComputeInvocationsPerWorkgroup": 256, "maxComputeWorkgroupSizeX": 256,

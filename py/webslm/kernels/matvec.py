@@ -173,7 +173,10 @@ class Tuning:
 # workgroup memory within the device's limit (compatibility devices: 16 KiB). int8 activations
 # stay off until measured and checked on the target (`webslm conformance`): they trade
 # exactness for speed (docs/kernels.md).
-TUNING = Tuning()
+# From the H200 sweep of 2026-12-02 (bench/results/matvec_sweep_h200.json), the best rule with exact
+# (f32) activations: 1.37x the per-shape best summed over the sweep's shapes, against 1.47x for
+# Tuning(). The int8 rules score 1.24-1.32x but move logits (docs/kernels.md): not the default.
+TUNING = Tuning(activations="f32", wide_f16=True, units_per_invocation=8, rows=4, min_workgroups=1024)
 ACTIVATIONS = ("f32", "int8", "int8x2")
 
 
