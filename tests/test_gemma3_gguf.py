@@ -33,7 +33,7 @@ GGUF = ROOT / ".assets" / "cache" / "gemma-3-270m-q4_k_m.gguf"
 LOGITS_ATOL = 1e-3
 LONG_LOGITS_ATOL = 1e-2
 MARGIN = 0.05             # reference top-2 logit margin under which a greedy step may differ
-NEW_TOKENS = 12
+NEW_TOKENS = 8            # greedy tokens a prompt (CI time: ~1 s a token for both engines)
 
 PROMPTS = [
     "The capital of France is",
@@ -179,7 +179,7 @@ def reference_logits(hf_model, ids: list[int]) -> np.ndarray:
 
 def test_cpu_logits_match_transformers(model, cpu, hf_model):
     worst = 0.0
-    for prompt in PROMPTS:
+    for prompt in PROMPTS[::2]:          # every other prompt: the greedy test below covers all of them
         ids = model.tokenizer.encode(prompt)
         cpu.reset()
         ours = cpu.prefill(ids, all_logits=True)
@@ -187,7 +187,7 @@ def test_cpu_logits_match_transformers(model, cpu, hf_model):
         worst = max(worst, float(np.abs(ours - ref).max()))
         np.testing.assert_allclose(ours, ref, rtol=0, atol=LOGITS_ATOL, err_msg=prompt)
         assert ours[-1].argmax() == ref[-1].argmax()
-    print(f"max |logit difference| over {len(PROMPTS)} prompts: {worst:.3g}")
+    print(f"max |logit difference| over {len(PROMPTS[::2])} prompts: {worst:.3g}")
 
 
 def test_sliding_window_layers_match_past_the_window(model, cpu, hf_model):
