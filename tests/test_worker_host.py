@@ -126,3 +126,24 @@ def test_the_no_gpu_test_hooks_answer_in_cpython(host):
     assert json.loads(worker_api.sampler_check())
     reply = json.loads(worker_api.tokenizer_check(host, 2000))
     assert set(reply) == {"digest", "measure"}
+
+
+def test_the_loader_refuses_a_size_claim_before_allocating_for_it(fixture_slm):
+    """The worker passes the real size where it knows it (a picked file, the cache, this
+    site's own download): a header that claims more is refused on its first 128 bytes."""
+    import tracemalloc
+
+    import slm_surgery as surgery
+    from webslm.artifact import format as fmt
+    payload_offset = fmt.HEADER.unpack_from(fixture_slm)[7]
+    claim = surgery.join(surgery.split(fixture_slm), header={"payload_length": 1 << 30,
+                                                            "file_length": payload_offset + (1 << 30) + 32})
+    tracemalloc.start()
+    loader = worker_api.ModelLoader(len(fixture_slm))
+    rejected = loader.feed(JsChunk(claim[:4096]))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert json.loads(rejected)["code"] == "truncated" and peak < 4 << 20
+    unknown = worker_api.ModelLoader()          # another server's download: the size is unknown
+    assert unknown.feed(JsChunk(claim[:4096])) is None
+    assert json.loads(unknown.finish())["error"]["code"] == "truncated"

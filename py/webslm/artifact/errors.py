@@ -36,4 +36,7 @@ CODES = {
     "bad-tail": "the padding codes of a partial last block are not zero",
     "tensor-hash": "a tensor's sha256 does not match its bytes",
     "non-finite": "a scale, min or float weight is NaN or infinite",
+    "out-of-memory": "the runtime ran out of memory reading the file",
+    "malformed": "the file broke a check in a way no other code names (a number or nesting past what "
+                 "the reader handles); it is refused",
 }
