@@ -283,7 +283,7 @@ const FEED_BYTES = 1 << 20;
 // is valid, {host: the EngineHost for it, model: its summary}. Reading runs ahead of validation
 // (a pump fills a queue while Python validates what has arrived), so the two progress bars show each.
 async function validateStream(opened, context) {
-  const loader = context.api.ModelLoader(opened.exact ? opened.total : null);
+  const loader = context.api.ModelLoader(opened.exact && opened.total > 0 ? opened.total : null);
   const reader = opened.body.getReader();
   const progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
   const queue = [];
