@@ -115,3 +115,37 @@ def test_any_other_failure_is_a_template_error():
     template = Template("{{ 1|broken }}", filters={"broken": broken})
     with pytest.raises(TemplateRuntimeError, match="AttributeError"):
         template.render({})
+
+
+HOSTILE_MORE = {
+    "slice copies in a loop": BIG + "{% for i in range(100000) %}{% set t = s[1:] %}{% endfor %}",
+    "in over a big list, in a loop": "{% set v = range(100000)|list %}{% for i in range(100000) %}"
+                                    "{% if -1 in v %}{% endif %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_MORE)
+def test_copies_and_scans_are_charged_too(name):
+    error, peak = refusal(HOSTILE_MORE[name], Limits(max_render_seconds=3600))
+    assert isinstance(error, TemplateLimitError) and "took more than" not in str(error), error
+
+
+def test_iterating_a_big_mapping_is_charged():
+    big = {str(i): i for i in range(100_000)}          # e.g. a request's tools, as a mapping
+    template = Template("{% for i in range(100000) %}{% for k in d %}{% break %}{% endfor %}{% endfor %}",
+                        limits=Limits(max_render_seconds=3600))
+    with pytest.raises(TemplateLimitError, match="work budget"):
+        template.render({"d": big})
+
+
+def test_a_long_legitimate_conversation_fits_the_budgets():
+    """The budgets are for hostile templates: the corpus templates render a conversation of
+    256 messages and 3.8 million characters (close to the output bound) within them."""
+    from test_chat_template import SPECIAL, TEMPLATES
+    messages = [{"role": ("user", "assistant")[n % 2], "content": f"message {n}: " + "word " * 2900}
+                for n in range(256)]
+    for name, source in TEMPLATES.items():
+        if name == "features":          # the coverage template, not a model's
+            continue
+        text = ChatTemplate(source, *SPECIAL[name], limits=Limits(max_render_seconds=3600)).render(messages)
+        assert len(text) > 3_700_000, name

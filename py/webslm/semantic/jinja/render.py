@@ -230,10 +230,10 @@ class Renderer:
             return value
         if isinstance(value, Undefined):
             return ()
-        if isinstance(value, dict):
-            return list(value)
-        if isinstance(value, (type({}.items()), type({}.keys()), type({}.values()))):
-            return list(value)
+        if isinstance(value, dict) or isinstance(value, (type({}.items()), type({}.keys()), type({}.values()))):
+            items = list(value)
+            self.charge(_chars(items), "for")
+            return items
         raise self.error(TemplateRuntimeError, f"{_type_name(value)} object is not iterable", node, "for")
 
     def assign(self, target: Node, value: Any, scope: Scope, node: Node) -> None:
@@ -374,9 +374,13 @@ class Renderer:
             return self.getattr(obj, key, node) if isinstance(key, str) else Undefined("no such item")
         if isinstance(obj, (str, list, tuple, dict, range)):
             try:
-                return obj[key]
+                item = obj[key]
             except (TypeError, LookupError):
                 pass
+            else:
+                if isinstance(key, slice):          # a copy
+                    self.charge(_chars(item), "slice")
+                return item
             # Jinja falls back to attribute lookup for string keys (so d['items'] can be a method)
             if isinstance(key, str):
                 return self.getattr(obj, key, node)
@@ -474,8 +478,11 @@ def _type_name(value: Any) -> str:
 
 
 def _chars(value: Any) -> int:
-    """What an operation on `value` reads, in characters (or items), for the work budget."""
-    return len(value) if isinstance(value, (str, list, tuple, dict)) else 0
+    """What an operation on `value` reads, in characters, for the work budget; an item of a
+    container (compared, copied, searched) costs about what 16 characters do."""
+    if isinstance(value, str):
+        return len(value)
+    return 16 * len(value) if isinstance(value, (list, tuple, dict)) else 0
 
 
 # The tests Jinja defines as `value % n == r`, with their signatures: (n, r).
@@ -494,12 +501,15 @@ def check_split(r: Renderer, text: str, name: str, args: list, kwargs: dict) -> 
     costs its characters plus 4 (weigh's measure), and a 4-million-character string cut at
     every character would otherwise build millions of strings first."""
     sep = args[0] if args and isinstance(args[0], str) else kwargs.get("sep")
+    maxsplit = args[1] if len(args) > 1 else kwargs.get("maxsplit", -1)
     if name == "splitlines":
         pieces = len(text) + 1
     elif isinstance(sep, str) and sep:
         pieces = text.count(sep) + 1
     else:
         pieces = (len(text) + 1) // 2 + 1           # whitespace runs: at most every other character
+    if isinstance(maxsplit, int) and maxsplit >= 0:
+        pieces = min(pieces, maxsplit + 1)
     if len(text) + 4 * pieces + 2 > r.limits.max_output_chars:
         raise r.limit("split result exceeds the size bound", name)
 
