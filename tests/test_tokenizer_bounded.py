@@ -158,3 +158,9 @@ def test_a_template_that_fails_is_a_typed_refusal(model, monkeypatch):
     with pytest.raises(InvalidRequest) as caught:
         prompt_ids(model, "hi")
     assert caught.value.code == "bad-template"
+
+
+def test_too_many_tokens_names_the_limit_asked_for(tok):
+    with pytest.raises(TooManyTokens) as caught:
+        tok.encode("word " * 100 + "a" * 100_000, max_tokens=50)
+    assert caught.value.limit == 50

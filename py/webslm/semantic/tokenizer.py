@@ -155,12 +155,15 @@ class Tokenizer:
         if add_special and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
         start = 0
-        if self._specials is not None:
-            for m in self._specials.finditer(text):
-                self._encode_ordinary(text[start:m.start()], ids, max_tokens)
-                ids.append(self.vocab[m.group()])
-                start = m.end()
-        self._encode_ordinary(text[start:], ids, max_tokens)
+        try:
+            if self._specials is not None:
+                for m in self._specials.finditer(text):
+                    self._encode_ordinary(text[start:m.start()], ids, max_tokens)
+                    ids.append(self.vocab[m.group()])
+                    start = m.end()
+            self._encode_ordinary(text[start:], ids, max_tokens)
+        except TooManyTokens:
+            raise TooManyTokens(max_tokens) from None      # the whole text's limit, not a word's share
         if add_special and self.add_eos:
             ids.extend(self.eos_ids[:1])
         if max_tokens is not None and len(ids) > max_tokens:
