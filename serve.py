@@ -10,9 +10,16 @@ puts the same files at the same paths, so `python -m http.server -d DIR` serves 
 
 Safety: only GET and HEAD; request paths are decoded once and then taken apart into segments;
 empty, `.` and `..` segments, backslashes, NUL and anything that resolves (through symlinks)
-outside its mapped directory get 400/404. Directories are never listed; a directory serves its
+outside its mapped directory get 400/404; a path over MAX_PATH_CHARS gets 414 and a segment
+longer than a file name can be 404. Directories are never listed; a directory serves its
 index.html. `.whl` is served as application/octet-stream, which is what `python -m http.server`
-sends too (Pyodide fetches wheels as bytes; the type does not matter to it).
+sends too (Pyodide fetches wheels as bytes; the type does not matter to it). Every response
+carries SECURITY_HEADERS (a Content-Security-Policy the page runs under, no Referer leaves it)
+and names no Python version. A connection idle for TIMEOUT_S is closed; the listen backlog
+is BACKLOG, so a burst of page loads waits rather than fails.
+
+--build writes into a new or empty directory, or one it built before (its BUILD_MARKER lists
+the files it wrote): it refuses a directory holding anything else, and says what.
 """
 from __future__ import annotations
 
@@ -29,6 +36,23 @@ from urllib.parse import unquote
 ROUTES = (("/worker/", "worker"), ("/assets/", ".assets/site"), ("/", "web"))
 MANIFEST = Path(".assets/site/manifest.json")
 BUILD_MARKER = ".webslm-site"
+MARKER_HEADER = "built by serve.py --build; safe to replace. The files it wrote:"
+MAX_PATH_CHARS = 4096         # longer request paths: 414
+MAX_SEGMENT_BYTES = 255       # no file name is longer (NAME_MAX): such a path is 404
+TIMEOUT_S = 30                # an idle connection is closed after this long
+BACKLOG = 128                 # pending connections the kernel holds while threads start
+
+# The page runs Python in WebAssembly ('wasm-unsafe-eval'), workers and its service worker from
+# this origin, and fetches models from wherever the user points it (connect-src https: http:).
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'", "script-src 'self' 'wasm-unsafe-eval'", "style-src 'self'",
+    "img-src 'self' data: blob:", "connect-src 'self' https: http:", "worker-src 'self'",
+    "object-src 'none'", "base-uri 'none'", "form-action 'none'", "frame-ancestors 'none'"])
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
 MIME_TYPES = {
     ".html": "text/html; charset=utf-8",
     ".js": "text/javascript; charset=utf-8",
@@ -54,6 +78,10 @@ class BadPath(ValueError):
     """The request path is malformed (400), as opposed to merely not found (404)."""
 
 
+class PathTooLong(BadPath):
+    """The request path is longer than MAX_PATH_CHARS (414)."""
+
+
 def url_map(root: Path, site: Path | None = None) -> list[tuple[str, Path]]:
     """The (URL prefix, directory) pairs, longest prefix first."""
     if site is not None:
@@ -75,7 +103,9 @@ def inside(path: Path, base: Path) -> bool:
 
 
 def resolve(raw_path: str, routes) -> Path | None:
-    """The file that a request path names, or None (404). Raises BadPath (400)."""
+    """The file that a request path names, or None (404). Raises BadPath (400), PathTooLong (414)."""
+    if len(raw_path) > MAX_PATH_CHARS:
+        raise PathTooLong(raw_path[:80])
     if "\0" in raw_path or not raw_path.startswith("/"):
         raise BadPath(raw_path)
     path = unquote(raw_path.split("?", 1)[0].split("#", 1)[0], errors="strict")
@@ -90,18 +120,30 @@ def resolve(raw_path: str, routes) -> Path | None:
     parts = rest.split("/")
     if parts[-1] == "":  # a trailing slash, or the prefix itself: the directory's index
         parts[-1] = "index.html"
-    if any(p in ("", ".", "..") for p in parts):
+    if any(p in ("", ".", "..") or len(os.fsencode(p)) > MAX_SEGMENT_BYTES for p in parts):
         return None
     target = base.joinpath(*parts)
-    if target.is_dir():
-        target = target / "index.html"
-    if not target.is_file() or not inside(target, base):
+    try:
+        if target.is_dir():
+            target = target / "index.html"
+        if not target.is_file() or not inside(target, base):
+            return None
+    except OSError:          # ENAMETOOLONG, ELOOP, EACCES...: nothing to serve
         return None
     return target
 
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "webslm-serve"
+    timeout = TIMEOUT_S      # StreamRequestHandler sets it on the socket: idle connections end
+
+    def version_string(self):
+        return self.server_version              # not "BaseHTTP/0.6 Python/3.x.y"
+
+    def end_headers(self):
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
+        super().end_headers()
 
     def do_GET(self):
         self.send_file(body=True)
@@ -120,6 +162,8 @@ class Handler(BaseHTTPRequestHandler):
     def send_file(self, body: bool):
         try:
             target = resolve(self.path, self.server.routes)
+        except PathTooLong:
+            return self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
         except (BadPath, UnicodeDecodeError):
             return self.send_error(HTTPStatus.BAD_REQUEST)
         path = self.path.split("?", 1)[0]
@@ -142,7 +186,6 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", content_type(target))
             self.send_header("Content-Length", str(os.fstat(f.fileno()).st_size))
             self.send_header("Cache-Control", "no-cache")
-            self.send_header("X-Content-Type-Options", "nosniff")
             self.end_headers()
             if body:
                 shutil.copyfileobj(f, self.wfile)
@@ -154,6 +197,7 @@ class Handler(BaseHTTPRequestHandler):
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = BACKLOG
 
     def handle_error(self, request, client_address):
         # A browser that stops a download (a cancelled model load, a page reload) resets the
@@ -201,21 +245,47 @@ def build_site(root: Path, dest: Path) -> dict[str, Path]:
     if not (root / MANIFEST).is_file():
         raise SystemExit(f"serve: {root / MANIFEST} is missing: run the set-up first "
                          "(python tools/assets.py)")
-    if dest.exists() and any(dest.iterdir()) and not (dest / BUILD_MARKER).is_file():
-        raise SystemExit(f"serve: {dest} exists and is not a webslm site; choose another directory")
     routes = url_map(root)
     if any(inside(dest, base) for _, base in routes):
         raise SystemExit(f"serve: {dest} lies inside a directory that the site serves")
+    ours = previous_build(dest)
     files = site_files(routes)
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    for rel in sorted(ours, reverse=True):      # the previous build's files, then its empty folders
+        (dest / rel).unlink(missing_ok=True)
+        for parent in (dest / rel).parents:
+            if parent == dest or any(parent.iterdir()):
+                break
+            parent.rmdir()
+    dest.mkdir(parents=True, exist_ok=True)
     for rel, src in sorted(files.items()):
         out = dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, out)
-    (dest / BUILD_MARKER).write_text("built by serve.py --build; safe to replace\n")
+    (dest / BUILD_MARKER).write_text("\n".join([MARKER_HEADER, *sorted(files)]) + "\n")
     return files
+
+
+def previous_build(dest: Path) -> set[str]:
+    """The files a previous build wrote into `dest` (empty when there is none), after checking
+    that `dest` holds nothing else: a user's own files are never replaced or deleted."""
+    if not dest.exists():
+        return set()
+    if not dest.is_dir():
+        raise SystemExit(f"serve: {dest} is a file, not a directory; choose a directory for the site")
+    found = {p.relative_to(dest).as_posix() for p in dest.rglob("*") if not p.is_dir()} - {BUILD_MARKER}
+    if not found and not (dest / BUILD_MARKER).exists():
+        return set()                             # an empty directory (perhaps with empty folders)
+    marker = dest / BUILD_MARKER
+    lines = marker.read_text(errors="replace").splitlines() if marker.is_file() else []
+    if not lines or lines[0] != MARKER_HEADER:
+        raise SystemExit(f"serve: {dest} is not empty and is not a webslm site serve.py built (no "
+                         f"{BUILD_MARKER} listing its files); choose a new or empty directory")
+    foreign = sorted(found - set(lines[1:]))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise SystemExit(f"serve: {dest} holds files a previous build did not write ({shown}); move them "
+                         f"out, or choose another directory: --build replaces only what it wrote")
+    return found
 
 
 def main(argv=None) -> int:
@@ -227,6 +297,9 @@ def main(argv=None) -> int:
     ap.add_argument("--site", type=Path, help="serve this built site instead of the working tree")
     ap.add_argument("--build", type=Path, metavar="DIR", help="write a static site to DIR and exit")
     args = ap.parse_args(argv)
+    if args.site is not None and not args.site.is_dir():
+        print(f"serve: --site {args.site} is not a directory (build one with --build DIR)", file=sys.stderr)
+        return 2
     if args.build:
         files = build_site(args.root, args.build)
         print(f"serve: wrote {len(files)} files to {args.build}; "

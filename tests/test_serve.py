@@ -201,3 +201,81 @@ def test_build_refuses_to_overwrite_a_foreign_directory(repo, tmp_path):
     assert (tmp_path / "precious" / "thesis.tex").read_text() == "years of work"
     with pytest.raises(SystemExit, match="inside a directory that the site serves"):
         serve.build_site(repo, repo / "web" / "dist")
+
+
+# ---------------------------------------------------------------- what a hostile client or user can do
+
+def test_a_long_segment_is_404_and_a_long_path_414(server):
+    for length in (256, 300, 5000):
+        status, _, _ = request(server, "GET", "/" + "a" * length)          # was: connection dropped
+        assert status == (404 if length < serve.MAX_PATH_CHARS else 414), length
+    status, _, _ = request(server, "GET", "/worker/" + "%C3%A9" * 200 + ".js")   # 400 bytes as a file name
+    assert status == 404
+
+
+@pytest.mark.parametrize("path", ["/", "/app.js", "/nonexistent.js", "/worker", "/%ff"])
+def test_every_response_carries_the_security_headers_and_no_python_version(server, path):
+    status, headers, _ = request(server, "GET", path)
+    for name, value in serve.SECURITY_HEADERS.items():
+        assert headers[name] == value, (path, status, name)
+    assert "Python" not in headers["Server"] and "BaseHTTP" not in headers["Server"]
+    assert "'unsafe-inline'" not in serve.CONTENT_SECURITY_POLICY and "'unsafe-eval'" not in serve.CONTENT_SECURITY_POLICY
+
+
+def test_the_page_needs_no_inline_script_or_style():
+    """The CSP allows scripts and styles from files only: the page must not inline any."""
+    import re
+    html = (SERVE_PY.parent / "web" / "index.html").read_text()
+    assert not re.search(r"<script(?![^>]*\bsrc=)[^>]*>", html), "an inline <script>"
+    assert "<style" not in html and not re.search(r"\sstyle=", html) and not re.search(r"\son[a-z]+=", html)
+
+
+def test_an_idle_connection_is_closed(repo, monkeypatch):
+    import socket
+    monkeypatch.setattr(serve.Handler, "timeout", 0.3)
+    httpd = serve.make_server(serve.url_map(repo), "127.0.0.1", 0, quiet=True)
+    threading.Thread(target=httpd.serve_forever, args=(0.01,), daemon=True).start()
+    try:
+        with socket.create_connection(httpd.server_address[:2], timeout=20) as idle:
+            assert idle.recv(1) == b""       # the server hung up: the thread is free again
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert serve.Server.request_queue_size == serve.BACKLOG >= 128
+
+
+def test_rebuilding_keeps_files_the_user_added(repo, tmp_path):
+    dest = tmp_path / "out"
+    serve.build_site(repo, dest)
+    (dest / "notes.txt").write_text("mine")                  # the user's own file, next to the site
+    with pytest.raises(SystemExit, match="did not write .*notes.txt"):
+        serve.build_site(repo, dest)
+    assert (dest / "notes.txt").read_text() == "mine" and (dest / "index.html").is_file()
+    (dest / "notes.txt").unlink()
+    (dest / "app.js").unlink()                                # a built file gone: fine, rebuilt
+    serve.build_site(repo, dest)
+    assert (dest / "app.js").is_file()
+
+
+def test_a_build_marker_without_its_file_list_is_not_trusted(repo, tmp_path):
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / serve.BUILD_MARKER).write_text("built by serve.py --build; safe to replace\n")   # an old marker
+    (dest / "thesis.tex").write_text("years of work")
+    with pytest.raises(SystemExit, match="not a webslm site"):
+        serve.build_site(repo, dest)
+    assert (dest / "thesis.tex").read_text() == "years of work"
+
+
+def test_build_into_a_file_or_an_empty_directory(repo, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(SystemExit, match="is a file, not a directory"):
+        serve.build_site(repo, tmp_path / "a-file")
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    serve.build_site(repo, tmp_path / "empty")
+    assert (tmp_path / "empty" / "index.html").is_file()
+
+
+def test_serving_a_missing_site_is_an_error(tmp_path, capsys):
+    assert serve.main(["--site", str(tmp_path / "nowhere"), "--port", "0"]) == 2
+    assert "is not a directory" in capsys.readouterr().err

@@ -3,6 +3,7 @@ stable error code. Every case starts from the valid fixture model and makes one 
 tests/slm_surgery.py, re-hashing the rest so the validator reaches that defect as itself."""
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -291,6 +292,113 @@ def test_out_of_range_sub_scale(tmp_path):
         e = first(p, lambda e: e["encoding"] == "q4k")
         p.payload[e["parts"]["sub_mins"][0]] = 0x40
     expect("out-of-range", mutated((tmp_path / "k.slm").read_bytes(), change))
+
+
+# -- hostile numbers, strings and claims (issue 18) -----------------------------------------
+
+def claiming(base: bytes, payload_length: int) -> bytes:
+    """The file's header made to claim a payload of `payload_length` (and the matching
+    file_length), consistently: only the real size can tell the claim is false."""
+    payload_offset = fmt.HEADER.unpack_from(base)[7]
+    return surgery.join(surgery.split(base), header={"payload_length": payload_length,
+                                                     "file_length": payload_offset + payload_length + 32})
+
+
+@pytest.mark.parametrize("feed", ["bytes", "stream"])
+def test_a_small_file_claiming_a_gigabyte_allocates_nothing_for_the_claim(fixture_slm, feed):
+    import tracemalloc
+    head = claiming(fixture_slm, 1 << 30)[:4096]
+    tracemalloc.start()
+    try:
+        if feed == "bytes":            # the size is known: the claim is refused at the header
+            err = expect("truncated", head, expected_bytes=len(head))
+            assert err.where == "header.file_length"
+        else:                          # the size is unknown: the buffer grows as bytes arrive
+            expect("truncated", head)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"traced peak {peak} bytes for a {len(head)}-byte file"
+
+
+def test_the_real_size_must_be_the_declared_one(fixture_slm):
+    expect("truncated", fixture_slm[:-1], expected_bytes=len(fixture_slm) - 1)
+    expect("trailing-bytes", fixture_slm + b"\0", expected_bytes=len(fixture_slm) + 1)
+    assert validate_bytes(fixture_slm).nbytes == len(fixture_slm)
+
+
+def raw_manifest(base: bytes, old: bytes, new: bytes) -> bytes:
+    pieces = surgery.split(base)
+    raw = surgery.canonical_json(pieces.manifest)
+    assert old in raw
+    return surgery.join(pieces, manifest_bytes=raw.replace(old, new, 1))
+
+
+def test_numbers_no_field_can_hold(fixture_slm):
+    # past Python's 4300-digit int conversion limit: json.loads raises ValueError
+    expect("bad-json", raw_manifest(fixture_slm, b'"top_k":40', b'"top_k":1' + b"0" * 5000))
+    # a float field given an integer too large for a float: OverflowError in float()
+    expect("bad-field", raw_manifest(fixture_slm, b'"norm_eps":1e-05', b'"norm_eps":1' + b"0" * 400))
+    expect("bad-field", raw_manifest(fixture_slm, b'"temperature":0.7', b'"temperature":-1' + b"0" * 400))
+    # 1e400 parses to infinity
+    expect("bad-field", raw_manifest(fixture_slm, b'"top_p":0.9', b'"top_p":1e400'))
+
+
+def test_integer_fields_refuse_floats(fixture_slm):
+    def change(p):
+        e = first(p, lambda e: e["encoding"] == "q8" and e["quant"]["tail_elements"] < e["quant"]["block_elements"])
+        e["row_stride"] = float(e["row_stride"])      # equal as a number, not as a type
+    expect("bad-layout", mutated(fixture_slm, change))
+    expect("bad-field", mutated(fixture_slm, lambda p: p.manifest["generation"].update(top_k=40.0)))
+
+
+@pytest.mark.parametrize("where", ["token", "template", "note", "key"])
+def test_strings_with_a_lone_surrogate(fixture_slm, where):
+    """JSON's \\ud800 escape is valid JSON text, but no UTF-8 string: a token holding one
+    validated and then failed in the tokenizer."""
+    pieces = surgery.split(fixture_slm)
+    m = pieces.manifest
+    if where == "token":
+        m["tokenizer"]["tokens"][5] += "\ud800"
+    elif where == "template":
+        m["chat_template"]["template"] += "\udfff"
+    elif where == "note":
+        m["source"]["notes"].append("a\ud83d")
+    else:
+        m["source"]["\ud800"] = 1
+    raw = json.dumps(m, sort_keys=True, separators=(",", ":")).encode()     # escapes, as a writer may
+    assert b"\\ud" in raw
+    expect("bad-json", surgery.join(pieces, manifest_bytes=raw))
+
+
+def test_ranges_are_the_specifications(fixture_slm):
+    """norm_eps < 1 and min_p < 1, exactly (docs/slm-format.md)."""
+    expect("bad-field", mutated(fixture_slm, lambda p: p.manifest["architecture"].update(norm_eps=1.0)))
+    expect("bad-field", mutated(fixture_slm, lambda p: p.manifest["generation"].update(min_p=1.0)))
+    validate_bytes(mutated(fixture_slm, lambda p: p.manifest["generation"].update(min_p=0.9999995)))
+
+
+def test_any_other_failure_is_malformed_and_stays(fixture_slm, monkeypatch):
+    """A check that fails with something other than an ArtifactError (a bug, or a case no
+    check foresaw) still ends in a code; the validator then refuses every further call."""
+    from webslm.artifact import schema
+    def broken_check(*args):
+        return {}["top_p"]                  # a KeyError inside a check
+    monkeypatch.setattr(schema, "generation", broken_check)
+    validator = Validator()
+    with pytest.raises(ArtifactError) as caught:
+        validator.feed(fixture_slm)
+    assert caught.value.code == "malformed" and "KeyError" in caught.value.sentence
+    with pytest.raises(ArtifactError) as again:
+        validator.finish()
+    assert again.value is caught.value
+
+
+def test_running_out_of_memory_is_a_code(fixture_slm, monkeypatch):
+    def no_memory(self, file_length):
+        raise MemoryError
+    monkeypatch.setattr(Validator, "_buffer", no_memory)
+    expect("out-of-memory", fixture_slm)
 
 
 def test_every_code_has_a_case():

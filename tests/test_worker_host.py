@@ -101,17 +101,44 @@ def test_gpu_only_requests_fail_on_a_cpu_engine(run, host):
         run(host.conformance(4))
 
 
-@pytest.mark.parametrize("request_, message", [
-    ({"messages": []}, "1 to 256 messages"),
-    ({"messages": [{"role": "robot", "content": "hi"}]}, "role must be one of"),
-    ({"messages": [{"role": "user"}]}, "must be {role, content}"),
-    ({"messages": [{"role": "user", "content": "hi"}], "settings": {"beam": 4}}, "settings may only have"),
-    ({"messages": [{"role": "user", "content": "hi"}], "settings": {"temperature": -1}}, "settings: "),
-    ({"prompt": "hi"}, "is {messages, settings}"),
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("request_, code, message", [
+    ({"messages": []}, "bad-request", "1 to 256 messages"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "bad-request", "role must be one of"),
+    ({"messages": [{"role": "user"}]}, "bad-request", "must be {role, content}"),
+    ({"messages": HI, "settings": {"beam": 4}}, "unknown-setting", "is not a sampling setting"),
+    ({"messages": HI, "settings": {"temperature": -1}}, "out-of-range", "temperature"),
+    ({"prompt": "hi"}, "bad-request", "is {messages, settings}"),
+    ({"messages": HI, "settings": None}, "bad-request", "settings"),
+    # validated, not coerced: a string is not a list of stop sequences (it was split into characters)
+    ({"messages": HI, "settings": {"stop": "abc"}}, "bad-type", "stop"),
+    ({"messages": HI, "settings": {"stop": [""]}}, "out-of-range", "stop"),
+    ({"messages": HI, "settings": {"stop": [1]}}, "bad-type", "stop"),
+    ({"messages": HI, "settings": {"stop": None}}, "bad-type", "stop"),
+    ({"messages": HI, "settings": {"max_tokens": 1.5}}, "bad-type", "max_tokens"),
+    ({"messages": HI, "settings": {"temperature": True}}, "bad-type", "temperature"),
+    ({"messages": [{"role": "user", "content": "a\ud800"}]}, "bad-prompt", "lone surrogate"),
+    ({"messages": [{"role": "user", "content": "word " * 20000}]}, "prompt-too-long", "context"),
 ])
-def test_a_bad_generation_request_is_a_request_error(host, request_, message):
-    with pytest.raises(RequestError, match=message.replace("{", r"\{").replace("}", r"\}")):
+def test_a_bad_generation_request_is_a_request_error(host, request_, code, message):
+    with pytest.raises(RequestError, match=message.replace("{", r"\{").replace("}", r"\}")) as caught:
         generation_request(host.semantic_model(), request_)
+    assert caught.value.code == code
+
+
+def test_the_host_answers_a_bad_request_with_a_request_error_before_any_work(run, host, monkeypatch):
+    """What worker.mjs turns into a typed "bad-field" reply: the class name RequestError."""
+    from webslm.semantic.chat_template import ChatTemplate
+    with pytest.raises(RequestError) as caught:
+        run(host.generate(json.dumps({"messages": HI, "settings": {"stop": "abc"}}), lambda d: None))
+    assert caught.value.code == "bad-type"
+    assert host.engine is None                      # refused before an engine was even made
+    monkeypatch.setattr(host.semantic_model(), "chat_template", ChatTemplate("{{ '%(a)999999999s' % {'a': 1} }}"))
+    with pytest.raises(RequestError) as caught:
+        run(host.generate(json.dumps({"messages": HI, "settings": {}}), lambda d: None))
+    assert caught.value.code == "bad-template"
 
 
 def test_settings_are_laid_over_the_models_defaults(host):
@@ -126,3 +153,24 @@ def test_the_no_gpu_test_hooks_answer_in_cpython(host):
     assert json.loads(worker_api.sampler_check())
     reply = json.loads(worker_api.tokenizer_check(host, 2000))
     assert set(reply) == {"digest", "measure"}
+
+
+def test_the_loader_refuses_a_size_claim_before_allocating_for_it(fixture_slm):
+    """The worker passes the real size where it knows it (a picked file, the cache, this
+    site's own download): a header that claims more is refused on its first 128 bytes."""
+    import tracemalloc
+
+    import slm_surgery as surgery
+    from webslm.artifact import format as fmt
+    payload_offset = fmt.HEADER.unpack_from(fixture_slm)[7]
+    claim = surgery.join(surgery.split(fixture_slm), header={"payload_length": 1 << 30,
+                                                            "file_length": payload_offset + (1 << 30) + 32})
+    tracemalloc.start()
+    loader = worker_api.ModelLoader(len(fixture_slm))
+    rejected = loader.feed(JsChunk(claim[:4096]))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert json.loads(rejected)["code"] == "truncated" and peak < 4 << 20
+    unknown = worker_api.ModelLoader()          # another server's download: the size is unknown
+    assert unknown.feed(JsChunk(claim[:4096])) is None
+    assert json.loads(unknown.finish())["error"]["code"] == "truncated"

@@ -273,11 +273,12 @@ def test_screenshots_light_and_dark_desktop_and_phone(booted):
 
 def _corrupted(data: bytes, offset: int, length: int | None) -> dict:
     """What the validator says of the default model with the byte at `offset` flipped and the
-    file cut to `length` bytes: the error the page must show."""
+    file cut to `length` bytes: the error the page must show. The worker knows a picked or
+    dropped file's size, so it gives it to the validator (a cut file is refused at its header)."""
     from webslm.artifact import ArtifactError, Validator
     bad = bytearray(data if length is None else data[:length])
     bad[offset] ^= 0xFF
-    validator = Validator()
+    validator = Validator(expected_bytes=len(bad))
     try:
         validator.feed(bad)
         validator.finish()

@@ -1,8 +1,9 @@
 """`./dev serve` (serve.py over the working tree) serves the same site as `serve.py --build`:
 the page boots its worker, loads the default model and is ready to chat, every request to the
-serving origin. (Every browser row runs the built static site, served by `python -m
-http.server`: conftest.py; this checks the developer's server once, in Chromium, on the CPU
-path so it takes seconds.)"""
+serving origin, under serve.py's Content-Security-Policy with no violation reported (the
+policy allows WebAssembly but no eval and no inline script). (Every browser row runs the built
+static site, served by `python -m http.server`: conftest.py; this checks the developer's
+server once, in Chromium, on the CPU path so it takes seconds.)"""
 from urllib.parse import urlsplit
 
 import pytest
@@ -24,5 +25,9 @@ def test_the_dev_server_serves_a_working_page(app_url):
         assert engine["model"]["artifact_sha256"]
         origin = "{0.scheme}://{0.netloc}/".format(urlsplit(app_url))
         assert [u for u in row.requests() if not u.startswith((origin, "data:", "blob:"))] == []
+        policy = row.eval("fetch('./').then((r) => r.headers.get('content-security-policy'))")
+        assert policy and "'unsafe-eval'" not in policy and "'unsafe-inline'" not in policy, policy
+        violations = [line for line in row.console() if "Content Security Policy" in line]
+        assert violations == [], violations
     finally:
         row.close()

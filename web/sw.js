@@ -1,17 +1,18 @@
 // The site's service worker: after one visit, the page opens and answers without a network.
 //
 // It keeps a copy of the page, the worker, Pyodide, numpy and the webslm wheel (the files
-// SHELL names plus those assets/manifest.json names). Requests go to the network first, so a
-// deployed update is seen at once, and the copy answers only when the network cannot. Models
-// (*.slm) are not copied here: the worker keeps them in Cache Storage by sha256 and loads them
-// from there before it would fetch them (worker/model-cache.mjs).
+// SHELL names plus those assets/manifest.json names), and nothing else. Requests go to the
+// network first, so a deployed update is seen at once, and the copy answers only when the
+// network cannot. Models are never copied here, whatever their URL: the worker keeps them in
+// Cache Storage by sha256 and loads them from there before it would fetch them
+// (worker/model-cache.mjs), so a model is stored once and Remove removes it.
 //
 // Paths are relative to this file, which sits at the site root (web/ is served at /).
 const CACHE = "webslm-site-v1";
 
 // Every file of web/ and worker/ (tests/test_js_modules.py checks this list against them).
 const SHELL = [
-  "./", "index.html", "style.css", "app.mjs", "webslm.js", "worker-client.mjs", "sw.js",
+  "./", "index.html", "style.css", "theme.js", "app.mjs", "webslm.js", "worker-client.mjs", "sw.js",
   "ui-chat.mjs", "ui-engine.mjs", "ui-model.mjs", "ui-settings.mjs",
   "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs",
 ];
@@ -21,6 +22,17 @@ async function siteFiles() {
   const pyodide = ["pyodide.mjs", "pyodide.asm.js", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json",
                    manifest.pyodide.packages.numpy.file].map((f) => `assets/pyodide/${f}`);
   return [...SHELL, "assets/manifest.json", ...pyodide, `assets/${manifest.webslm.wheel}`];
+}
+
+// Whether a URL is one of the site's files (the copy keeps those only). The list comes from
+// the manifest once per worker lifetime; without it (offline), only files already kept are.
+let siteUrls = null;
+async function isSiteFile(url, cache) {
+  const path = url.origin + url.pathname;
+  siteUrls ??= siteFiles().then((files) => new Set(files.map((f) => new URL(f, self.location.href).href)),
+                                () => { siteUrls = null; return null; });
+  const known = await siteUrls;
+  return known ? known.has(path) : Boolean(await cache.match(path));
 }
 
 self.addEventListener("install", (event) => {
@@ -47,6 +59,7 @@ self.addEventListener("fetch", (event) => {
 // Pyodide alone is ~15 MB, not worth writing again on every visit.
 async function keep(request, response) {
   const cache = await caches.open(CACHE);
+  if (!(await isSiteFile(new URL(request.url), cache))) return;      // a model, or anything else
   const kept = await cache.match(request);
   const validator = (r) => r.headers.get("etag") ?? r.headers.get("last-modified");
   if (kept && validator(response) && validator(kept) === validator(response)

@@ -13,7 +13,7 @@ const ADVICE = {
   "worker-failed": "Reload the page. If it keeps failing, this browser may not support WebAssembly in module workers.",
   "fetch-failed": "Check the address and the connection. A model on another site must allow this one to read it (CORS).",
   "bad-artifact": "The file is damaged or is not a webslm model: download it again, or make one with `webslm convert`.",
-  "bad-request": "Check the request: roles are system, user or assistant; temperature ≥ 0; 0 < top_p ≤ 1; max_tokens ≥ 1.",
+  "bad-request": "Check the request: roles are system, user or assistant; temperature ≥ 0; 0 < top_p ≤ 1; max_tokens ≥ 1; the conversation must fit the model's context. If the model's chat template failed, pick another model.",
   busy: "Wait for the answer in progress to finish, or stop it.",
   "no-model": "Load a model first.",
   unloaded: "This engine was unloaded: create a new one.",

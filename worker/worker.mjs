@@ -241,21 +241,25 @@ function modelUrl(text) {
   return target;
 }
 
-// {from: "cache" | "file" | "network", body (a ReadableStream), total, name, sha256, chunks}.
+// {from: "cache" | "file" | "network", body (a ReadableStream), total, exact, name, sha256, chunks}.
+// exact: total is the file's real size (a File, a cached Blob, or this site's own uncompressed
+// response); the validator then refuses a header that claims another size before allocating.
+// Another server's Content-Length is only its word: there the validator's buffer grows as
+// bytes arrive, so a small file that claims gigabytes costs what arrived.
 // lookup: try the cache first; keep: keep the downloaded chunks, to cache them once valid.
 async function openModel(source, url, sha256, { lookup, keep }) {
   if (source.file) {
-    return { from: "file", body: source.file.stream(), total: source.file.size, name: source.file.name || null };
+    return { from: "file", body: source.file.stream(), total: source.file.size, exact: true, name: source.file.name || null };
   }
   if (source.cached) {
     const hit = await modelCache.lookup({ sha256: source.cached });
     if (!hit) throw new RequestFailure(ERROR_CODES.failed, `load-model: no model with sha256 ${source.cached} is cached`);
-    return { from: "cache", body: hit.body, total: hit.bytes, name: hit.name || null, sha256: hit.sha256 };
+    return { from: "cache", body: hit.body, total: hit.bytes, exact: true, name: hit.name || null, sha256: hit.sha256 };
   }
   const fileName = decodeURIComponent(url.pathname.split("/").pop() || "") || null;
   if (lookup) {
     const hit = await modelCache.lookup({ sha256, url: url.href });
-    if (hit) return { from: "cache", body: hit.body, total: hit.bytes, name: hit.name || fileName, sha256: hit.sha256 };
+    if (hit) return { from: "cache", body: hit.body, total: hit.bytes, exact: true, name: hit.name || fileName, sha256: hit.sha256 };
   }
   let response;
   try {
@@ -265,8 +269,10 @@ async function openModel(source, url, sha256, { lookup, keep }) {
   }
   if (!response.ok) throw new RequestFailure(ERROR_CODES.fetchFailed, `${url.href} could not be downloaded: HTTP ${response.status}`);
   const total = Number(response.headers.get("content-length")) || null;
+  const identity = (response.headers.get("content-encoding") ?? "identity") === "identity";
+  const exact = total !== null && identity && url.origin === SITE.origin;
   // The downloaded chunks are kept for the cache (stored as one Blob once the file is valid).
-  return { from: "network", body: response.body, total, name: fileName, chunks: keep ? [] : null };
+  return { from: "network", body: response.body, total, exact, name: fileName, chunks: keep ? [] : null };
 }
 
 // The validator is fed at most this much at a time, so that its progress (and the page's
@@ -277,7 +283,7 @@ const FEED_BYTES = 1 << 20;
 // is valid, {host: the EngineHost for it, model: its summary}. Reading runs ahead of validation
 // (a pump fills a queue while Python validates what has arrived), so the two progress bars show each.
 async function validateStream(opened, context) {
-  const loader = context.api.ModelLoader();
+  const loader = context.api.ModelLoader(opened.exact && opened.total > 0 ? opened.total : null);
   const reader = opened.body.getReader();
   const progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
   const queue = [];

@@ -6,10 +6,17 @@
     webslm generate --model FILE --prompt TEXT [--chat] [--backend native|cpu] [--max-tokens N] [--seed S | --greedy] [--json]
     webslm conformance --model FILE [--backend native|cpu] [--tokens N] [--prompt TEXT] [--json]
     webslm admit --model FILE --backend native [--feature-level auto|core|compatibility] [--fault NAME] [--json]
+
+Every failure is one line on stderr and a nonzero exit, never a traceback: 1 for an invalid
+model file (or a conformance that did not pass), 2 for a bad argument, an unreadable file or
+a request the model cannot serve (a prompt longer than its context, a chat template that
+fails), 3 for anything unexpected (a bug: the line names the exception; WEBSLM_TRACEBACK=1
+shows the traceback), 130 when interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 
@@ -26,6 +33,9 @@ def cmd_convert(args) -> int:
             report = convert_gguf(src, args.output, quant=args.quant, group=args.group)
     except ConversionError as exc:
         print(f"webslm convert: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"webslm convert: cannot read or write {exc.filename or src}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     print(f"wrote {report.output}: {report.tensors} tensors, sha256 {report.sha256}")
     print(f"  lossless repack: {len(report.lossless)} tensors; requantized: {len(report.requantized)}")
@@ -140,10 +150,12 @@ def cmd_generate(args) -> int:
              "max_tokens": args.max_tokens}
     try:
         settings = sampler_settings(model, {k: v for k, v in given.items() if v is not None})
-    except CodedError as exc:                    # a setting out of range, e.g. --temperature -1
+        # the prompt is refused (too long for the context, not Unicode, a template that
+        # fails) before it is tokenized in full
+        ids = prompt_ids(model, args.prompt, args.chat, args.system)
+    except CodedError as exc:                    # e.g. --temperature -1, a 1 MB prompt
         print(f"webslm generate: {exc}", file=sys.stderr)
         return 2
-    ids = prompt_ids(model, args.prompt, args.chat, args.system)
     events: list[dict] = []
     engine = Engine(model, gpu=_native_gpu() if args.backend == "native" else None, on_event=events.append)
     pieces: list[str] = []
@@ -203,7 +215,13 @@ def cmd_conformance(args) -> int:
     if artifact is None:
         return status
     model = Model(artifact)
-    ids = model.tokenizer.encode(args.prompt)
+    from .errors import CodedError
+    from .request import prompt_ids
+    try:
+        ids = prompt_ids(model, args.prompt, chat=False)
+    except CodedError as exc:
+        print(f"webslm conformance: {exc}", file=sys.stderr)
+        return 2
     tolerance = MARGIN_TOLERANCE if args.margin_tolerance is None else args.margin_tolerance
 
     async def run():
@@ -303,9 +321,16 @@ def cmd_admit(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad argument as one line (argparse prints its usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="webslm", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="webslm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     convert = sub.add_parser("convert", help="convert a GGUF file or a safetensors directory to .slm")
     convert.add_argument("src")
@@ -369,6 +394,16 @@ def main(argv=None) -> int:
     except BrokenPipeError:          # `webslm inspect FILE | head`: the reader left; not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        print(f"webslm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:         # a bug still ends in one line
+        if os.environ.get("WEBSLM_TRACEBACK"):
+            raise
+        text = " ".join(str(exc).split())[:300]
+        print(f"webslm {args.command}: unexpected {type(exc).__name__}: {text} "
+              "(a bug: WEBSLM_TRACEBACK=1 shows where)", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

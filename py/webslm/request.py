@@ -3,7 +3,9 @@ sampler's settings. The CLI, the Engine and (to come) the worker all go through 
 prompt and a set of settings mean the same thing wherever they are given.
 
 - `prompt_ids(model, prompt, chat, system)`: a prompt as plain text, as {role, content}
-  messages, or as token ids already.
+  messages, or as token ids already; text longer than the model's context is refused
+  ("prompt-too-long") as soon as the tokenizer is sure of it, before it is tokenized in
+  full (a 20 MB prompt costs about one context's worth of tokenizing, not 20 MB's).
 - `sampler_settings(model, overrides)`: the model's own sampling defaults (the manifest's
   "generation" section) with the request's settings laid over them.
 """
@@ -16,10 +18,13 @@ import numpy as np
 
 from .errors import CodedError
 from .semantic.sampler import SamplerSettings
+from .semantic.tokenizer import TooManyTokens
 
 
 class InvalidRequest(CodedError):
-    """Codes: "bad-prompt" (not text, messages or token ids), "unknown-setting" (a setting
+    """Codes: "bad-prompt" (not text, messages or token ids; or text that is not Unicode: a
+    lone surrogate), "prompt-too-long" (more tokens than the context holds), "bad-template"
+    (the model's chat template failed on these messages), "unknown-setting" (a setting
     SamplerSettings does not have). A setting with a bad value raises SamplerError."""
 
 
@@ -33,10 +38,14 @@ def prompt_ids(model, prompt, chat: bool = True, system: str | None = None) -> l
     - a non-empty list of token ids: used as they are.
 
     `system`, for the two templated forms, is put first as a system message unless the
-    messages begin with one already."""
+    messages begin with one already. Text is refused (InvalidRequest "prompt-too-long") once
+    it has more tokens than the context holds (a prompt that fills it exactly is allowed: its
+    answer ends "length" at once); token ids are taken as given (the backend refuses too many)."""
+    from .semantic.chat_template import TemplateError
+    limit = model.architecture.context_length
     if isinstance(prompt, str):
         if not chat:
-            return model.tokenizer.encode(prompt)
+            return _encode(model, _text(prompt, "prompt"), limit, add_special=True)
         prompt = [{"role": "user", "content": prompt}]
     try:
         prompt = list(prompt)
@@ -44,14 +53,41 @@ def prompt_ids(model, prompt, chat: bool = True, system: str | None = None) -> l
         prompt = []                          # not a sequence at all: a bad prompt, below
     if prompt and all(isinstance(m, dict) for m in prompt):
         if system and prompt[0].get("role") != "system":
-            prompt = [{"role": "system", "content": system}] + prompt
-        text = model.chat_template.render(prompt, add_generation_prompt=True)
+            prompt = [{"role": "system", "content": _text(system, "system")}] + prompt
+        for n, message in enumerate(prompt):
+            for key, value in message.items():
+                if isinstance(value, str):
+                    _text(value, f"prompt[{n}].{key}")
+        try:
+            text = model.chat_template.render(prompt, add_generation_prompt=True)
+        except TemplateError as exc:
+            raise InvalidRequest("bad-template", "chat_template",
+                                 f"the model's chat template failed on these messages: {exc}"[:400]) from None
         # The rendered template carries its own special tokens: no second BOS.
-        return model.tokenizer.encode(text, add_special=False)
+        return _encode(model, text, limit, add_special=False)
     if prompt and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
         return [int(t) for t in prompt]
     raise InvalidRequest("bad-prompt", "prompt", "must be a string, a non-empty list of "
                                                  "{role, content} messages, or a non-empty list of token ids")
+
+
+def _text(value: str, where: str) -> str:
+    """Text that UTF-8 can hold: a lone surrogate (from invalid bytes on a command line, or
+    JSON's \\ud800 escape) would fail in the tokenizer."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest("bad-prompt", where, f"is not valid Unicode text (a lone surrogate at "
+                                                  f"character {exc.start})") from None
+    return value
+
+
+def _encode(model, text: str, limit: int, add_special: bool) -> list[int]:
+    try:
+        return model.tokenizer.encode(text, add_special=add_special, max_tokens=limit)
+    except TooManyTokens:
+        raise InvalidRequest("prompt-too-long", "prompt", f"has more than {limit} tokens: the model's "
+                                                          f"context holds {limit}") from None
 
 
 # The manifest's "generation" keys (docs/slm-format.md) under their SamplerSettings names.

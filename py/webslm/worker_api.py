@@ -1,7 +1,7 @@
 """What the Web Worker (worker/worker.mjs) calls in Python: the one module it imports.
 
     status()                     the boot check: Python, numpy, webslm and the shader bundle
-    ModelLoader()                a model's bytes validated as they stream in (worker/loader.py)
+    ModelLoader(expected_bytes)  a model's bytes validated as they stream in (worker/loader.py)
     engine_host(loader, ...)     the EngineHost of the model a loader accepted; the worker calls
                                  its methods: admit, use_cpu, generate, cancel, engine_status,
                                  conformance, release (worker/engine_host.py)

@@ -37,4 +37,7 @@ CODES = {
     "tensor-hash": "a tensor's sha256 does not match its bytes",
     "non-finite": "a scale, min or float weight is NaN or infinite",
     "out-of-range": "a stored integer field holds a value outside its declared range (u6 sub-scales)",
+    "out-of-memory": "the runtime ran out of memory reading the file",
+    "malformed": "the file broke a check in a way no other code names (a number or nesting past what "
+                 "the reader handles); it is refused",
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from . import format as fmt
@@ -24,8 +25,15 @@ TOKENIZER_KEYS = ("model", "byte_level", "byte_fallback", "pre_tokenizer", "toke
                   "special_tokens", "bos_id", "eos_ids", "pad_id", "unk_id", "add_bos", "add_eos")
 
 
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")   # the only way JSON text can make one
+
+
 def strict_json(data: bytes, where: str) -> Any:
-    """UTF-8 JSON with no duplicate keys and no NaN/Infinity."""
+    """UTF-8 JSON with no duplicate keys, no NaN/Infinity, no number of more digits than
+    Python converts (ValueError past 4300), and no string that UTF-8 cannot hold: JSON's
+    \\ud800 escape decodes to a lone surrogate, which would validate here and then fail
+    wherever the text is encoded (the tokenizer, the page)."""
     def no_duplicates(pairs):
         obj = {}
         for key, value in pairs:
@@ -39,11 +47,30 @@ def strict_json(data: bytes, where: str) -> Any:
 
     try:
         text = bytes(data).decode("utf-8")
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+        value = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except ArtifactError:
+        raise
     except UnicodeDecodeError as exc:
         raise ArtifactError("bad-json", where, f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ArtifactError("bad-json", where, f"not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:      # JSONDecodeError is a ValueError
+        raise ArtifactError("bad-json", where, f"not valid JSON ({exc})"[:300]) from None
+    if SURROGATE_ESCAPE.search(text):        # rare: skip the walk over every string otherwise
+        _no_lone_surrogates(value, where)
+    return value
+
+
+def _no_lone_surrogates(value: Any, where: str) -> None:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if LONE_SURROGATE.search(item):
+                raise ArtifactError("bad-json", where, f"a string holds a lone surrogate: {item[:40]!r}")
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 # -- field readers -------------------------------------------------------------------------
@@ -66,12 +93,20 @@ def integer(value: Any, where: str, lo: int, hi: int) -> int:
     return value
 
 
-def number(value: Any, where: str, lo: float, hi: float, lo_open: bool = False) -> float:
-    if type(value) not in (int, float) or not math.isfinite(value) or not lo <= value <= hi \
-            or (lo_open and value == lo):
-        bound = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-        raise ArtifactError("bad-field", where, f"must be a number in {bound}, got {value!r}"[:200])
+def number(value: Any, where: str, lo: float, hi: float, lo_open: bool = False, hi_open: bool = False) -> float:
+    # The range is compared before any float(): a JSON integer may have thousands of digits.
+    if type(value) not in (int, float) or (type(value) is float and not math.isfinite(value)) \
+            or not lo <= value <= hi or (lo_open and value == lo) or (hi_open and value == hi):
+        bound = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ArtifactError("bad-field", where, f"must be a number in {bound}, got {_short(value)}")
     return float(value)
+
+
+def _short(value: Any) -> str:
+    """A value for an error sentence, cut short (and never str() of a huge int: ValueError)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)[:120]
 
 
 def boolean(value: Any, where: str) -> bool:
@@ -110,7 +145,7 @@ def architecture(value: Any) -> Architecture:
         raise ArtifactError("bad-field", f"{w}.rope.scaling", "RoPE scaling is not defined in format v1; must be null")
     gemma3 = _gemma3(a["gemma3"], dims) if family == "gemma3" else None
     arch = Architecture(family=a["family"], **dims,
-                        norm_eps=number(a["norm_eps"], f"{w}.norm_eps", 0, 1, lo_open=True),
+                        norm_eps=number(a["norm_eps"], f"{w}.norm_eps", 0, 1, lo_open=True, hi_open=True),
                         tied_output=boolean(a["tied_output"], f"{w}.tied_output"),
                         qkv_bias=boolean(a["qkv_bias"], f"{w}.qkv_bias"), rope=rope, gemma3=gemma3)
     if family == "llama" and arch.hidden != arch.n_heads * arch.head_dim:    # gemma3's heads are wider
@@ -226,7 +261,7 @@ def generation(value: Any, context_length: int) -> dict:
     number(g["temperature"], f"{w}.temperature", 0, 100)
     number(g["top_p"], f"{w}.top_p", 0, 1, lo_open=True)
     integer(g["top_k"], f"{w}.top_k", 0, fmt.MAX_DIMENSION)
-    number(g["min_p"], f"{w}.min_p", 0, 0.999999)
+    number(g["min_p"], f"{w}.min_p", 0, 1, hi_open=True)
     number(g["repetition_penalty"], f"{w}.repetition_penalty", 0, 100, lo_open=True)
     integer(g["max_new_tokens"], f"{w}.max_new_tokens", 1, context_length)
     return g

@@ -11,12 +11,17 @@ as its last byte is in, and the whole-file sha256 at the end.
 
 Python integers do not overflow, so "checked arithmetic" here means every size and offset
 is bounded by the header's declared lengths and the format limits before it is used; no
-allocation happens before the header has been checked. numpy (present in CPython and in
-Pyodide) is used only for the vectorized value scans: finite scales/mins/floats and zero
-tail padding.
+allocation happens before the header has been checked. The header's file_length is a claim:
+where the real size is known (bytes in hand, a file's size, a Content-Length) it must equal
+it, and only then is the buffer allocated at once; otherwise the buffer grows as bytes
+arrive, so a 128-byte file that claims 16 GiB costs 128 bytes. Whatever goes wrong inside,
+the caller sees an ArtifactError with a code (_coded), never another exception. numpy
+(present in CPython and in Pyodide) is used only for the vectorized value scans: finite
+scales/mins/floats and zero tail padding.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import types
@@ -40,11 +45,15 @@ ZEROS = {"q8": ("none",), "q4": ("offset", "min"), "q5": ("offset", "min"),
 
 
 class Validator:
-    def __init__(self, max_bytes: int = fmt.MAX_FILE_BYTES):
+    def __init__(self, max_bytes: int = fmt.MAX_FILE_BYTES, expected_bytes: int | None = None):
+        """expected_bytes: the file's real size where the caller knows it (None: unknown)."""
         self.max_bytes = max_bytes
+        self.expected_bytes = expected_bytes
         self.received = 0
         self._head = bytearray()          # bytes before the header is parsed
-        self._data: bytearray | None = None
+        self._data: bytearray | None = None   # [file_length] when preallocated, else what arrived
+        self._grows = False               # the size was not known: _data grows chunk by chunk
+        self._failed: ArtifactError | None = None   # once set, every call raises it again
         self._header: dict | None = None
         self._tables: tuple | None = None  # (manifest_json, architecture, entries, infos)
         self._file_digest = hashlib.sha256()
@@ -55,6 +64,14 @@ class Validator:
 
     # -- input ---------------------------------------------------------------------------
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        with _coded(self):
+            self._feed(chunk)
+
+    def finish(self) -> ValidatedModel:
+        with _coded(self):
+            return self._finish()
+
+    def _feed(self, chunk) -> None:
         chunk = memoryview(chunk).cast("B")
         if self._data is None:
             self._head += chunk
@@ -62,19 +79,37 @@ class Validator:
                 self.received = len(self._head)
                 return
             self._header = _parse_header(bytes(self._head[:fmt.HEADER_LENGTH]), self.max_bytes)
-            self._data = bytearray(self._header["file_length"])
+            self._data = self._buffer(self._header["file_length"])
             chunk, self._head = memoryview(bytes(self._head)), bytearray()
             self.received = 0
         end = self.received + len(chunk)
-        if end > len(self._data):
-            raise ArtifactError("trailing-bytes", "file", f"more than the declared {len(self._data)} bytes")
-        self._data[self.received:end] = chunk
+        if end > self._header["file_length"]:
+            raise ArtifactError("trailing-bytes", "file", f"more than the declared {self._header['file_length']} bytes")
+        if self._grows:
+            self._data += chunk
+        else:
+            self._data[self.received:end] = chunk
         self.received = end
         self._advance()
 
-    def finish(self) -> ValidatedModel:
-        if self._data is None or self.received < len(self._data):
-            total = len(self._data) if self._data is not None else fmt.HEADER_LENGTH
+    def _buffer(self, file_length: int) -> bytearray:
+        """The buffer the file is copied into: all of it at once when the real size is known
+        and equals the header's claim; else empty, grown as bytes arrive."""
+        real = self.expected_bytes
+        if real is None:
+            self._grows = True
+            return bytearray()
+        if real < file_length:
+            raise ArtifactError("truncated", "header.file_length",
+                                f"the header declares {file_length} bytes, the file has {real}")
+        if real > file_length:
+            raise ArtifactError("trailing-bytes", "header.file_length",
+                                f"the header declares {file_length} bytes, the file has {real}")
+        return bytearray(file_length)
+
+    def _finish(self) -> ValidatedModel:
+        if self._data is None or self.received < self._header["file_length"]:
+            total = self._header["file_length"] if self._data is not None else fmt.HEADER_LENGTH
             raise ArtifactError("truncated", "file", f"got {self.received or len(self._head)} of {total} bytes")
         data = self._data
         manifest, arch, entries, infos = self._tables
@@ -101,16 +136,19 @@ class Validator:
             for index, info in enumerate(self._tables[3]):
                 self._tensor_digests.append(hashlib.sha256())
                 self._parts.extend((offset, length, index, part) for part, offset, length in info.parts)
-        # whole-file hash: everything but the trailer
-        stop = min(self.received, len(data) - fmt.TRAILER_LENGTH)
+        # whole-file hash: everything but the trailer. Views are released before returning:
+        # a bytearray with a live view cannot grow.
+        stop = min(self.received, h["file_length"] - fmt.TRAILER_LENGTH)
         if stop > self._hashed_to:
-            self._file_digest.update(memoryview(data)[self._hashed_to:stop])
+            with memoryview(data) as view:
+                self._file_digest.update(view[self._hashed_to:stop])
             self._hashed_to = stop
         if self._tables is not None:
-            self._hash_parts()
+            with memoryview(self._data) as view:
+                self._hash_parts(view)
 
-    def _hash_parts(self) -> None:
-        view, infos = memoryview(self._data), self._tables[3]
+    def _hash_parts(self, view: memoryview) -> None:
+        infos = self._tables[3]
         while self._next_part < len(self._parts):
             offset, length, index, _ = self._parts[self._next_part]
             if offset + length > self.received:
@@ -120,6 +158,27 @@ class Validator:
             last_of_tensor = self._next_part == len(self._parts) or self._parts[self._next_part][2] != index
             if last_of_tensor and self._tensor_digests[index].hexdigest() != infos[index].sha256:
                 raise ArtifactError("tensor-hash", infos[index].name, "sha256 of the tensor's bytes does not match the table")
+
+
+@contextlib.contextmanager
+def _coded(validator: Validator):
+    """Every failure leaves as an ArtifactError with a code, and the validator keeps it: a
+    later feed() or finish() raises it again. Anything but an ArtifactError is a check this
+    file got past in a way no code names (a huge number, a deep structure, a bug); it is
+    refused as "malformed", or "out-of-memory" when the runtime ran out of memory."""
+    if validator._failed is not None:
+        raise validator._failed
+    try:
+        yield
+        return
+    except ArtifactError as exc:
+        failure = exc
+    except MemoryError:
+        failure = ArtifactError("out-of-memory", "file", "this runtime ran out of memory reading the file")
+    except Exception as exc:    # noqa: BLE001 - the validator's promise: a code, whatever happened
+        failure = ArtifactError("malformed", "file", f"the file could not be read ({type(exc).__name__}: {exc})"[:300])
+    validator._failed, validator._data = failure, None     # the partial buffer is of no use now
+    raise failure
 
 
 # -- header --------------------------------------------------------------------------------
@@ -206,7 +265,7 @@ def _tensor_info(entry: Any, n: int, required: dict, seen: set, cursor: int, h: 
         raise ArtifactError("bad-encoding", name, "vectors must be f32 or f16")
     quant = _quant(e["quant"], name, encoding, shape[-1])
     block = quant.block_elements if quant else None
-    if e["row_stride"] != fmt.row_stride(encoding, shape[-1], block):
+    if type(e["row_stride"]) is not int or e["row_stride"] != fmt.row_stride(encoding, shape[-1], block):
         raise ArtifactError("bad-layout", f"{name}.row_stride",
                             f"is {e['row_stride']!r}, must be {fmt.row_stride(encoding, shape[-1], block)}"[:200])
     rows = shape[0] if len(shape) == 2 else 1
@@ -325,14 +384,16 @@ def _check_values(data: bytearray, infos: list[TensorInfo]) -> None:
 # -- entry points ------------------------------------------------------------------------------
 
 def validate_bytes(data: bytes | bytearray | memoryview) -> ValidatedModel:
-    validator = Validator()
+    data = memoryview(data).cast("B")
+    validator = Validator(expected_bytes=len(data))
     validator.feed(data)
     return validator.finish()
 
 
 def validate_file(path: str | os.PathLike, chunk_bytes: int = 8 << 20) -> ValidatedModel:
-    validator = Validator()
+    """Raises OSError when the file cannot be read (a directory, no permission, ...)."""
     with open(path, "rb") as handle:
+        validator = Validator(expected_bytes=os.fstat(handle.fileno()).st_size)
         while chunk := handle.read(chunk_bytes):
             validator.feed(chunk)
     return validator.finish()

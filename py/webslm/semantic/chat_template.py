@@ -14,7 +14,6 @@ The browser has no jinja2, so this module sets up the same environment on webslm
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -22,6 +21,7 @@ from webslm.semantic.jinja import (
     GlobalFunction, Limits, Template, TemplateError, TemplateLimitError,
     TemplateRaisedError, TemplateRuntimeError, TemplateSecurityError, TemplateSyntaxError,
 )
+from webslm.semantic.jinja.guards import bounded_json
 
 __all__ = [
     "ChatTemplate", "TemplateError", "TemplateSyntaxError", "TemplateSecurityError",
@@ -47,14 +47,10 @@ def _dict(*args, **kwargs) -> dict:
 
 
 def _tojson(renderer, value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # transformers' tojson: no HTML escaping, keys keep their order unless sort_keys.
-    renderer.weigh(value, "tojson")
-    too_wide = (isinstance(indent, int) and not isinstance(indent, bool) and indent > 64) or \
-        (isinstance(indent, str) and len(indent) > 64)
-    if too_wide:
-        raise TemplateLimitError("tojson indent too large", construct="tojson")
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    # transformers' tojson: no HTML escaping, keys keep their order unless sort_keys. Bounded
+    # while it is written (jinja/guards.py): separators and indents repeat once per item.
+    return bounded_json(renderer, value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                        sort_keys=sort_keys)
 
 
 _GLOBALS = {

@@ -131,10 +131,22 @@ def split_llama3(text: str) -> list[str]:
 
 def split_qwen2(text: str) -> list[str]:
     """Qwen2's tokenizer.json normalizes to NFC before its Split; so do we."""
-    text = unicodedata.normalize("NFC", text)
+    return split_qwen2_normalized(unicodedata.normalize("NFC", text))
+
+
+def split_qwen2_normalized(text: str) -> list[str]:
     out: list[str] = []
     _regex_pieces(QWEN2, text, classify(text), 0, len(text), out)
     return out
 
 
+def nfc(text: str) -> str:
+    return unicodedata.normalize("NFC", text)
+
+
 SPLITTERS = {"gpt2": split_gpt2, "smollm": split_smollm, "llama3": split_llama3, "qwen2": split_qwen2}
+
+# Each family as (normalizer, splitter of normalized text): the tokenizer's bounded encoding
+# normalizes the whole text once and then splits it a window at a time.
+NORMALIZED_SPLITTERS = {"gpt2": (None, split_gpt2), "smollm": (None, split_smollm),
+                        "llama3": (None, split_llama3), "qwen2": (nfc, split_qwen2_normalized)}

@@ -19,6 +19,13 @@ Encoding, top to bottom (`Tokenizer.encode`):
    ties) and its tokens looked up. Words are cached.
 4. BOS/EOS are added per the manifest when add_special is true.
 
+`encode(text, max_tokens=n)` gives the same ids, or raises TooManyTokens as soon as it is
+sure there are more than n, having done work and held memory for about n tokens' worth of
+text, not the whole text: a prompt is checked against the context this way before it is
+tokenized in full (request.prompt_ids). Pre-tokenization then runs WINDOW characters at a
+time (`_windowed`), and a word is not merged when its symbols alone prove it needs more
+tokens than are left (no token covers more than `max_token_chars` symbols).
+
 Decoding (`Tokenizer.decode`) is HF's decoder for the family; `StreamDecoder` emits the
 same text incrementally. Skipping special tokens skips only special ones: added tokens are text.
 """
@@ -28,12 +35,21 @@ import heapq
 import re
 from typing import Any, Iterable, Mapping
 
-from .pretokenize import SPLITTERS
+from .pretokenize import NORMALIZED_SPLITTERS, SPLITTERS
 
 SPACE_MARK = "\u2581"                 # "▁", SentencePiece's spelling of a space
 BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 CACHE_WORD_CHARS = 256                # HF caches words shorter than this too
 CACHE_ENTRIES = 1 << 16               # bounded: the cache is emptied when it fills
+WINDOW = 1 << 16                      # characters pre-tokenized at a time under max_tokens
+
+
+class TooManyTokens(ValueError):
+    """encode(max_tokens=n) found that the text has more than n tokens (and stopped)."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"the text has more than {limit} tokens")
+        self.limit = limit
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -75,6 +91,7 @@ class Tokenizer:
             if pre_tokenizer not in SPLITTERS:
                 raise ValueError(f"unknown byte-level pre-tokenizer {pre_tokenizer!r}")
             self._split = SPLITTERS[pre_tokenizer]
+            self._normalize, self._split_normalized = NORMALIZED_SPLITTERS[pre_tokenizer]
         elif pre_tokenizer not in ("sentencepiece", "gemma"):
             raise ValueError(f"unknown pre-tokenizer {pre_tokenizer!r} for SentencePiece BPE")
         # Llama 3's tokenizer.json sets BPE ignore_merges: a piece that is itself a token is
@@ -89,6 +106,13 @@ class Tokenizer:
         # Alternatives longest first: at the leftmost position the longest special wins.
         self._specials = re.compile("|".join(map(re.escape, specials))) if specials else None
         self._cache: dict[str, tuple[int, ...]] = {}
+        # No token is the merge of more symbols than it has characters (each symbol is a
+        # token string of at least one character): the bound encode(max_tokens=) uses.
+        self.max_token_chars = max(map(len, self.tokens), default=1)
+        # Byte-level: characters of the byte alphabet that are not tokens are dropped
+        # (_initial_symbols); SentencePiece: whether every byte has its <0xNN> token, so
+        # that every character is at least one symbol.
+        self._dropped = [c for c in BYTE_TO_CHAR.values() if c not in self.vocab] if byte_level else []
         # Decoding tables: per id, the bytes (byte-level) or text (SentencePiece) it stands for.
         if byte_level:
             self._token_bytes = [_byte_level_bytes(t) for t in self.tokens]
@@ -130,38 +154,78 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ encode
 
-    def encode(self, text: str, add_special: bool = True) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, max_tokens: int | None = None) -> list[int]:
+        """The token ids of `text`; with max_tokens, TooManyTokens as soon as there are more."""
         ids: list[int] = []
         if add_special and self.add_bos and self.bos_id is not None:
             ids.append(self.bos_id)
         start = 0
-        if self._specials is not None:
-            for m in self._specials.finditer(text):
-                self._encode_ordinary(text[start:m.start()], ids)
-                ids.append(self.vocab[m.group()])
-                start = m.end()
-        self._encode_ordinary(text[start:], ids)
+        try:
+            if self._specials is not None:
+                for m in self._specials.finditer(text):
+                    self._encode_ordinary(text[start:m.start()], ids, max_tokens)
+                    ids.append(self.vocab[m.group()])
+                    start = m.end()
+            self._encode_ordinary(text[start:], ids, max_tokens)
+        except TooManyTokens:
+            raise TooManyTokens(max_tokens) from None      # the whole text's limit, not a word's share
         if add_special and self.add_eos:
             ids.extend(self.eos_ids[:1])
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TooManyTokens(max_tokens)
         return ids
 
-    def _encode_ordinary(self, text: str, ids: list[int]) -> None:
+    def _encode_ordinary(self, text: str, ids: list[int], max_tokens: int | None = None) -> None:
         """Text with no special tokens in it -> ids, appended to `ids`."""
         if not text:
             return
         if self.byte_level:
-            for piece in self._split(text):
-                ids.extend(self._word_ids(piece.encode("utf-8").decode("latin-1")
-                                          .translate(_SPELL_BYTES)))
+            pieces = self._split(text) if max_tokens is None else self._windowed(text)
+            for piece in pieces:
+                word = piece.encode("utf-8").decode("latin-1").translate(_SPELL_BYTES)
+                ids.extend(self._word_ids(word, None if max_tokens is None else max_tokens - len(ids)))
+                if max_tokens is not None and len(ids) > max_tokens:
+                    raise TooManyTokens(max_tokens)
         else:
+            budget = None if max_tokens is None else max_tokens - len(ids)
+            # the whole stretch is one word: refuse it before copying it, when its length
+            # already proves too many symbols (every character is at least one)
+            if budget is not None and None not in self._byte_token and \
+                    len(text) + self.add_dummy_prefix > budget * self.max_token_chars:
+                raise TooManyTokens(max_tokens)
             word = text.replace(" ", SPACE_MARK)
-            ids.extend(self._word_ids(SPACE_MARK + word if self.add_dummy_prefix else word))
+            word = SPACE_MARK + word if self.add_dummy_prefix else word
+            ids.extend(self._word_ids(word, budget))
 
-    def _word_ids(self, word: str) -> tuple[int, ...]:
+    def _windowed(self, text: str):
+        """The pre-tokenizer's pieces of `text`, cut WINDOW characters at a time. The last
+        two pieces of a window may depend on what follows it (a run of letters or spaces that
+        goes on, the lookahead of \\s+(?!\\S)), so they are cut again with the next window;
+        the pieces before them are the whole text's (tests/test_tokenizer_bounded.py)."""
+        if self._normalize is not None:
+            text = self._normalize(text)
+        start, window = 0, WINDOW
+        while len(text) - start > window:
+            pieces = self._split_normalized(text[start:start + window])
+            if len(pieces) < 3:            # one piece may run past the window: look further
+                window *= 2
+                continue
+            for piece in pieces[:-2]:
+                yield piece
+                start += len(piece)
+            window = WINDOW
+        yield from self._split_normalized(text[start:])
+
+    def _word_ids(self, word: str, budget: int | None = None) -> tuple[int, ...]:
+        """The ids of one word; with a budget, TooManyTokens instead of merging a word whose
+        symbols alone need more than `budget` tokens."""
         cached = self._cache.get(word)
         if cached is not None:
             return cached
         vocab = self.vocab
+        if budget is not None and len(word) > budget * self.max_token_chars and not (
+                self.ignore_merges and word in vocab) and self._symbol_count(word) > budget * self.max_token_chars:
+            raise TooManyTokens(budget)
         if self.ignore_merges and word in vocab:
             ids = (vocab[word],)
         else:
@@ -171,6 +235,14 @@ class Tokenizer:
                 self._cache.clear()
             self._cache[word] = ids
         return ids
+
+    def _symbol_count(self, word: str) -> int:
+        """len(_initial_symbols(word)), or a lower bound of it, without making the list."""
+        if self.byte_level:
+            return len(word) - sum(word.count(c) for c in self._dropped)
+        if None not in self._byte_token:   # every character is a token or its bytes' tokens
+            return len(word)
+        return len(self._initial_symbols(word))
 
     def _initial_symbols(self, word: str) -> list[str]:
         """One symbol per character, as HF BPE starts a word. A character that is not a

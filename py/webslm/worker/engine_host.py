@@ -231,9 +231,7 @@ class EngineHost:
         that answered, the committed token ids and the engine summary."""
         started = time.perf_counter()
         model = self.semantic_model()
-        messages, settings = generation_request(model, json.loads(request_json))
-        text = model.chat_template.render(messages, add_generation_prompt=True)
-        ids = model.tokenizer.encode(text, add_special=False)
+        ids, settings = generation_request(model, json.loads(request_json))   # RequestError: "bad-field"
         engine = await self.ensure_engine()
         gpu = self.gpu_backend if engine.backend_kind == "gpu" else None
         before = dict(gpu.stats) if gpu is not None else None

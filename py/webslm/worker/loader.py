@@ -17,8 +17,10 @@ from ..artifact import ArtifactError, Validator
 
 
 class ModelLoader:
-    def __init__(self):
-        self._validator = Validator()
+    def __init__(self, expected_bytes: int | None = None):
+        """expected_bytes: the file's real size where the worker knows it (a picked file, a
+        cached one, this site's own download), else None (validate.Validator)."""
+        self._validator = Validator(expected_bytes=expected_bytes)
         self._seconds = 0.0          # time spent validating (hashing, parsing), not fetching
         self.model = None            # the ValidatedModel, once finish() accepted the file
 

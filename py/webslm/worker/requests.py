@@ -1,18 +1,27 @@
 """The page's generation request, checked, and the two errors a request can end in.
 
 worker/protocol.mjs checks each message's shape; what a generation request's messages and
-settings mean is checked here, where the model's defaults are known. The worker tells the
-two errors apart by their class names (worker.mjs, pythonCall): RequestError replies
-"bad-field", WorkerRequestFailed (and any other exception) "failed".
+settings mean is checked here, by the same request.prompt_ids and request.sampler_settings
+the CLI and the Python API use: the prompt is bounded against the context before it is
+tokenized in full, the chat template's failures are typed, and every setting is validated
+as given (a `stop` string is refused, not split into characters). The worker tells the two
+errors apart by their class names (worker.mjs, pythonCall): RequestError replies
+"bad-field", with its code in the message; WorkerRequestFailed (and any other exception)
+"failed".
 """
 from __future__ import annotations
 
+from ..errors import CodedError
+
 ROLES = ("system", "user", "assistant")
-SETTING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed", "stop")
+MAX_MESSAGES, MAX_CONTENT_CHARS = 256, 100_000
 
 
-class RequestError(ValueError):
-    """A page request that is well-formed JSON but not a valid generation request."""
+class RequestError(CodedError):
+    """A page request that is well-formed JSON but not a valid generation request. Codes:
+    "bad-request" (its shape), request.InvalidRequest's ("bad-prompt", "prompt-too-long",
+    "bad-template", "unknown-setting") and SamplerError's ("bad-type", "out-of-range",
+    "not-finite")."""
 
 
 class WorkerRequestFailed(RuntimeError):
@@ -20,32 +29,30 @@ class WorkerRequestFailed(RuntimeError):
 
 
 def generation_request(model, request: dict):
-    """(messages, SamplerSettings) of a page's generation request {messages, settings}, the
-    settings merged over the model's defaults; RequestError if it is not valid."""
-    from ..semantic.sampler import SamplerError, SamplerSettings
+    """(prompt token ids, SamplerSettings) of a page's generation request {messages,
+    settings}, the settings laid over the model's defaults; RequestError if it is not valid."""
+    from ..request import InvalidRequest, prompt_ids, sampler_settings
+    from ..semantic.sampler import SamplerError
     if not isinstance(request, dict) or set(request) - {"messages", "settings"}:
-        raise RequestError("a generation request is {messages, settings}")
+        raise RequestError("bad-request", "request", "a generation request is {messages, settings}")
     messages = _messages(request.get("messages"))
-    settings = request.get("settings") or {}
-    if not isinstance(settings, dict) or set(settings) - set(SETTING_KEYS):
-        raise RequestError(f"settings may only have {', '.join(SETTING_KEYS)}")
-    defaults = model.manifest.generation
-    merged = {"temperature": defaults["temperature"], "top_p": defaults["top_p"], "top_k": defaults["top_k"],
-              "min_p": defaults["min_p"], "repetition_penalty": defaults["repetition_penalty"],
-              "max_tokens": defaults["max_new_tokens"], **settings}
-    merged["stop"] = tuple(merged.get("stop", ()))
+    settings = request.get("settings", {})
+    if not isinstance(settings, dict):
+        raise RequestError("bad-request", "settings", "must be an object of sampling settings")
     try:
-        return messages, SamplerSettings(**merged)
-    except (SamplerError, TypeError) as exc:
-        raise RequestError(f"settings: {exc}") from None
+        return prompt_ids(model, messages, chat=True), sampler_settings(model, settings)
+    except (InvalidRequest, SamplerError) as exc:
+        raise RequestError(exc.code, exc.where, exc.sentence) from None
 
 
 def _messages(value) -> list[dict]:
-    if not isinstance(value, list) or not 1 <= len(value) <= 256:
-        raise RequestError("messages must be a list of 1 to 256 messages")
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_MESSAGES:
+        raise RequestError("bad-request", "messages", f"must be a list of 1 to {MAX_MESSAGES} messages")
     for n, message in enumerate(value):
         if not isinstance(message, dict) or set(message) != {"role", "content"}:
-            raise RequestError(f"messages[{n}] must be {{role, content}}")
-        if message["role"] not in ROLES or not isinstance(message["content"], str) or len(message["content"]) > 100_000:
-            raise RequestError(f"messages[{n}]: role must be one of {ROLES}, content a string of at most 100000 characters")
+            raise RequestError("bad-request", f"messages[{n}]", "must be {role, content}")
+        if message["role"] not in ROLES or not isinstance(message["content"], str) \
+                or len(message["content"]) > MAX_CONTENT_CHARS:
+            raise RequestError("bad-request", f"messages[{n}]", f"role must be one of {', '.join(ROLES)}, content "
+                                                               f"a string of at most {MAX_CONTENT_CHARS} characters")
     return value

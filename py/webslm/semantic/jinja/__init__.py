@@ -74,14 +74,28 @@ class Template:
                         "namespace": GlobalFunction("namespace", make_namespace)}
         self.globals.update(globals or {})
         self._src = Source(normalise(source))
-        parser = Parser(self._src, tokenize(self._src), self.filters, self.tests, limits)
-        self._body = parser.parse()
+        try:
+            parser = Parser(self._src, tokenize(self._src), self.filters, self.tests, limits)
+            self._body = parser.parse()
+        except TemplateError:
+            raise
+        except (RecursionError, MemoryError):
+            raise TemplateLimitError("template nested too deeply or too large to parse", construct="source") from None
+        except Exception as exc:    # noqa: BLE001 - every failure is a TemplateError
+            raise TemplateSyntaxError(f"cannot parse the template ({type(exc).__name__}: {exc})"[:300]) from None
 
     def render(self, context: dict[str, Any]) -> str:
+        """The rendered text; any failure is a TemplateError (limits: TemplateLimitError)."""
         renderer = Renderer(self._src, self.limits, self.filters, self.tests)
         root = Scope(Scope(None, dict(self.globals)), dict(context))
         try:
             renderer.run(self._body, root)
+        except TemplateError:
+            raise
         except RecursionError:
             raise TemplateLimitError("rendering nested too deeply", construct="nesting") from None
+        except MemoryError:
+            raise TemplateLimitError("rendering ran out of memory", construct="output") from None
+        except Exception as exc:    # noqa: BLE001 - a break outside a loop, an error no check named
+            raise TemplateRuntimeError(f"rendering failed ({type(exc).__name__}: {exc})"[:300]) from None
         return "".join(renderer.out)

@@ -47,6 +47,7 @@ class Limits:
     max_output_chars: int = 4_000_000      # also the bound on any string/container built
     max_loop_iterations: int = 100_000     # total over one render, nested loops included
     max_range: int = 100_000               # Jinja's sandbox bound on range()
-    max_work: int = 20_000_000             # steps spent sizing containers (anti-amplification)
+    max_work: int = 5_000_000              # ~50 ns units: 20 a step, 1 per 16 characters (render.py)
+    max_render_seconds: float = 1.5        # wall time for one render: the backstop
     max_int_bits: int = 100_000
     max_nesting: int = 40                  # expression and block nesting (Pyodide's stack is small)

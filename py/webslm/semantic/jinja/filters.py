@@ -2,12 +2,12 @@
 and the built-in globals' implementations (range, namespace)."""
 from __future__ import annotations
 
-import json
 import numbers
 import re
 from typing import Any, Callable
 
 from .errors import Limits, TemplateLimitError
+from .guards import bounded_json
 from .render import Renderer, check_replace
 from .values import Namespace, Undefined
 
@@ -95,8 +95,9 @@ def _f_list(r, value):
 
 def _f_tojson_jinja(r, value, indent=None):
     # Jinja's own tojson (HTML-safe escapes); chat_template.py installs transformers' variant.
-    r.weigh(value, "tojson")
-    text = json.dumps(value, indent=indent, sort_keys=True)
+    text = bounded_json(r, value, indent=indent, sort_keys=True)
+    if len(text) + 5 * sum(map(text.count, "<>&'")) > r.limits.max_output_chars:     # each escape: 6 chars
+        raise r.limit("tojson result exceeds the size bound", "tojson")
     return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("'", "\\u0027"))
 
@@ -143,6 +144,10 @@ def _is_iterable(value) -> bool:
     return True
 
 
+def _by_the_renderer(*_args, **_kwargs):
+    raise AssertionError("odd, even and divisibleby are evaluated by Renderer.e_test")
+
+
 TESTS: dict[str, Callable[..., bool]] = {
     "defined": lambda v: not isinstance(v, Undefined),
     "undefined": lambda v: isinstance(v, Undefined),
@@ -157,9 +162,10 @@ TESTS: dict[str, Callable[..., bool]] = {
     "false": lambda v: v is False,
     "sequence": _is_sequence,
     "iterable": _is_iterable,
-    "odd": lambda v: v % 2 == 1,
-    "even": lambda v: v % 2 == 0,
-    "divisibleby": lambda v, num: v % num == 0,
+    # `value % n == r`: Renderer.e_test evaluates these through its guarded modulo
+    "odd": _by_the_renderer,
+    "even": _by_the_renderer,
+    "divisibleby": _by_the_renderer,
     "lower": lambda v: str(v).islower(),
     "upper": lambda v: str(v).isupper(),
     "in": lambda v, seq: v in seq,

@@ -1,13 +1,25 @@
 """Evaluation: walks the Node tree over scopes, enforcing the sandbox (attribute/method
-whitelists) and the resource bounds (iterations, output and value sizes, work, integer sizes)."""
+whitelists) and the resource bounds (iterations, output and value sizes, work, integer sizes,
+time).
+
+Work: everything the renderer does is charged to one budget (Limits.max_work), in units of
+roughly 50 ns of CPython: a step the interpreter takes (an operation, a loop iteration, an
+item sized or encoded) costs STEP units, and the characters an operation reads or writes
+(comparing, searching, concatenating, a string method or filter, formatting, emitting) one
+unit per 16. So a template that does a cheap-looking thing 100,000 times over a 4-million-
+character string runs out of budget in a fraction of a second instead of holding the worker
+for minutes. The wall-time budget (Limits.max_render_seconds) is the backstop for whatever
+the work budget prices too low; both raise TemplateLimitError.
+"""
 from __future__ import annotations
 
-import re
+import time
 from typing import Any
 
 from .errors import (
     Limits, TemplateError, TemplateLimitError, TemplateRuntimeError, TemplateSecurityError,
 )
+from .guards import check_format
 from .lexer import Source
 from .parser import Node
 # _Loop and _Method keep their names: they show up in user-visible error messages.
@@ -15,6 +27,9 @@ from .values import (
     DICT_METHODS, STR_METHODS, GlobalFunction, Namespace, Undefined, _Loop, _Method,
     check_namespace_name,
 )
+
+
+STEP = 20          # work units for one interpreter-level step; a character costs 1/16
 
 
 class _Break(Exception):
@@ -54,6 +69,7 @@ class Renderer:
         self.out_len = 0
         self.iterations = 0
         self.work = 0
+        self.deadline = time.monotonic() + limits.max_render_seconds
 
     # -- errors and bounds
     def error(self, cls, message: str, node: Node | None, construct: str | None = None) -> TemplateError:
@@ -69,33 +85,48 @@ class Renderer:
             raise self.limit(f"string of {len(value)} chars exceeds the size bound", construct)
         return value
 
+    def charge(self, chars: int, construct: str, steps: int = 1) -> None:
+        """`steps` steps of work that read or write `chars` characters (the module docstring)."""
+        self.work += steps * STEP + (chars >> 4)
+        if self.work > self.limits.max_work:
+            raise self.limit("work budget exceeded", construct)
+        if time.monotonic() > self.deadline:
+            raise self.limit(f"rendering took more than {self.limits.max_render_seconds} s", construct)
+
     def weigh(self, value: Any, construct: str) -> Any:
-        """Bound the rendered size of a built value. Containers can share references, so their
-        expanded size is walked (each step charged to the work budget) instead of trusted."""
+        """Bound the rendered size of a built value (returned as it is)."""
         if isinstance(value, str):
             return self.check_str(value, construct)
-        if not isinstance(value, (list, tuple, dict)):
-            return value
-        size, stack = 0, [value]
+        if isinstance(value, (list, tuple, dict)):
+            self.size_of(value, construct)
+        return value
+
+    def size_of(self, value: Any, construct: str) -> int:
+        """The rendered size of a value, bounded. Containers can share references, so their
+        expanded size is walked (each step charged to the work budget) instead of trusted."""
+        if isinstance(value, str):
+            return len(self.check_str(value, construct))
+        size, stack, steps, bound = 0, [value], 0, self.limits.max_output_chars
         while stack:
             item = stack.pop()
-            self.work += 1
-            if self.work > self.limits.max_work:
-                raise self.limit("work budget exceeded while sizing a value", construct)
-            if isinstance(item, dict):
-                size += 2 + 4 * len(item)
-                stack.extend(item.keys())
-                stack.extend(item.values())
+            steps += 1
+            if not steps & 1023:                      # work and time, every 1024 items
+                self.charge(0, construct, steps=1024)
+            if isinstance(item, str):
+                size += len(item) + 2
             elif isinstance(item, (list, tuple)):
                 size += 2 + 2 * len(item)
                 stack.extend(item)
-            elif isinstance(item, str):
-                size += len(item) + 2
+            elif isinstance(item, dict):
+                size += 2 + 4 * len(item)
+                stack.extend(item.keys())
+                stack.extend(item.values())
             else:
                 size += 8
-            if size > self.limits.max_output_chars:
+            if size > bound:
                 raise self.limit("value exceeds the size bound", construct)
-        return value
+        self.charge(0, construct, steps=steps & 1023)
+        return size
 
     def to_str(self, value: Any, construct: str) -> str:
         if isinstance(value, str):
@@ -106,14 +137,24 @@ class Renderer:
             # Jinja would print a repr with a memory address: never byte-stable, so refuse.
             what = "method" if isinstance(value, _Method) else "function"
             raise TemplateRuntimeError(f"cannot render a {what}", construct=construct)
-        return self.check_str(str(value), construct)
+        text = self.check_str(str(value), construct)
+        self.charge(len(text), construct)
+        return text
 
     def tick(self, construct: str) -> None:
         self.iterations += 1
         if self.iterations > self.limits.max_loop_iterations:
             raise self.limit(f"more than {self.limits.max_loop_iterations} loop iterations", construct)
+        self.charge(0, construct)
+
+    def modulo(self, left: Any, right: Any) -> Any:
+        """`left % right`: the one place a template reaches Python's %-formatting, guarded."""
+        if isinstance(left, str):
+            check_format(self, left, right)
+        return left % right
 
     def emit(self, text: str) -> None:
+        self.charge(len(text), "output")
         self.out_len += len(text)
         if self.out_len > self.limits.max_output_chars:
             raise self.limit(f"output exceeds {self.limits.max_output_chars} chars", "output")
@@ -189,10 +230,10 @@ class Renderer:
             return value
         if isinstance(value, Undefined):
             return ()
-        if isinstance(value, dict):
-            return list(value)
-        if isinstance(value, (type({}.items()), type({}.keys()), type({}.values()))):
-            return list(value)
+        if isinstance(value, dict) or isinstance(value, (type({}.items()), type({}.keys()), type({}.values()))):
+            items = list(value)
+            self.charge(_chars(items), "for")
+            return items
         raise self.error(TemplateRuntimeError, f"{_type_name(value)} object is not iterable", node, "for")
 
     def assign(self, target: Node, value: Any, scope: Scope, node: Node) -> None:
@@ -279,20 +320,26 @@ class Renderer:
         left = self.eval(node.args[0], scope)
         for op, right_node in node.args[1]:  # chained like Python: a < b < c
             right = self.eval(right_node, scope)
+            self.charge(_chars(left) + _chars(right), op)
             if not _COMPARATORS[op](left, right):
                 return False
             left = right
         return True
 
     def e_concat(self, node, scope):
-        return self.check_str("".join(self.to_str(self.eval(n, scope), "~") for n in node.args[0]), "~")
+        text = self.check_str("".join(self.to_str(self.eval(n, scope), "~") for n in node.args[0]), "~")
+        self.charge(len(text), "~")
+        return text
 
     def e_binop(self, node, scope):
         op, left_node, right_node = node.args
         left = self.eval(left_node, scope)
         right = self.eval(right_node, scope)
         self.precheck_binop(op, left, right)
-        return self.weigh(_BINOPS[op](left, right), op)
+        self.charge(_chars(left) + _chars(right), op)
+        result = self.modulo(left, right) if op == "%" else _BINOPS[op](left, right)
+        self.charge(_chars(result), op)
+        return self.weigh(result, op)
 
     def precheck_binop(self, op: str, left: Any, right: Any) -> None:
         """Refuse operations whose result would be too big to build at all."""
@@ -308,8 +355,6 @@ class Renderer:
         elif op == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 \
                 and abs(left) > 1 and right * left.bit_length() > bits:
             raise self.limit("integer too large", "**")
-        elif op == "%" and isinstance(left, str) and re.search(r"%[^a-zA-Z%]*(\*|\d{5})", left):
-            raise self.limit("printf-style width too large", "%")
 
     def e_getattr(self, node, scope):
         return self.getattr(self.eval(node.args[0], scope), node.args[1], node)
@@ -329,9 +374,13 @@ class Renderer:
             return self.getattr(obj, key, node) if isinstance(key, str) else Undefined("no such item")
         if isinstance(obj, (str, list, tuple, dict, range)):
             try:
-                return obj[key]
+                item = obj[key]
             except (TypeError, LookupError):
                 pass
+            else:
+                if isinstance(key, slice):          # a copy
+                    self.charge(_chars(item), "slice")
+                return item
             # Jinja falls back to attribute lookup for string keys (so d['items'] can be a method)
             if isinstance(key, str):
                 return self.getattr(obj, key, node)
@@ -386,6 +435,7 @@ class Renderer:
 
     def call_method(self, method: _Method, args: list, kwargs: dict, node: Node) -> Any:
         obj, name = method.obj, method.name
+        self.charge(_chars(obj) + sum(map(_chars, args)), name)
         if name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
             check_replace(self, obj, args[0], args[1])
         if name == "join" and isinstance(obj, str):
@@ -394,20 +444,32 @@ class Renderer:
             total = sum(len(p) for p in parts if isinstance(p, str)) + len(obj) * max(len(parts) - 1, 0)
             if total > self.limits.max_output_chars:
                 raise self.limit("join result exceeds the size bound", "join")
-        return self.weigh(getattr(obj, name)(*args, **kwargs), name)
+        if name in ("split", "rsplit", "splitlines") and isinstance(obj, str):
+            check_split(self, obj, name, args, kwargs)
+        result = getattr(obj, name)(*args, **kwargs)
+        self.charge(_chars(result), name)
+        return self.weigh(result, name)
 
     def e_filter(self, node, scope):
         name, value_node, arg_nodes, kwarg_nodes = node.args
         value = self.eval(value_node, scope)
         args = [self.eval(n, scope) for n in arg_nodes]
         kwargs = {k: self.eval(n, scope) for k, n in kwarg_nodes}
-        return self.weigh(self.filters[name](self, value, *args, **kwargs), name)
+        self.charge(_chars(value) + sum(map(_chars, args)), name)
+        result = self.filters[name](self, value, *args, **kwargs)
+        self.charge(_chars(result), name)
+        return self.weigh(result, name)
 
     def e_test(self, node, scope):
         name, value_node, arg_nodes, kwarg_nodes = node.args
         value = self.eval(value_node, scope)
         args = [self.eval(n, scope) for n in arg_nodes]
         kwargs = {k: self.eval(n, scope) for k, n in kwarg_nodes}
+        self.charge(_chars(value) + sum(map(_chars, args)), name)
+        if name in _MODULO_TESTS:
+            # Jinja computes these as value % n: on a string, that is %-formatting
+            divisor, remainder = _MODULO_TESTS[name](value, *args, **kwargs)   # TypeError as Jinja's
+            return self.modulo(value, divisor) == remainder
         return bool(self.tests[name](value, *args, **kwargs))
 
 
@@ -415,10 +477,41 @@ def _type_name(value: Any) -> str:
     return f"'{type(value).__name__}'"
 
 
+def _chars(value: Any) -> int:
+    """What an operation on `value` reads, in characters, for the work budget; an item of a
+    container (compared, copied, searched) costs about what 16 characters do."""
+    if isinstance(value, str):
+        return len(value)
+    return 16 * len(value) if isinstance(value, (list, tuple, dict)) else 0
+
+
+# The tests Jinja defines as `value % n == r`, with their signatures: (n, r).
+_MODULO_TESTS = {"odd": lambda value: (2, 1), "even": lambda value: (2, 0),
+                 "divisibleby": lambda value, num: (num, 0)}
+
+
 def check_replace(r: Renderer, text: str, old: str, new: str) -> None:
     occurrences = text.count(old) if old else len(text) + 1
     if len(text) + occurrences * len(new) > r.limits.max_output_chars:
         raise r.limit("replace result exceeds the size bound", "replace")
+
+
+def check_split(r: Renderer, text: str, name: str, args: list, kwargs: dict) -> None:
+    """Refuse a split whose list would exceed the size bound before building it: each piece
+    costs its characters plus 4 (weigh's measure), and a 4-million-character string cut at
+    every character would otherwise build millions of strings first."""
+    sep = args[0] if args and isinstance(args[0], str) else kwargs.get("sep")
+    maxsplit = args[1] if len(args) > 1 else kwargs.get("maxsplit", -1)
+    if name == "splitlines":
+        pieces = len(text) + 1
+    elif isinstance(sep, str) and sep:
+        pieces = text.count(sep) + 1
+    else:
+        pieces = (len(text) + 1) // 2 + 1           # whitespace runs: at most every other character
+    if isinstance(maxsplit, int) and maxsplit >= 0:
+        pieces = min(pieces, maxsplit + 1)
+    if len(text) + 4 * pieces + 2 > r.limits.max_output_chars:
+        raise r.limit("split result exceeds the size bound", name)
 
 
 _COMPARATORS = {
