@@ -8,7 +8,10 @@ two errors apart by their class names (worker.mjs, pythonCall): RequestError rep
 from __future__ import annotations
 
 ROLES = ("system", "user", "assistant")
-SETTING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed", "stop")
+SAMPLER_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens", "seed", "stop")
+# cache_prompt (default true): keep the KV cache's shared prefix from the previous answer
+# (engine/prompt_cache.py); false re-reads the whole prompt
+SETTING_KEYS = SAMPLER_KEYS + ("cache_prompt",)
 
 
 class RequestError(ValueError):
@@ -32,12 +35,20 @@ def generation_request(model, request: dict):
     defaults = model.manifest.generation
     merged = {"temperature": defaults["temperature"], "top_p": defaults["top_p"], "top_k": defaults["top_k"],
               "min_p": defaults["min_p"], "repetition_penalty": defaults["repetition_penalty"],
-              "max_tokens": defaults["max_new_tokens"], **settings}
+              "max_tokens": defaults["max_new_tokens"], **{k: v for k, v in settings.items() if k in SAMPLER_KEYS}}
     merged["stop"] = tuple(merged.get("stop", ()))
     try:
         return messages, SamplerSettings(**merged)
     except (SamplerError, TypeError) as exc:
         raise RequestError(f"settings: {exc}") from None
+
+
+def cache_prompt(request: dict) -> bool:
+    """The request's settings.cache_prompt (true when not given); RequestError if not a boolean."""
+    value = (request.get("settings") or {}).get("cache_prompt", True)
+    if not isinstance(value, bool):
+        raise RequestError("settings: cache_prompt must be true or false")
+    return value
 
 
 def _messages(value) -> list[dict]:
