@@ -442,7 +442,7 @@ class Engine:
         backend = self._backend
         if kind == "prefill":
             ids, keep = arg
-            start, written = keep, ids
+            start, written = keep, ids[keep:]
         elif kind == "decode":
             start, written = backend.position, [arg]
         else:
