@@ -166,10 +166,12 @@ def test_a_second_turn_reads_only_itself_and_answers_as_the_cpu(booted, two_turn
     one, two, progress = out["one"], out["two"], out["progress"]
     cached = two["usage"]["prompt_tokens_details"]["cached_tokens"]
     t1, t2 = one["webslm"]["timings"], two["webslm"]["timings"]
-    print(f"\n{booted.row.name} ({backend}): turn 1 {one['usage']['prompt_tokens']} prompt tokens, first token "
+    cached_first = one["usage"]["prompt_tokens_details"]["cached_tokens"]     # the system prompt, from the test before
+    print(f"\n{booted.row.name} ({backend}): turn 1 {one['usage']['prompt_tokens']} prompt tokens, {cached_first} kept, first token "
           f"{t1['time_to_first_token_s']} s; turn 2 {two['usage']['prompt_tokens']} tokens, {cached} kept, "
           f"first token {t2['time_to_first_token_s']} s; progress {[(p['done'], p['total']) for p in progress]}")
     _record(booted, "turns", {"backend": backend, "turn1_prompt_tokens": one["usage"]["prompt_tokens"],
+                              "turn1_cached_tokens": cached_first,
                               "turn1_first_token_s": t1["time_to_first_token_s"],
                               "turn2_prompt_tokens": two["usage"]["prompt_tokens"], "turn2_cached_tokens": cached,
                               "turn2_first_token_s": t2["time_to_first_token_s"]})
