@@ -68,7 +68,8 @@ def test_a_padding_id_decodes_to_nothing_and_keeps_a_pending_character(model, pa
 # -- a scripted backend --------------------------------------------------------------------------
 
 class ScriptedCpu:
-    """CpuBackend's surface (reset, prefill, decode_one, rebuild, position) with made-up
+    """CpuBackend's surface (reset, prefill, decode_one, rebuild, their step generators,
+    truncate, position) with made-up
     logits: at each position after the prompt, the next token of `script` scores 30 and
     every other token 0; past the script, EOS scores 30."""
 
@@ -97,6 +98,22 @@ class ScriptedCpu:
     def rebuild(self, ids):
         self.position = len(ids)
         return self._row()
+
+    # CpuBackend's step generators (what the CPU path drives), here without a pause
+    def prefill_steps(self, ids):
+        yield from ()
+        return self.prefill(ids)
+
+    def decode_steps(self, token):
+        yield from ()
+        return self.decode_one(token)
+
+    def rebuild_steps(self, ids):
+        yield from ()
+        return self.rebuild(ids)
+
+    def truncate(self, position):
+        self.position = position
 
 
 class LosingScriptedGpu(CpuPath):

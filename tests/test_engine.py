@@ -70,17 +70,22 @@ class FakeGpuBackend(CpuPath):
             raise BackendCancelled("stale-epoch", "epoch", f"generation {epoch} was cancelled")
         self.wants.append((result_position, want))
 
-    async def prefill(self, ids, want, epoch=0):
+    def _check_epoch(self, epoch):
+        """The CPU path's own epoch check, made only when this fake abandons stale work."""
+        if self.check_epoch:
+            super()._check_epoch(epoch)
+
+    async def prefill(self, ids, want, epoch=0, progress=None):
         await self._enter(self.position + len(ids), want, epoch)
-        return await super().prefill(ids, want, epoch)
+        return await super().prefill(ids, want, epoch, progress)
 
     async def decode_one(self, token, want, epoch=0):
         await self._enter(self.position + 1, want, epoch)
         return await super().decode_one(token, want, epoch)
 
-    async def rebuild(self, ids, want, epoch=0):
+    async def rebuild(self, ids, want, epoch=0, progress=None):
         await self._enter(len(ids), want, epoch)
-        return await super().rebuild(ids, want, epoch)
+        return await super().rebuild(ids, want, epoch, progress)
 
     def _scores(self, logits, want, epoch):
         if self.noise:   # deterministic per position: the same device rounds the same way

@@ -88,13 +88,17 @@ async function removeCached(sha256) {
 }
 
 // The engine's events drive the views: state (badge, note, the answer in progress),
-// progress (the load's bars) and admission (the admission line).
+// progress (the load's bars; an answer's prompt being read) and admission (the admission line).
 function follow(engine) {
   engine.addEventListener("statechange", ({ detail }) => {
     engineView.showEngine(engine, detail);
     chat.followEngine(detail);
   });
   engine.addEventListener("progress", ({ detail }) => {
+    if (detail.phase === "prefill" || detail.phase === "replay") {
+      chat.followProgress(detail);
+      return;
+    }
     if (!loading) return;       // a load the page did not start (a tool on engine.protocol) is not shown
     modelPanel.showProgress(detail);
     if (detail.phase === "admission") engineView.showAdmissionStage(detail.stage);

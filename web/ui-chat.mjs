@@ -1,8 +1,10 @@
 // The conversation: turns in #messages, the composer (Send, Stop, Regenerate, New chat) and
 // the keyboard (Enter sends, Shift+Enter is a new line, Esc stops). Every answer goes through
 // answer(): the Send button, Regenerate and window.webslm.ask take the same path and leave
-// the same DOM. The whole conversation (system prompt, then every turn) is sent each time:
-// the engine keeps no memory between requests.
+// the same DOM. The whole conversation (system prompt, then every turn) is sent each time;
+// the engine keeps its KV cache between requests and re-reads only what changed
+// (py/webslm/engine/prompt_cache.py). While the prompt is read, the answer's bubble says how
+// far it got (followProgress).
 import { backendName, backendOf, sentence } from "./ui-engine.mjs";
 import { samplingSettings, systemPrompt } from "./ui-settings.mjs";
 
@@ -12,7 +14,7 @@ let getEngine = () => null;
 let onAnswer = () => {};
 let ready = false;           // a model is loaded and the engine can answer
 const turns = [];            // {role, content, item, failed}: the conversation, oldest first
-let current = null;          // the answer streaming now: {item, meta, backends, lossNoted, done}
+let current = null;          // the answer streaming now: {item, meta, reading, backends, lossNoted, done}
 
 const busy = () => Object.assign(new Error("An answer is already being generated: stop it first."), { code: "busy" });
 const notStarted = () => Object.assign(new Error("The engine has not started yet."), { code: "no-engine" });
@@ -80,7 +82,37 @@ function metaText(record) {
 function metaTitle(record) {
   const t = record.timings;
   const s = (x) => (Number.isFinite(x) ? `${x.toFixed(2)} s` : "?");
-  return `seed ${record.seed ?? "?"} · prefill ${s(t.prefill_seconds)} · decode ${s(t.decode_seconds)} · total ${s(t.page_total_s)} in the page`;
+  const prompt = record.usage ? `prompt ${record.usage.prompt_tokens} tokens, ${record.usage.prompt_tokens_details?.cached_tokens ?? 0} kept from before · ` : "";
+  return `seed ${record.seed ?? "?"} · ${prompt}prefill ${s(t.prefill_seconds)} · decode ${s(t.decode_seconds)} · total ${s(t.page_total_s)} in the page`;
+}
+
+// "Reading the prompt: 120 of 480 tokens" (or, after a GPU loss, the CPU re-reading the
+// answer so far), with a bar: shown under the empty bubble until the first text arrives.
+function readingText({ phase, done, total, cached }) {
+  if (phase === "replay") return `Continuing on the CPU: re-reading ${done} of ${total} tokens`;
+  if (cached > 0) return `Reading the prompt: ${done - cached} of ${total - cached} new tokens (${cached} kept from before)`;
+  return `Reading the prompt: ${done} of ${total} tokens`;
+}
+
+export function followProgress(detail) {
+  if (!current || current.first) return;
+  let reading = current.reading;
+  if (!reading) {
+    reading = current.reading = Object.assign(document.createElement("div"), { className: "reading" });
+    reading.setAttribute("role", "status");
+    reading.append(document.createElement("span"), document.createElement("progress"));
+    current.item.insertBefore(reading, current.meta);
+  }
+  const [label, bar] = reading.children;
+  label.textContent = readingText(detail);
+  const base = detail.phase === "prefill" ? detail.cached : 0;    // the bar counts what is read now
+  bar.max = Math.max(1, detail.total - base);
+  bar.value = detail.done - base;
+}
+
+function stopReading() {
+  current?.reading?.remove();
+  if (current) current.reading = null;
 }
 
 // One answer to the conversation as it stands, streamed into a new assistant turn.
@@ -96,7 +128,7 @@ async function answer(overrides) {
   const backend = backendOf(engine.state);
   let settle;
   const done = new Promise((resolve) => { settle = resolve; });
-  current = { item: turn.item, meta, backends: backend ? [backend] : [], lossNoted: false, done };
+  current = { item: turn.item, meta, reading: null, first: false, backends: backend ? [backend] : [], lossNoted: false, done };
   meta.textContent = streamingMeta(current.backends);
   $("chat-status").textContent = "Answering…";
   updateControls();
@@ -111,6 +143,10 @@ async function answer(overrides) {
       const choice = chunk.choices?.[0];
       const piece = choice?.delta?.content;
       if (piece) {
+        if (first === null) {
+          current.first = true;
+          stopReading();
+        }
         first ??= performance.now();
         text += piece;
         content.append(piece);
@@ -149,6 +185,7 @@ async function answer(overrides) {
     throw error;
   } finally {
     turn.item.classList.remove("streaming");
+    stopReading();
     current = null;
     settle();
     updateControls();

@@ -64,7 +64,7 @@ const NO_MODEL_STATES = new Set(["Empty", "Destroying", "Unloaded"]);
 // Admission reports progress for its three long stages; the API names what the user sees.
 const ADMISSION_PHASES = { allocate: "upload", compile: "compile", "self-test": "self-test" };
 const REQUEST_FIELDS = new Set(["messages", "stream", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
-                                "signal", "model", "stream_options", "n"]);
+                                "signal", "model", "stream_options", "n", "cache_prompt"]);
 const ROLES = new Set(["system", "user", "assistant"]);
 const MAX_EVENTS = 500;
 
@@ -254,8 +254,11 @@ class Engine extends EventTarget {
   }
 
   // Stop the answer in progress: it ends with finish_reason "abort"; nothing of it follows.
+  // The answer stops taking text at once (what the worker sent before it read the abort is
+  // dropped), then the worker cancels it (at its next turn of the event loop).
   async abort() {
     if (!this.#answer) return false;
+    this.#answer.stop();
     const { aborted } = await this.protocol.request("abort");
     return aborted;
   }
@@ -278,7 +281,7 @@ function checkRequest(request) {
   const bad = (sentence) => new WebSlmError("bad-request", sentence);
   if (request === null || typeof request !== "object") throw bad("A request is an object with messages.");
   for (const key of Object.keys(request)) if (!REQUEST_FIELDS.has(key)) throw bad(`Unknown request field "${key}".`);
-  const { messages, stream = false, temperature, top_p, top_k, max_tokens, seed, stop, signal, n = 1 } = request;
+  const { messages, stream = false, temperature, top_p, top_k, max_tokens, seed, stop, signal, n = 1, cache_prompt } = request;
   if (n !== 1) throw bad("Only n = 1 is supported.");
   if (!Array.isArray(messages) || messages.length < 1 || messages.length > 256) throw bad("messages must be a list of 1 to 256 messages.");
   messages.forEach((m, i) => {
@@ -304,11 +307,17 @@ function checkRequest(request) {
     }
     settings.stop = stops;
   }
+  if (cache_prompt !== undefined) {
+    if (typeof cache_prompt !== "boolean") throw bad("cache_prompt must be true or false.");
+    settings.cache_prompt = cache_prompt;
+  }
   return { messages: messages.map(({ role, content }) => ({ role, content })), settings, stream: Boolean(stream), signal };
 }
 
 // One answer in flight: the worker's delta events for its request become chunks, its reply
-// the final chunk (finish_reason, usage, and webslm's own numbers).
+// the final chunk (finish_reason, usage, and webslm's own numbers); its prefill-progress
+// events become the engine's progress events (phase "prefill" or "replay"). After stop()
+// no more text is taken: the answer then ends "abort" if any arrived.
 class Answer {
   constructor(engine, { id, result }, seed) {
     this.engine = engine;
@@ -321,24 +330,42 @@ class Answer {
     this.finished = false;
     this.failure = null;
     this.first = true;
+    this.stopped = false;             // stop() was called: text that arrives is dropped
+    this.dropped = false;             // ... and some was
+    this.text = "";                   // the text handed out
     const onDelta = ({ detail }) => {
       if (detail.request !== id) return;
+      if (this.stopped) {
+        this.dropped = true;
+        return;
+      }
       const delta = this.first ? { role: "assistant", content: detail.text } : { content: detail.text };
       this.first = false;
+      this.text += detail.text;
       this.#push(this.#chunk(delta, null));
     };
+    const onProgress = ({ detail: { protocol, id: _, type, event, request, ...progress } }) => {
+      if (request !== id || this.stopped) return;
+      engine.dispatchEvent(new CustomEvent("progress", { detail: { ...progress, request: this.id } }));
+    };
     engine.protocol.addEventListener("delta", onDelta);
+    engine.protocol.addEventListener("prefill-progress", onProgress);
     this.done = result.then(
       (reply) => {
-        this.reply = reply;
-        this.#push({ ...this.#chunk({}, reply.finish_reason), usage: usage(reply), webslm: this.#extras(reply) });
+        this.reply = this.dropped ? { ...reply, text: this.text, finish_reason: "abort" } : reply;
+        this.#push({ ...this.#chunk({}, this.reply.finish_reason), usage: usage(reply), webslm: this.#extras(reply) });
       },
       (error) => { this.failure = fromWorker(error); },
     ).finally(() => {
       engine.protocol.removeEventListener("delta", onDelta);
+      engine.protocol.removeEventListener("prefill-progress", onProgress);
       this.finished = true;
       this.wake?.();
     });
+  }
+
+  stop() {
+    this.stopped = true;
   }
 
   #chunk(delta, finishReason) {
@@ -386,7 +413,8 @@ class Answer {
 }
 
 const usage = ({ usage: u }) => ({ prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens,
-                                   total_tokens: u.prompt_tokens + u.completion_tokens });
+                                   total_tokens: u.prompt_tokens + u.completion_tokens,
+                                   prompt_tokens_details: { cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0 } });
 
 // Offline use: a service worker (web/sw.js) keeps a copy of the page, the worker, Pyodide and
 // the wheels, so that after one visit the site opens without a network (models are kept in

@@ -6,7 +6,9 @@
 // Event   (worker -> page):   { protocol: "webslm/1", id: null, type: "event", event: <name>, ...data }
 //
 // Events: booting, ready, boot-failed, load-progress {phase: "download" | "validate", done,
-// total, source}, admission-stage {stage}, admission-progress {stage, done, total}; delta {request, text,
+// total, source}, admission-stage {stage}, admission-progress {stage, done, total}; prefill-progress
+// {request, phase: "prefill" | "replay", done, total, cached} while an answer's prompt is read
+// (tokens: done of total, cached of them kept from the answer before); delta {request, text,
 // token_id, backend} per committed piece of an answer; engine-state {from, to, reason,
 // cpu_reason, ...details (stage, code, sentence, epoch, position)} for every transition of the
 // engine's state machine (py/webslm/engine/states.py); engine-released {backend, reason}.

@@ -367,9 +367,15 @@ async function dropModel(context, model) {
   await enqueue(context, () => model.release()).finally(() => model.destroy());
 }
 
-// One answer through the engine (EngineHost.generate, py/webslm/worker/engine_host.py): a delta event per
-// committed piece of text, the engine's state changes as engine-state events, the result
-// when it ends ("stop", "length" or "abort"). One answer at a time.
+// One answer through the engine (EngineHost.generate, py/webslm/worker/engine_host.py): prefill-progress
+// events while the prompt is read, a delta event per committed piece of text, the engine's
+// state changes as engine-state events, the result when it ends ("stop", "length" or
+// "abort"). One answer at a time.
+//
+// Stop: an abort message is read whenever Python gives the event loop a turn, which it does
+// between GPU prefill chunks, while it waits for the GPU, and every 50 ms of CPU work
+// (py/webslm/backends/cpu_path.py). A SharedArrayBuffer interrupt would need the page to be
+// cross-origin isolated (COOP/COEP headers), which a plain static host does not send.
 async function generate({ messages, settings }, context, requestId) {
   if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "generate: no model is loaded");
   if (context.generation) throw new RequestFailure(ERROR_CODES.failed, "generate: an answer is already being generated");
@@ -381,7 +387,8 @@ async function generate({ messages, settings }, context, requestId) {
       if (generation.aborted) return { text: "", finish_reason: "abort", backend: null };
       const model = context.model;
       const onDelta = (json) => postMessage(event("delta", { request: requestId, ...JSON.parse(json) }));
-      return JSON.parse(await pythonCall("generate", () => model.generate(JSON.stringify({ messages, settings }), onDelta)));
+      const onProgress = (json) => postMessage(event("prefill-progress", { request: requestId, ...JSON.parse(json) }));
+      return JSON.parse(await pythonCall("generate", () => model.generate(JSON.stringify({ messages, settings }), onDelta, onProgress)));
     });
   } finally {
     if (context.generation === generation) context.generation = null;

@@ -42,6 +42,7 @@ class Delta:
 @dataclasses.dataclass
 class Timings:
     prompt_tokens: int = 0
+    cached_tokens: int = 0          # of the prompt's, kept in the KV cache from before (not re-read)
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0

@@ -8,17 +8,29 @@ The CPU always computes the full logits row; `Scores.from_logits` reduces it to 
 engine asked for (top-k or argmax) with the sampler's canonical order, so the sampler sees
 the same shape of input whichever backend produced it.
 
-Each call yields to the event loop once before computing: numpy work cannot be interrupted,
-but a cancel() from another task (the worker's message handler) gets a turn between steps.
-Under Pyodide this is the same asyncio API on the browser's loop; there are no threads.
+Pausing. numpy work cannot be interrupted, and under Pyodide it runs on the worker's only
+thread: while it runs, no message from the page (a Stop) is even read. So the forward pass
+is a generator that stops after each half layer (CpuBackend.forward_steps), and this path
+gives the event loop a turn at those stops whenever PAUSE_S of work has gone by since the
+last turn, and at the start of every call. At each turn it reports the prompt's progress
+and checks the generation epoch (`current_epoch`, set by the engine, as for the GPU
+executor): a cancelled answer's work ends there with BackendCancelled, keeping the chunks
+already in the cache. Under Pyodide a turn is asyncio.sleep(0) on its WebLoop, which
+schedules the rest as a new browser task, so the worker's onmessage runs in between. There
+are no threads; natively it is the same asyncio.
 """
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import Callable, Iterator
 
 from ..cpu import CpuBackend
 from ..errors import CodedError
-from .scores import Scores, Want
+from .scores import BackendCancelled, Scores, Want
+
+# progress(done, total): prompt tokens whose work is done (an estimate inside a chunk).
+Progress = Callable[[int, int], None]
 
 
 class CpuPathError(CodedError):
@@ -31,10 +43,14 @@ class CpuPath:
     wrap a CpuBackend that already exists."""
 
     kind = "cpu"
+    # At most this much numpy work between two turns of the event loop. A turn costs ~0.1 ms
+    # in a browser worker; 50 ms keeps that under 1% and a Stop well inside half a second.
+    PAUSE_S = 0.05
 
     def __init__(self, model, backend: CpuBackend | None = None):
         self._cpu: CpuBackend | None = backend if backend is not None else CpuBackend(model)
         self._sequence = 0          # submissions so far: the tag that orders results
+        self.current_epoch: Callable[[], int] | None = None   # set by the engine
 
     @property
     def position(self) -> int:
@@ -49,17 +65,49 @@ class CpuPath:
         self._sequence += 1
         return Scores.from_logits(logits, want, self._backend().position, epoch, self._sequence)
 
-    async def prefill(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
-        await asyncio.sleep(0)
-        return self._scores(self._backend().prefill(list(ids)), want, epoch)
+    def _check_epoch(self, epoch: int) -> None:
+        if self.current_epoch is not None and epoch != self.current_epoch():
+            raise BackendCancelled("stale-epoch", "epoch", f"generation {epoch} was cancelled")
+
+    async def _run(self, steps: Iterator[int], epoch: int, progress: Progress | None = None, total: int = 0):
+        """Drive a CpuBackend step generator to its end (its return value), with a turn of
+        the event loop first and then whenever PAUSE_S has gone by; at each turn progress
+        is reported and the epoch checked. A cancel closes the generator: the cache keeps
+        the chunks finished before it (CpuBackend.forward_steps)."""
+        try:
+            await asyncio.sleep(0)
+            self._check_epoch(epoch)
+            turn = time.perf_counter()
+            while True:
+                try:
+                    done = next(steps)
+                except StopIteration as end:
+                    return end.value
+                if time.perf_counter() - turn >= self.PAUSE_S:
+                    if progress is not None:
+                        progress(done, total)
+                    await asyncio.sleep(0)
+                    self._check_epoch(epoch)
+                    turn = time.perf_counter()
+        finally:
+            steps.close()
+
+    async def prefill(self, ids: list[int], want: Want, epoch: int = 0, progress: Progress | None = None) -> Scores:
+        ids = list(ids)
+        logits = await self._run(self._backend().prefill_steps(ids), epoch, progress, len(ids))
+        return self._scores(logits, want, epoch)
 
     async def decode_one(self, token: int, want: Want, epoch: int = 0) -> Scores:
-        await asyncio.sleep(0)
-        return self._scores(self._backend().decode_one(int(token)), want, epoch)
+        return self._scores(await self._run(self._backend().decode_steps(int(token)), epoch), want, epoch)
 
-    async def rebuild(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
-        await asyncio.sleep(0)
-        return self._scores(self._backend().rebuild(list(ids)), want, epoch)
+    async def rebuild(self, ids: list[int], want: Want, epoch: int = 0, progress: Progress | None = None) -> Scores:
+        ids = list(ids)
+        logits = await self._run(self._backend().rebuild_steps(ids), epoch, progress, len(ids))
+        return self._scores(logits, want, epoch)
+
+    def truncate(self, position: int) -> None:
+        """Keep the first `position` positions of the cache (a prompt that shares a prefix)."""
+        self._backend().truncate(position)
 
     def reset(self) -> None:
         self._backend().reset()

@@ -79,14 +79,20 @@ class Backend(Protocol):
     kind: str            # "gpu" | "cpu"
     position: int        # tokens in the KV cache
 
-    async def prefill(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
-        """Append ids (the prompt, or more turns) to the cache; scores for the next position."""
+    async def prefill(self, ids: list[int], want: Want, epoch: int = 0, progress=None) -> Scores:
+        """Append ids (the prompt, or the part of it the cache does not hold) to the cache;
+        scores for the next position. progress(done, len(ids)) is called as pieces finish;
+        a stale epoch ends the work between pieces (BackendCancelled), keeping the pieces
+        already in the cache (`position` says how far it got)."""
 
     async def decode_one(self, token: int, want: Want, epoch: int = 0) -> Scores:
         """Append one token; scores for the next position."""
 
-    async def rebuild(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
+    async def rebuild(self, ids: list[int], want: Want, epoch: int = 0, progress=None) -> Scores:
         """Reset and replay ids (the prompt and the committed tokens)."""
+
+    def truncate(self, position: int) -> None:
+        """Keep the first `position` positions (a new prompt sharing that prefix)."""
 
     def reset(self) -> None:
         """Forget every position (a new conversation); buffers stay."""

@@ -19,6 +19,13 @@ adds; scores are scaled by attention_scale; the FFN is GeGLU (tanh GELU); "slidi
 only the last sliding_window positions and rotate with local_rope_base, "full" layers with
 rope.base.
 
+A prompt runs in chunks of PREFILL_CHUNK tokens, and the pass is a generator that pauses
+after each half layer (forward_steps): the synchronous calls run it to its end, the engine's
+CPU path (backends/cpu_path.py) gives the event loop a turn at the pauses, so that a cancel
+is seen and progress is reported while a long prompt is read. Chunking bounds the work
+between two pauses; it changes the float rounding only (BLAS sums a T-row product in
+another order than a 1-row one), as decoding token by token always did.
+
 Weights are dequantized once, tensor by tensor, into f32 (docs/slm-format.md decoding, the
 same as the GPU kernels must match) and stored transposed, [in, out] contiguous, so that
 every projection is `x @ Wt`: numpy's BLAS takes a fast path for that layout at any T,
@@ -26,6 +33,9 @@ while `x @ W.T` with one row fell onto a path 50-100x slower (measured). Every p
 accumulates in f32.
 """
 from __future__ import annotations
+
+import sys
+from typing import Iterator
 
 import numpy as np
 
@@ -65,8 +75,18 @@ class _Layer:
 
 class CpuBackend:
     KV_GROWTH = 256      # KV cache capacity grows in steps of this many positions
+    # Tokens of a prompt per forward pass. Under Pyodide (numpy without BLAS: every row costs
+    # the same, ~0.25 s a token for SmolLM2 on 2 cores) half a layer of 16 tokens is about
+    # 0.1 s, the longest stretch the CPU path cannot be interrupted. Natively BLAS streams
+    # every weight once per product whatever its rows, so small chunks cost throughput
+    # (SmolLM2, one thread: 36 tok/s at 16 rows, 80 at 64, 109 unchunked), and 64 rows are
+    # still only ~15 ms a half layer.
+    PREFILL_CHUNK = 16 if sys.platform == "emscripten" else 64
 
-    def __init__(self, model):
+    def __init__(self, model, prefill_chunk: int | None = None):
+        self.prefill_chunk = int(prefill_chunk or self.PREFILL_CHUNK)
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, not {prefill_chunk!r}")
         a = model.architecture
         self.arch = a
         self.embedding = model.dequantize("token_embd")                        # [V, D]
@@ -81,6 +101,13 @@ class CpuBackend:
         self.reset()
 
     # -- cache -------------------------------------------------------------------------------
+    def truncate(self, position: int) -> None:
+        """Keep the first `position` positions of the cache and forget the rest (a new prompt
+        that shares only a prefix with what the cache holds)."""
+        if not 0 <= position <= self.position:
+            raise CpuBackendError(f"cannot keep {position} positions of a cache that holds {self.position}")
+        self.position = position     # the rows past it are never read, and overwritten next
+
     def reset(self) -> None:
         """Forget every position (a new conversation)."""
         self.position = 0
@@ -102,71 +129,109 @@ class CpuBackend:
         return sum(weights.values()) + self._k.nbytes + self._v.nbytes
 
     # -- the forward pass ----------------------------------------------------------------------
-    def _forward(self, ids: list[int]) -> np.ndarray:
-        """Run ids at positions position.., append them to the cache; hidden states [T, D]."""
-        a = self.arch
-        self._check(ids, self.position)
-        start, t = self.position, len(ids)
-        self._reserve(start + t)
-        x = self.embedding[np.asarray(ids)]                                    # [T, D]
-        if self.embedding_scale is not None:
-            x = x * self.embedding_scale
-        positions = np.arange(start, start + t) + a.rope.position_offset
-        global_rope = rope_tables(positions, a.rope.rotary_dim, a.rope.base)
-        local_rope = rope_tables(positions, a.rope.rotary_dim, a.gemma3.local_rope_base) if a.gemma3 else None
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, a.norm_eps)
-            q, k, v = h @ layer.q, h @ layer.k, h @ layer.v
-            if layer.bq is not None:
-                q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
-            q, k = q.reshape(t, a.n_heads, a.head_dim), k.reshape(t, a.n_kv_heads, a.head_dim)
-            if layer.q_norm is not None:                                       # per head, over head_dim
-                q, k = rms_norm(q, layer.q_norm, a.norm_eps), rms_norm(k, layer.k_norm, a.norm_eps)
-            cos, sin = global_rope if layer.window is None else local_rope      # sliding layers: local
-            q = apply_rope(q, cos, sin, a.rope.convention)
-            k = apply_rope(k, cos, sin, a.rope.convention)
-            self._k[i, start:start + t] = k
-            self._v[i, start:start + t] = v.reshape(t, a.n_kv_heads, a.head_dim)
-            o = attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
-                          self.attention_scale, layer.window) @ layer.o
-            if layer.post_attention_norm is not None:
-                o = rms_norm(o, layer.post_attention_norm, a.norm_eps)
-            x = x + o
-            f = self.ffn(rms_norm(x, layer.ffn_norm, a.norm_eps), layer.gate, layer.up, layer.down)
-            if layer.post_ffw_norm is not None:
-                f = rms_norm(f, layer.post_ffw_norm, a.norm_eps)
-            x = x + f
-        self.position = start + t
-        return x
+    def forward_steps(self, ids: list[int], all_rows: bool = False) -> Iterator[int]:
+        """Run ids at positions position.. and append them to the cache, chunk by chunk
+        (PREFILL_CHUNK tokens), as a generator: it yields after each half of each layer
+        (attention, then the feed-forward) the number of ids whose work is done so far,
+        counted in layers (an estimate inside a chunk, exact at its end). Its return value
+        (StopIteration.value) is the hidden state [rows, D]: the last row, or every row
+        with all_rows.
 
-    def _logits(self, x: np.ndarray) -> np.ndarray:
+        The cache only ever holds whole chunks: `position` moves at the end of each one, so
+        a caller that stops the generator early (closes it) keeps every chunk finished
+        before; the rows written for the chunk in progress lie past `position`, where they
+        are never read and the next call overwrites them. The ids are all checked first:
+        a rejected call changes nothing."""
+        a = self.arch
+        self.check(ids, self.position)
+        total, layers = len(ids), len(self.layers)
+        rows = []
+        for begin in range(0, total, self.prefill_chunk):
+            chunk = ids[begin:begin + self.prefill_chunk]
+            start, t = self.position, len(chunk)
+            self._reserve(start + t)
+            x = self.embedding[np.asarray(chunk)]                              # [t, D]
+            if self.embedding_scale is not None:
+                x = x * self.embedding_scale
+            positions = np.arange(start, start + t) + a.rope.position_offset
+            global_rope = rope_tables(positions, a.rope.rotary_dim, a.rope.base)
+            local_rope = rope_tables(positions, a.rope.rotary_dim, a.gemma3.local_rope_base) if a.gemma3 else None
+            for i, layer in enumerate(self.layers):
+                h = rms_norm(x, layer.attn_norm, a.norm_eps)
+                q, k, v = h @ layer.q, h @ layer.k, h @ layer.v
+                if layer.bq is not None:
+                    q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
+                q, k = q.reshape(t, a.n_heads, a.head_dim), k.reshape(t, a.n_kv_heads, a.head_dim)
+                if layer.q_norm is not None:                                   # per head, over head_dim
+                    q, k = rms_norm(q, layer.q_norm, a.norm_eps), rms_norm(k, layer.k_norm, a.norm_eps)
+                cos, sin = global_rope if layer.window is None else local_rope  # sliding layers: local
+                q = apply_rope(q, cos, sin, a.rope.convention)
+                k = apply_rope(k, cos, sin, a.rope.convention)
+                self._k[i, start:start + t] = k
+                self._v[i, start:start + t] = v.reshape(t, a.n_kv_heads, a.head_dim)
+                o = attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
+                              self.attention_scale, layer.window) @ layer.o
+                if layer.post_attention_norm is not None:
+                    o = rms_norm(o, layer.post_attention_norm, a.norm_eps)
+                x = x + o
+                yield begin + (2 * i + 1) * t // (2 * layers)
+                f = self.ffn(rms_norm(x, layer.ffn_norm, a.norm_eps), layer.gate, layer.up, layer.down)
+                if layer.post_ffw_norm is not None:
+                    f = rms_norm(f, layer.post_ffw_norm, a.norm_eps)
+                x = x + f
+                yield begin + (i + 1) * t // layers
+            self.position = start + t
+            rows.append(x if all_rows else x[-1:])
+        return np.concatenate(rows) if all_rows else rows[-1]
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
         """[T, D] -> [T, V]. The head stays [V, D] (it doubles as the embedding when tied);
         one row goes through a matrix-vector product, its fast path."""
         h = rms_norm(x, self.output_norm, self.arch.norm_eps)
         return (self.head @ h[0])[None] if len(h) == 1 else h @ self.head.T
 
-    # -- the backend surface ---------------------------------------------------------------------
+    # -- the backend surface, as step generators (forward_steps' pauses) and run to the end --------
+    def prefill_steps(self, ids: list[int], all_logits: bool = False) -> Iterator[int]:
+        """Append a prompt; returns logits [V] at its last position ([T, V] with all_logits)."""
+        x = yield from self.forward_steps(list(ids), all_logits)
+        return self.logits(x) if all_logits else self.logits(x)[0]
+
+    def decode_steps(self, token: int) -> Iterator[int]:
+        """Append one token; returns logits [V] for the next position."""
+        x = yield from self.forward_steps([int(token)])
+        return self.logits(x)[0]
+
+    def rebuild_steps(self, ids: list[int]) -> Iterator[int]:
+        """Reset and replay committed ids (continuing after a GPU loss); returns the last
+        logits [V]. The ids are checked first: a rejected rebuild leaves the cache as it was."""
+        ids = list(ids)
+        self.check(ids, start=0)
+        self.reset()
+        return (yield from self.prefill_steps(ids))
+
     def prefill(self, ids: list[int], all_logits: bool = False) -> np.ndarray:
-        """Append a prompt; logits [V] at its last position ([T, V] with all_logits)."""
-        x = self._forward(list(ids))
-        return self._logits(x) if all_logits else self._logits(x[-1:])[0]
+        return run_to_end(self.prefill_steps(ids, all_logits))
 
     def decode_one(self, token: int) -> np.ndarray:
-        """Append one token; logits [V] for the next position."""
-        return self._logits(self._forward([int(token)]))[0]
+        return run_to_end(self.decode_steps(token))
 
     def rebuild(self, ids: list[int]) -> np.ndarray:
-        """Reset and replay committed ids (continuing after a GPU loss); last logits [V].
-        The ids are checked first: a rejected rebuild leaves the cache as it was."""
-        ids = list(ids)
-        self._check(ids, start=0)
-        self.reset()
-        return self.prefill(ids)
+        return run_to_end(self.rebuild_steps(ids))
 
-    def _check(self, ids: list[int], start: int) -> None:
+    def check(self, ids: list[int], start: int) -> None:
         if not ids:
             raise CpuBackendError("at least one token is needed")
         if any(not 0 <= t < self.arch.vocab for t in ids):
             raise CpuBackendError(f"token id out of range [0, {self.arch.vocab})")
         if start + len(ids) > self.arch.context_length:
             raise CpuBackendError(f"position {start + len(ids) - 1} is past the context length {self.arch.context_length}")
+
+
+def run_to_end(steps: Iterator[int]):
+    """Run a step generator (CpuBackend.forward_steps and the calls built on it) without
+    pausing; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value

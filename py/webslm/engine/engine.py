@@ -14,6 +14,19 @@ things a GPU needs:
   and a result that arrives stale is offered anyway so the ledger counts it, but never shown.
   The GPU executor also reads the ledger's epoch itself (`backend.current_epoch`, set at
   load) and abandons stale work at its submission boundaries (BackendCancelled).
+- Cancel that does not wait. Each backend call runs in its own task; cancel() gives the
+  step in flight CANCEL_GRACE_S to retire (a fast GPU's result is then discarded, and
+  counted, as before), and past that the answer ends at once ("abort", no text) while the
+  step retires in the background (CancelPending until it has: a slow software GPU can
+  take seconds for one step). Whatever touches the backend next waits for it first
+  (idle()). Long work checks the epoch between pieces: the GPU executor between prefill
+  chunks, the CPU path every PAUSE_S (backends/cpu_path.py), so it stops soon as well.
+- Multi-turn reuse. The backend's KV cache outlives an answer: a new prompt keeps the
+  longest prefix it shares with what the cache holds and prefills only the rest
+  (prompt_cache.py states when the cache is dropped). The sampler and the ledger never see
+  the difference: they only ever see the prompt's ids.
+- Progress. While a prompt is read, on_progress (a generate() argument) is told
+  {"phase": "prefill" | "replay", "done", "total", "cached"} in prompt tokens.
 - Device loss. When the backend raises BackendLost the GPU is released, the CPU path is
   rebuilt from the ledger (prompt + committed ids), the sampler's state is checked against
   the ledger's record, and the same loop carries on at the next position. The delivered
@@ -43,6 +56,7 @@ from ..errors import CodedError
 from ..request import InvalidRequest, prompt_ids, sampler_settings
 from ..semantic.ledger import Ledger
 from ..semantic.sampler import Sampler, SamplerSettings
+from .prompt_cache import PromptCache
 from .states import GENERATING, READY, State, StateMachine
 
 S = State
@@ -57,6 +71,13 @@ PREPARING_STAGES = ("handlers", "allocate", "compile", "self-test", "scopes", "p
 
 # Offered to the ledger with a result that must be dropped; the ledger checks its shape only.
 _NO_HASH = "0" * 64
+
+# How long cancel() lets the step in flight retire before the answer ends without it. Short
+# next to the half second a Stop may take; long next to a decode step on a real GPU.
+CANCEL_GRACE_S = 0.1
+
+# progress({"phase", "done", "total", "cached"}): a prompt being read (see the module docstring)
+ProgressCallback = Callable[[dict], None]
 
 
 class EngineError(CodedError):
@@ -103,10 +124,12 @@ class Engine:
     the executor (tests, or a worker that admitted already): async (gpu, model, policy,
     on_stage) -> (backend, receipt). cpu_backend, if given, is called (once, when the CPU path
     is first needed) for the webslm.cpu.CpuBackend to wrap, so that a caller that already
-    dequantized the weights (the worker) does not hold them twice."""
+    dequantized the weights (the worker) does not hold them twice. reuse_kv=False makes every
+    answer prefill its whole prompt (the reference, and benchmarks)."""
 
     def __init__(self, model, gpu=None, policy=None, on_event: Callable[[dict], None] | None = None,
-                 *, build_gpu_backend=None, cpu_backend: Callable[[], object] | None = None):
+                 *, build_gpu_backend=None, cpu_backend: Callable[[], object] | None = None,
+                 reuse_kv: bool = True):
         self.model, self.gpu, self.policy = model, gpu, policy
         self._on_event = on_event
         self._machine = StateMachine(self._event)
@@ -120,7 +143,11 @@ class Engine:
         self._cpu_path: CpuPath | None = None
         self._backend = None                 # the backend the current answer runs on
         self._run: Answer | None = None
-        self._in_flight: asyncio.Future | None = None   # done when the submitted step retires
+        self._in_flight: asyncio.Task | None = None     # the backend call running now, if any
+        self._wake: asyncio.Future | None = None        # wakes the answer: the call retired, or cancel's grace ran out
+        self.reuse_kv = reuse_kv
+        self.prompt_cache = PromptCache()               # what the backend's KV cache holds
+        self._progress: ProgressCallback | None = None  # the answer in progress's on_progress
 
     # -- what the page reads ------------------------------------------------------------------
     @property
@@ -191,11 +218,14 @@ class Engine:
         the weights is held; after a loss it is built once and stays."""
         if self._cpu_path is None:
             self._cpu_path = CpuPath(self.model, self._cpu_backend() if self._cpu_backend else None)
+            self._cpu_path.current_epoch = lambda: self.ledger.epoch   # it stops stale work itself
         return self._cpu_path
 
     def _release_gpu(self, why: str) -> None:
         if self._gpu is not None:
             gpu, self._gpu = self._gpu, None
+            if self.prompt_cache.backend is gpu:
+                self.prompt_cache.forget()
             gpu.release()
             self._event({"event": "released", "backend": "gpu", "reason": why})
 
@@ -222,6 +252,7 @@ class Engine:
             self._cpu_path.release()
             self._cpu_path = None
         self._backend, self._run = None, None
+        self.prompt_cache.forget()
         self._go(S.EMPTY, "model unloaded")
 
     async def switch_model(self, model) -> State:
@@ -239,16 +270,26 @@ class Engine:
     def cancel(self) -> bool:
         """Cancel the answer in progress; False if there is none. When this returns nothing
         more commits: the ledger is closed. The answer's iterator ends with finish_reason
-        "abort" and no more text; a step still in flight retires and is discarded."""
+        "abort" and no more text: at once when no step is in flight, when the step in flight
+        retires, or after CANCEL_GRACE_S without it (the step then retires in the background
+        and is discarded; the engine stays CancelPending until it has)."""
         run = self._run
         if run is None or not run.current:
             return False
         self.ledger.cancel()
         if self.state in GENERATING:
             self._go(S.CANCEL_PENDING, "user/model/page cancellation", epoch=run.epoch)
+        wake = self._wake
         if self._in_flight is None:          # nothing to wait for: the answer ends now
             self._end(run, "abort")
+        elif wake is not None and not wake.done():
+            wake.get_loop().call_later(CANCEL_GRACE_S, _settle, wake)
         return True
+
+    async def idle(self) -> None:
+        """Wait until no backend call is in flight (one abandoned by a cancel included)."""
+        while self._in_flight is not None:
+            await asyncio.wait([self._in_flight])
 
     async def _supersede(self) -> None:
         """End the previous answer (a cancel if it is still running or was abandoned by its
@@ -256,20 +297,23 @@ class Engine:
         run = self._run
         if run is not None and run.current:
             self.cancel()
-        while self._in_flight is not None:
-            await asyncio.wait([self._in_flight])
+        await self.idle()
         if run is not None and run.finish_reason is None:
             self._end(run, "abort")
+        self._settle_retired()
 
     # -- one answer ---------------------------------------------------------------------------
     async def generate(self, prompt, settings: SamplerSettings | dict | None = None, chat: bool = True,
-                       system: str | None = None) -> AsyncIterator[Delta]:
+                       system: str | None = None, on_progress: ProgressCallback | None = None,
+                       reuse_kv: bool | None = None) -> AsyncIterator[Delta]:
         """The answer's text deltas; the last one has finish_reason "stop", "length" or
         "abort". prompt: a string (chat-templated unless chat=False), {role, content}
         messages, or token ids (request.prompt_ids). settings: SamplerSettings, or a dict
         of settings laid over the model's defaults (request.sampler_settings; None: the
-        model's defaults). Nothing happens until the first iteration; then an answer still
-        in progress is cancelled (this one supersedes it)."""
+        model's defaults). on_progress is told how the prompt's reading goes (module
+        docstring). reuse_kv (default: the engine's) keeps what the KV cache shares with the
+        prompt. Nothing happens until the first iteration; then an answer still in progress
+        is cancelled (this one supersedes it)."""
         try:
             ids = prompt_ids(self.model, prompt, chat, system)
             if not isinstance(settings, SamplerSettings):
@@ -283,10 +327,14 @@ class Engine:
         run = self._run = Answer(self.model, ids, settings, self.ledger)
         on_gpu = self.state is S.GPU_READY
         self._backend = self._gpu if on_gpu else self._cpu()
+        reuse = self.reuse_kv if reuse_kv is None else reuse_kv
+        keep = self.prompt_cache.reusable(self._backend, ids) if reuse else 0
+        run.timings.cached_tokens = keep
+        self._progress = on_progress
         self._go(S.GENERATING if on_gpu else S.CPU_GENERATING, "begin generation", epoch=run.epoch)
         try:
             started = time.perf_counter()
-            scores = await self._step(run, "prefill", ids)
+            scores = await self._step(run, "prefill", (ids, keep))
             run.prefilled(started)
             while run.has_room:
                 if scores is None:               # cancelled or superseded
@@ -303,11 +351,17 @@ class Engine:
                 scores = await self._step(run, "decode", token)
             yield self._end(run, "length")       # the prompt left no room for a single token
         except Exception:
+            self.prompt_cache.forget()           # what the cache holds is no longer certain
             self._end(run, "error")
             raise
         finally:
+            self._progress = None
             if run.finish_reason is None:        # the reader stopped early, or the task was
                 self._end(run, "abort")          # cancelled: GeneratorExit, CancelledError
+
+    def _report(self, phase: str, done: int, total: int, cached: int = 0) -> None:
+        if self._progress is not None:
+            self._progress({"phase": phase, "done": int(done), "total": int(total), "cached": int(cached)})
 
     def _end(self, run: Answer, reason: str, text: str = "") -> Delta:
         """End run (Answer.end: the ledger closed, an answer cancelled meanwhile ends "abort"
@@ -322,15 +376,23 @@ class Engine:
 
     def _settle_after(self, reason: str) -> None:
         """From Generating/CPUGenerating/CancelPending back to the ready state of the backend
-        that is left; a VisibleFailure stays until acknowledged."""
+        that is left; a VisibleFailure stays until acknowledged. A cancelled answer whose
+        step is still in flight stays CancelPending until it retires (_settle_retired)."""
         if reason == "abort" and self.state in GENERATING:
             self._go(S.CANCEL_PENDING, "cancellation")
         ready = S.GPU_READY if self._gpu is not None else S.CPU_READY
         if self.state is S.CANCEL_PENDING:
-            self._go(ready, "submitted work retires, result discarded")
+            if self._in_flight is None:
+                self._go(ready, "submitted work retires, result discarded")
         elif self.state in GENERATING:
             self._go(ready, "generation completes" if reason != "error" else "generation failed",
                      finish_reason=reason)
+
+    def _settle_retired(self) -> None:
+        """The step an ended answer left in flight has retired: CancelPending ends."""
+        run = self._run
+        if self.state is S.CANCEL_PENDING and self._in_flight is None and (run is None or run.finish_reason):
+            self._settle_after("abort")
 
     # -- one step on the backend --------------------------------------------------------------
     async def _step(self, run: Answer, kind: str, arg) -> Scores | None:
@@ -344,7 +406,7 @@ class Engine:
         except BackendCancelled:
             if run.current:                      # the backend saw an epoch we did not end
                 raise
-            return None                          # it abandoned the step at a submission boundary
+            return None                          # abandoned at a submission boundary, or by cancel()
         except BackendLost as lost:
             scores = await self._fail_over(run, lost, want)
             if scores is None:
@@ -360,20 +422,64 @@ class Engine:
         return scores
 
     async def _submit(self, kind: str, arg, want: Want, epoch: int) -> Scores:
-        """One backend call, with _in_flight set while it runs (what _supersede waits on)."""
+        """One backend call in a task of its own (_in_flight while it runs, what idle()
+        waits for). Its scores; BackendCancelled("abandoned") when cancel()'s grace ran out
+        first: the call then retires in the background and its result is discarded."""
+        call = asyncio.ensure_future(self._call(kind, arg, want, epoch))
+        wake = self._wake = asyncio.get_running_loop().create_future()
+        self._in_flight = call
+        call.add_done_callback(self._retired)
+        call.add_done_callback(lambda _: _settle(wake))
+        await wake
+        if call.done():
+            return call.result()
+        call.abandoned = True
+        raise BackendCancelled("abandoned", "engine", f"generation {epoch} was cancelled; its step retires unseen")
+
+    async def _call(self, kind: str, arg, want: Want, epoch: int) -> Scores:
+        """The backend call itself; afterwards the prompt cache records what it wrote (all,
+        part, or none of it: the backend's position says)."""
         backend = self._backend
-        retired = asyncio.get_running_loop().create_future()
-        self._in_flight = retired
+        if kind == "prefill":
+            ids, keep = arg
+            start, written = keep, ids[keep:]
+        elif kind == "decode":
+            start, written = backend.position, [arg]
+        else:
+            start, written = 0, arg
         try:
             if kind == "prefill":
-                backend.reset()                  # every answer starts from an empty cache
-                return await backend.prefill(arg, want, epoch)
+                if keep:
+                    backend.truncate(keep)       # the shared prefix stays, the rest is overwritten
+                else:
+                    backend.reset()              # an answer that shares nothing starts empty
+                self._report("prefill", keep, len(ids), keep)
+                scores = await backend.prefill(ids[keep:], want, epoch,
+                                               progress=lambda done, _: self._report("prefill", keep + done, len(ids), keep))
+                self._report("prefill", len(ids), len(ids), keep)
+                return scores
             if kind == "decode":
                 return await backend.decode_one(arg, want, epoch)
-            return await backend.rebuild(arg, want, epoch)
+            self._report("replay", 0, len(arg))
+            scores = await backend.rebuild(arg, want, epoch, progress=lambda done, total: self._report("replay", done, total))
+            self._report("replay", len(arg), len(arg))
+            return scores
         finally:
+            self.prompt_cache.wrote(backend, start, written)
+
+    def _retired(self, call: asyncio.Task) -> None:
+        """A backend call ended. If cancel() had abandoned it, its result is discarded here
+        (a stale result is still offered to the ledger, which counts it) and a CancelPending
+        engine becomes ready."""
+        if self._in_flight is call:
             self._in_flight = None
-            retired.set_result(None)
+        if not getattr(call, "abandoned", False):
+            return
+        if not call.cancelled():
+            error = call.exception()            # retrieved: an abandoned call's failure is nobody's
+            if error is None:
+                self._discard(call.result())
+        self._settle_retired()
 
     def _discard(self, scores: Scores) -> None:
         """A result nobody may see. It is offered to the ledger all the same, which refuses
@@ -401,6 +507,12 @@ class Engine:
             self._backend = self._cpu()
             scores = await self._submit("rebuild", list(replay.prompt_ids + replay.committed_ids),
                                         want, run.epoch)
+        except BackendCancelled:
+            if run.current:
+                raise
+            self._go(S.CANCEL_PENDING, "cancelled while replaying")
+            self._settle_after("abort")
+            return None
         except Exception as exc:
             code = exc.code if isinstance(exc, CodedError) else "internal-error"
             self._go(S.VISIBLE_FAILURE, "exact continuation cannot be established", code=code,
@@ -426,3 +538,8 @@ class Engine:
                               "the sampler state after the committed tokens does not match the "
                               "ledger's record; the answer cannot be continued exactly")
         return restored
+
+
+def _settle(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -13,6 +13,7 @@ a life before the model is loaded and a CPU-only life, so the table adds (marked
     CPUReady -> CPUGenerating                        generating on the CPU path
     CPUGenerating -> CancelPending -> CPUReady       cancelling on the CPU path
     CancelPending -> Lost, GPUReady -> Lost          the device died while nothing has to continue
+    CPURebuild -> CancelPending                      the answer was cancelled while the CPU replayed it
     Lost -> CPUReady                                 ... so there is nothing to rebuild
     Generating -> GPUReady, CPUGenerating -> CPUReady   also when a generation ends in an error
     CPUReady / VisibleFailure -> Destroying, Destroying -> Empty    unload()
@@ -71,6 +72,7 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (S.CPU_GENERATING, S.CANCEL_PENDING): "cancellation on the CPU path",
     (S.CANCEL_PENDING, S.CPU_READY): "cancelled on the CPU path (or after a loss)",
     (S.CANCEL_PENDING, S.LOST): "the device died while cancelled work was retiring",
+    (S.CPU_REBUILD, S.CANCEL_PENDING): "cancelled while the CPU path replayed the answer",
     (S.GPU_READY, S.LOST): "the device died between generations",
     (S.LOST, S.CPU_READY): "lost with no generation to continue",
     (S.CPU_READY, S.DESTROYING): "unload",

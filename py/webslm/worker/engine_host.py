@@ -22,7 +22,7 @@ import json
 import time
 from typing import Callable
 
-from .requests import WorkerRequestFailed, generation_request
+from .requests import WorkerRequestFailed, cache_prompt, generation_request
 
 CONFORMANCE_PROMPT = "What is the capital of France?"
 
@@ -224,23 +224,29 @@ class EngineHost:
         if self.between_steps is not None:
             self.between_steps()
 
-    async def generate(self, request_json: str, on_delta) -> str:
+    async def generate(self, request_json: str, on_delta, on_progress=None) -> str:
         """One answer through the engine. on_delta is called with each committed text delta as
-        JSON ({text, token_id, backend}); the result is JSON: the text, finish_reason, usage,
-        timings (engine timings, time to first token, GPU per-step overhead), the backend(s)
-        that answered, the committed token ids and the engine summary."""
+        JSON ({text, token_id, backend}), on_progress (if given) while the prompt is read as
+        JSON ({phase, done, total, cached}: prompt tokens; Engine.generate); the result is
+        JSON: the text, finish_reason, usage (with the prompt tokens kept in the KV cache
+        from the answer before), timings (engine timings, time to first token, GPU per-step
+        overhead), the backend(s) that answered, the committed token ids and the engine
+        summary."""
         started = time.perf_counter()
         model = self.semantic_model()
-        ids, settings = generation_request(model, json.loads(request_json))   # RequestError: "bad-field"
+        request = json.loads(request_json)
+        ids, settings = generation_request(model, request)     # RequestError: "bad-field"
+        reuse = cache_prompt(request)
         engine = await self.ensure_engine()
         gpu = self.gpu_backend if engine.backend_kind == "gpu" else None
         before = dict(gpu.stats) if gpu is not None else None
         backends = [engine.backend_kind]
         pieces, finish, first = [], None, None
         self._answer_prompt, self._answer_epoch = len(ids), engine.ledger.epoch
+        report = (lambda progress: on_progress(json.dumps(progress))) if on_progress is not None else None
         try:
             self._between_steps()
-            async for delta in engine.generate(ids, settings):
+            async for delta in engine.generate(ids, settings, on_progress=report, reuse_kv=reuse):
                 kind = engine.backend_kind
                 if kind != backends[-1]:
                     backends.append(kind)
@@ -269,7 +275,8 @@ class EngineHost:
                 per_step = 1000 * t.decode_seconds / steps["decode_steps"]
                 steps["outside_executor_ms"] = round(per_step - steps["prepare_ms"] - steps["run_ms"] - steps["finish_ms"], 3)
         return json.dumps({"text": "".join(pieces), "finish_reason": finish,
-                           "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens},
+                           "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens,
+                                     "prompt_tokens_details": {"cached_tokens": t.cached_tokens}},
                            "timings": timings, "backend": engine.backend_kind, "backends": backends,
                            "token_ids": list(engine.ledger.committed_ids), "engine": self.engine_summary(),
                            "device_destroyed_after": self.destroyed_after})

@@ -15,6 +15,9 @@ from ..errors import CodedError
 
 ROLES = ("system", "user", "assistant")
 MAX_MESSAGES, MAX_CONTENT_CHARS = 256, 100_000
+# cache_prompt (default true): keep the KV cache's shared prefix from the previous answer
+# (engine/prompt_cache.py); false re-reads the whole prompt. Not a sampler setting.
+ENGINE_SETTINGS = ("cache_prompt",)
 
 
 class RequestError(CodedError):
@@ -39,10 +42,19 @@ def generation_request(model, request: dict):
     settings = request.get("settings", {})
     if not isinstance(settings, dict):
         raise RequestError("bad-request", "settings", "must be an object of sampling settings")
+    settings = {k: v for k, v in settings.items() if k not in ENGINE_SETTINGS}
     try:
         return prompt_ids(model, messages, chat=True), sampler_settings(model, settings)
     except (InvalidRequest, SamplerError) as exc:
         raise RequestError(exc.code, exc.where, exc.sentence) from None
+
+
+def cache_prompt(request: dict) -> bool:
+    """The request's settings.cache_prompt (true when not given); RequestError if not a boolean."""
+    value = (request.get("settings") or {}).get("cache_prompt", True)
+    if not isinstance(value, bool):
+        raise RequestError("bad-type", "settings.cache_prompt", "must be true or false")
+    return value
 
 
 def _messages(value) -> list[dict]:

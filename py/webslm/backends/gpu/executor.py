@@ -9,7 +9,11 @@ compiled most of them), the RoPE table upload, and the decode step's dispatch li
                        logits row when the sampler needs it: device.run(), one call
     prefill(ids)       chunks of at most the plan's prefill_chunk tokens, each one submit
                        with no readback; the last chunk is followed by the LM head and the
-                       readback. The KV cache stays on the GPU throughout.
+                       readback. The KV cache stays on the GPU throughout, and between
+                       answers: a new turn truncate()s it to the prefix it shares and
+                       prefills from there. Chunks are paced by a one-word read behind each
+                       (one queued ahead of the one running), for progress and a prompt
+                       cancel.
 
 Cancellation and loss. Work is tagged with the generation epoch the engine passes in; the
 backend asks `current_epoch()` (set by the engine) before encoding, before each submit and
@@ -26,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ...kernels.rope import rope_table
-from ...webgpu.interface import Copy
+from ...webgpu.interface import BufferUsage, Copy
 from ..scores import BackendCancelled, BackendLost, Scores, Want
 from .forward import Forward
 
@@ -37,6 +41,7 @@ class GpuBackendError(ValueError):
 
 class GpuBackend:
     kind = "gpu"
+    RECORD_SLICE = 16       # ops recorded between two turns of the event loop (a new prefill chunk size)
 
     def __init__(self, session, model, forward: Forward):
         self.session, self.model, self.forward = session, model, forward
@@ -104,7 +109,16 @@ class GpuBackend:
         body_ops, head_ops = forward.prefill_parts(last)
         key = ("prefill", tokens, last)
         if key not in self._recordings:
-            self._recordings[key] = self.device.record(*await forward.record("prefill", body_ops, tokens, start))
+            # Recording a new chunk size lowers and binds every op (~0.3 s natively, about a
+            # second under Pyodide for SmolLM2): done a slice of ops at a time, with a turn of
+            # the event loop between, so that a Stop is read meanwhile.
+            dispatches, copies = [], []
+            for begin in range(0, len(body_ops), self.RECORD_SLICE):
+                d, c = await forward.record("prefill", body_ops[begin:begin + self.RECORD_SLICE], tokens, start)
+                dispatches += d
+                copies += c
+                await asyncio.sleep(0)
+            self._recordings[key] = self.device.record(dispatches, copies)
         head = None
         if last:
             head_key = ("prefill-head", op, k)
@@ -123,26 +137,65 @@ class GpuBackend:
         return [Copy(r.buffer(source), r.offset(source), r.buffer(target), r.offset(target), size)]
 
     # -- the backend surface ---------------------------------------------------------------------
-    async def prefill(self, ids: list[int], want: Want, epoch: int = 0) -> Scores:
+    async def prefill(self, ids: list[int], want: Want, epoch: int = 0, progress=None) -> Scores:
+        """Append ids at self.position (0 after reset(), or the prefix a new turn keeps) in
+        chunks, each one submit. Behind each chunk but the last a one-word read is queued
+        (_chunk_mark): it resolves when the GPU has finished that chunk, which paces the
+        loop to one chunk queued ahead of the one running (no bubble, and a cancel leaves
+        at most two chunks to retire) and gives progress(done, len(ids)) as chunks finish.
+        The epoch is checked before every submit."""
         ids = self._checked(ids)
         self._check_epoch(epoch)
         op, k = self._op(want)
         forward = self.forward
-        for begin in range(0, len(ids), forward.chunk):
-            chunk = ids[begin:begin + forward.chunk]
-            last = begin + forward.chunk >= len(ids)
-            body, head = await self._prefill_recordings(len(chunk), self.position, last, op, k)
-            forward.set_params("prefill", len(chunk), self.position)
-            self._check_epoch(epoch)                       # before submit
-            r = forward.regions
-            writes = [forward.tables["prefill"].write(),
-                      (r.buffer("prefill.token_ids"), r.offset("prefill.token_ids"), np.asarray(chunk, np.uint32))]
-            await self._run(body, writes)
-            self.position += len(chunk)
-            if not last:
-                await asyncio.sleep(0)                     # let a cancel in between be seen
+        marks: list[tuple[int, asyncio.Future]] = []       # (ids done when it resolves, the read)
+        try:
+            for begin in range(0, len(ids), forward.chunk):
+                chunk = ids[begin:begin + forward.chunk]
+                last = begin + forward.chunk >= len(ids)
+                body, head = await self._prefill_recordings(len(chunk), self.position, last, op, k)
+                forward.set_params("prefill", len(chunk), self.position)
+                self._check_epoch(epoch)                   # before submit
+                r = forward.regions
+                writes = [forward.tables["prefill"].write(),
+                          (r.buffer("prefill.token_ids"), r.offset("prefill.token_ids"), np.asarray(chunk, np.uint32))]
+                await self._run(body, writes)
+                self.position += len(chunk)
+                if not last:
+                    marks.append((begin + len(chunk), self._chunk_mark()))
+                    if len(marks) > 1:                     # wait for the chunk before this one
+                        done, mark = marks.pop(0)
+                        await self._mark_done(mark)
+                        if progress is not None:
+                            progress(done, len(ids))
+        finally:
+            for _, mark in marks:                          # nothing outlives the call
+                await self._mark_done(mark, raising=False)
         raw = await self._run(head, [], self._read(op, k))
         return self._scores(raw, op, k, epoch)
+
+    def _chunk_mark(self) -> asyncio.Future:
+        """Copy one word (the chunk's first token id) into a staging buffer of its own, in a
+        submit right behind the chunk's, and start mapping it: done when the chunk is."""
+        r, device = self.forward.regions, self.device
+        staging = device.create_buffer(4, BufferUsage.MAP_READ | BufferUsage.COPY_DST, "prefill chunk mark")
+        device.submit([], [Copy(r.buffer("prefill.token_ids"), r.offset("prefill.token_ids"), staging, 0, 4)])
+
+        async def read():
+            try:
+                return await device.read_mapped(staging, 0, 4)
+            finally:
+                device.destroy_buffer(staging)
+        return asyncio.ensure_future(read())
+
+    async def _mark_done(self, mark: asyncio.Future, raising: bool = True) -> None:
+        try:
+            await mark
+        except Exception as exc:
+            if raising:
+                await asyncio.sleep(0)                     # let the lost notification land
+                self._check_alive()
+                raise BackendLost("readback-failed", "gpu", f"a prefill chunk did not finish: {exc}") from exc
 
     async def decode_one(self, token: int, want: Want, epoch: int = 0) -> Scores:
         began = time.perf_counter()
@@ -176,6 +229,12 @@ class GpuBackend:
 
     def reset(self) -> None:
         self.position = 0       # the cache rows past the position are never read
+
+    def truncate(self, position: int) -> None:
+        """Keep the first `position` positions of the cache (a new turn's shared prefix)."""
+        if not 0 <= position <= self.position:
+            raise GpuBackendError(f"cannot keep {position} positions of a cache that holds {self.position}")
+        self.position = position
 
     def release(self) -> None:
         """Destroy every buffer and the device (idempotent)."""
