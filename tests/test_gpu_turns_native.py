@@ -19,7 +19,7 @@ import pytest
 from test_gpu_engine_native import LOGIT_TOLERANCE
 
 import webslm
-from webslm.admission.admit import admit
+from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.backends.gpu import GpuBackend, GpuBackendError
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
@@ -44,13 +44,13 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def test_a_kept_prefix_gives_the_oracles_logits(native_gpu, model, run):
-    first = random_ids(model, 90, 1)                 # two chunks
+    first = random_ids(model, 90, 1)                 # two chunks of 64
     answer = random_ids(model, 5, 2)
     extension = first + answer + random_ids(model, 70, 3)            # the next turn
     diverging = first[:40] + random_ids(model, 60, 4)                # a re-rendered earlier turn
 
     async def go():
-        session = await admit(native_gpu, model)
+        session = await admit(native_gpu, model, AdmissionPolicy(prefill_chunk=64))
         backend = await GpuBackend.build(session, model)
         errors = []
         try:
@@ -114,7 +114,7 @@ def test_a_gpu_conversation_with_reuse_answers_as_without(native_gpu, model, run
 
 def test_a_stop_in_a_long_gpu_prefill_ends_between_chunks(native_gpu, model, run):
     ids = random_ids(model, 250, 8)                  # four chunks of 64
-    engine = Engine(model, gpu=native_gpu)
+    engine = Engine(model, gpu=native_gpu, policy=AdmissionPolicy(prefill_chunk=64))
     seen, at = [], {}
 
     def on_progress(progress):
