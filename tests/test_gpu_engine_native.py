@@ -49,7 +49,7 @@ LOGIT_TOLERANCE = 2e-3
 
 
 # Every admission here runs admission's kernel self-test once per device kind, then replays
-# its report (conftest.py self_test_once): 35 admissions, one self-test. Admission and its
+# its report (conftest.py self_test_once): 34 admissions, one self-test. Admission and its
 # self-test are tests/test_admission.py's subject.
 pytestmark = pytest.mark.usefixtures("self_test_once")
 
