@@ -1,5 +1,6 @@
 """Shared fixtures: a native WebGPU device on wgpu-native (lavapipe on CI machines)."""
 import asyncio
+import copy
 
 import pytest
 
@@ -82,3 +83,36 @@ def synthetic_slm(tmp_path_factory, shape: str):
     path = tmp_path_factory.mktemp(f"{shape}_model") / f"{shape}.slm"
     module.write_synthetic(path, shape)
     return path
+
+
+_SELF_TEST_REPORTS: dict = {}    # (features, limits, size, seed) -> admission's self-test report
+
+
+@pytest.fixture
+def self_test_once(monkeypatch):
+    """Admission's kernel self-test (golden.run_all, size "quick": 400+ cases, ~90% of a
+    native admission's time) run once per device kind in the session; later admissions in the
+    tests that ask for this fixture replay that report. The cases are seeded and lavapipe is
+    deterministic, so a second run on another device of the same features and limits computes
+    the same report: for tests whose subject is not the self-test (device loss, cancels,
+    fusion rules, the executor against the oracle) it is pure cost. Admission itself (device,
+    allocation, compilation, error scopes) still runs in full. Never replayed: a device with
+    faults armed (the self-test-mismatch fault corrupts a readback), a self-test with a model
+    or a family subset, and tests without this fixture (tests/test_admission.py among them)."""
+    from webslm.admission.tracked import Faults
+    from webslm.kernels import golden
+    run_all = golden.run_all
+
+    async def once(device, size="full", model=None, seed=0, families=None, on_family=None):
+        if model is not None or families is not None or getattr(device, "faults", Faults()) != Faults():
+            return await run_all(device, size, model=model, seed=seed, families=families, on_family=on_family)
+        key = (tuple(sorted(device.features)), tuple(sorted(dict(device.limits).items())), size, seed)
+        if key not in _SELF_TEST_REPORTS:
+            _SELF_TEST_REPORTS[key] = await run_all(device, size, seed=seed, on_family=on_family)
+        elif on_family is not None:                       # the progress events of a real run
+            total = len(_SELF_TEST_REPORTS[key]["families"])
+            for done in range(1, total + 1):
+                on_family(done, total)
+        return copy.deepcopy(_SELF_TEST_REPORTS[key])
+
+    monkeypatch.setattr(golden, "run_all", once)

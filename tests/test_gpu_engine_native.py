@@ -51,6 +51,11 @@ GPU_TOP_K = PlanPolicy().top_k_capacity     # the executor's top-K: a larger top
 LOGIT_TOLERANCE = 2e-3
 
 
+# Every admission here runs admission's kernel self-test once per device kind, then replays
+# its report (conftest.py self_test_once): 34 admissions, one self-test. Admission and its
+# self-test are tests/test_admission.py's subject.
+pytestmark = pytest.mark.usefixtures("self_test_once")
+
 # path -> (synthetic shape, fusion rules, decode dispatches a layer, device-loss trials)
 PATHS = {"fused": ("stacked", ALL, 5, LOSS_TRIALS), "reference": ("tiny", (), 12, 10)}
 

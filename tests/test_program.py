@@ -187,9 +187,10 @@ def test_long_attention_fused_computes_what_the_reference_does(native_gpu, stack
 
 @pytest.mark.parametrize("rules", [ALL[:k + 1] for k in range(len(ALL))] + [("swiglu-into-down",)],
                          ids=[f"+{r}" for r in ALL] + ["swiglu-into-down alone"])
-def test_a_fusion_computes_what_the_reference_does(native_gpu, stacked_model, run, rules):
+def test_a_fusion_computes_what_the_reference_does(native_gpu, stacked_model, run, rules, self_test_once):
     """Each rule on top of the rules before it (the order fuse applies them), against the
-    reference program: the same logits within FUSED_TOLERANCE."""
+    reference program: the same logits within FUSED_TOLERANCE. (Admission's self-test runs
+    once for all of them: conftest.py self_test_once.)"""
     if "reference" not in _REFERENCE:
         _REFERENCE["reference"] = run(_logits(native_gpu, stacked_model, ()))
     reference_rows, per_layer = _REFERENCE["reference"]
