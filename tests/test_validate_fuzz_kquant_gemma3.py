@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import slm_surgery as surgery
-from test_validate_fuzz import json_value, outcome, paths, replace
+from fuzz_helpers import json_value, outcome, paths, replace
 
 pytest.importorskip("gguf")        # kquant_model splits GGUF blocks with the converter's code
 
