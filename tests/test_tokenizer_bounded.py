@@ -164,3 +164,23 @@ def test_too_many_tokens_names_the_limit_asked_for(tok):
     with pytest.raises(TooManyTokens) as caught:
         tok.encode("word " * 100 + "a" * 100_000, max_tokens=50)
     assert caught.value.limit == 50
+
+
+def test_the_python_api_refuses_it_before_any_work(model):
+    """Engine.generate goes through prompt_ids: the same refusal, as an EngineError."""
+    import asyncio
+
+    from webslm.engine import Engine
+    from webslm.engine.engine import EngineError
+
+    async def scenario():
+        engine = Engine(model)
+        await engine.load()
+        try:
+            async for _ in engine.generate("word " * 1_000_000, chat=False):
+                pass
+        finally:
+            await engine.unload()
+    with pytest.raises(EngineError) as caught:
+        asyncio.run(scenario())
+    assert caught.value.code == "prompt-too-long"

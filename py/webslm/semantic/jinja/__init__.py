@@ -17,7 +17,8 @@ differ from Jinja's, we raise `TemplateError` instead (e.g. rendering a bound me
 Outside the subset (rejected at parse time with line/column): macros, call/filter blocks, include,
 import, extends, blocks, `with`, `do`, recursive loops, `*args`/`**kwargs` in calls, unknown filters
 and tests. Resource use is bounded: loop iterations, output size, sizes of built values, integer
-sizes, nesting depth.
+sizes, nesting depth, work (every operation and the characters it touches) and wall time per
+render; what could amplify (%-formatting, tojson, split) is checked before its result is built.
 
 Pipeline: source -> tokens -> AST -> rendering.
 - `lexer`: normalises the source and cuts it into data/tag tokens (whitespace control applied here);
@@ -25,7 +26,8 @@ Pipeline: source -> tokens -> AST -> rendering.
   dunder attributes up front;
 - `render`: walks the tree over `Scope`s, calling filters/tests/globals as it goes;
 - `values`, `filters`, `errors`: the closed value domain, the built-in filters/tests/globals,
-  the error hierarchy and `Limits`.
+  the error hierarchy and `Limits`;
+- `guards`: the checks run before %-formatting and JSON encoding build their results.
 Security model in short: nothing is compiled; attribute and method access go through explicit
 whitelists (Python's `getattr` only ever sees a whitelisted method name); every loop, output, built
 value, integer and nesting level is charged against `Limits`; where we cannot reproduce Jinja
