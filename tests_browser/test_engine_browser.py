@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import time
 
 import pytest
 from conftest import GREEDY_MAX_TOKENS, GREEDY_PROMPT as PROMPT   # the cpu_reference fixture's question
@@ -34,6 +35,7 @@ CONFORMANCE_TOKENS = 8          # SwiftShader (Chromium tier C) takes ~20 s a fu
 LOSS_SEED = 20240611
 EXPECTED_TIER = {"chromium": "C", "chromium-compat": "A", "firefox": "B"}
 ANSWER_TIMEOUT_S = 900
+STEP_TIMEOUT_S = 240            # one step retiring after an abort, with room for a loaded machine
 
 
 def _record(booted, key: str, value) -> None:
@@ -55,6 +57,8 @@ def _gpu_engine(booted) -> dict:
     if booted.row.expects_webgpu is not True:
         pytest.skip(f"{booted.row.name}: no WebGPU here (the CPU engine is tested below)")
     _admitted(booted)
+    # a step an earlier test's abort left in flight retires first (CancelPending until then)
+    booted.wait_for("window.webslm.engine.state !== 'CancelPending'", timeout_s=STEP_TIMEOUT_S)
     engine = booted.request("engine-status")
     if engine["backend"] != "gpu":           # load it again as the page does: from the cache, then admission
         booted.row.eval("window.webslm.loadModel('default').then(() => true)", timeout_s=900)
@@ -156,12 +160,19 @@ def test_cancel_mid_answer_stops_the_stream_at_once(booted):
     streamed = "".join(entry["text"] for entry in log if entry["kind"] == "delta")
     assert result["text"] == streamed == outcome["shown"]
     assert result["usage"]["completion_tokens"] < CANCEL_SETTINGS["max_tokens"]
-    transitions = [(e["from"], e["to"]) for e in _events_since(booted, before)]
     generating = "Generating" if backend == "gpu" else "CPUGenerating"
     ready = "GPUReady" if backend == "gpu" else "CPUReady"
+    # The step in flight at the abort cannot be recalled from the GPU: the engine stays
+    # CancelPending until it retires (one decode step: ~20 s on SwiftShader), then is ready.
+    pending_since = time.perf_counter()
+    booted.wait_for(f"window.webslm.engine.state === {json.dumps(ready)}", timeout_s=STEP_TIMEOUT_S)
+    pending_s = time.perf_counter() - pending_since
+    transitions = [(e["from"], e["to"]) for e in _events_since(booted, before)]
     assert _in_order(transitions, [(ready, generating), (generating, "CancelPending"), ("CancelPending", ready)]), transitions
-    _record(booted, "cancel", {"aborted_after_tokens": result["usage"]["completion_tokens"], "backend": backend})
-    print(f"\n{booted.row.name}: cancelled after {result['usage']['completion_tokens']} tokens ({backend})")
+    _record(booted, "cancel", {"aborted_after_tokens": result["usage"]["completion_tokens"], "backend": backend,
+                               "ready_again_after_s": round(pending_s, 2)})
+    print(f"\n{booted.row.name}: cancelled after {result['usage']['completion_tokens']} tokens ({backend}); "
+          f"ready again {pending_s:.1f} s after the abort's reply (+2 s)")
 
 
 # --------------------------------------------------------------------------- GPU rows
