@@ -33,6 +33,39 @@ def _require_assets():
         pytest.fail("assets missing: run `python tools/assets.py` (./dev test does)")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "last_in_row(rank=0): run after the row's other tests, lower ranks first (tests that "
+        "leave the engine on the CPU path, so that no GPU test after them has to admit the model again)")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Within each row (the run of tests that share one `booted` browser, as pytest groups
+    them), tests marked last_in_row go to the end, by rank, else in their order. They leave
+    the engine on the CPU path (a fault admission, a lost device); a GPU test after them would
+    first admit the model again: about a minute on SwiftShader, for nothing it checks."""
+    def row(item):
+        callspec = getattr(item, "callspec", None)
+        return callspec.params.get("booted") if callspec else None
+
+    def rank(item):
+        marker = item.get_closest_marker("last_in_row")
+        return marker.args[0] if marker.args else 0
+
+    ordered, start = [], 0
+    for end in range(1, len(items) + 1):
+        if end == len(items) or row(items[end]) != row(items[start]):
+            run = items[start:end]
+            if row(items[start]) is None:
+                ordered += run
+            else:
+                ordered += [i for i in run if not i.get_closest_marker("last_in_row")]
+                ordered += sorted((i for i in run if i.get_closest_marker("last_in_row")), key=rank)
+            start = end
+    items[:] = ordered
+
+
 @pytest.fixture(scope="session")
 def app_url():
     """The working tree served by serve.py's own server (the dev server)."""

@@ -40,6 +40,8 @@ def test_the_page_admits_the_default_model_or_says_why_not(booted):
     assert receipt["browser_engine_major_bucket"].split("-")[0] in ("chromium", "firefox")
 
 
+@pytest.mark.last_in_row(1)       # a failed admission leaves the engine on the CPU path; after
+                                  # the device loss (rank 0), which needs the GPU engine
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_fault_cases_in_chromium(booted, fault):
     if booted.row.name != "chromium":

@@ -14,6 +14,15 @@ The UI is driven through DOM events (input, keydown, click, change, drop), the s
 driver. Page-ready and first-token times per engine go to tests_browser/results/<row>.json
 under "chat". Answers are short where the test allows: SwiftShader (Chromium) takes ~20 s a
 token.
+
+The Chromium row skips the checks of the page itself (Esc, Regenerate, the JS API's shapes,
+a misfiled cache entry, offline): there each answer or admission costs a minute or more of
+SwiftShader, and the same Chromium runs them in the chromium-compat row, on lavapipe, in
+seconds. It runs the rest (the exact greedy answer on its engine, the bars, the badge, the
+screenshots, a corrupted file, the second visit); its engine is also checked by
+test_engine_browser.py (cancel, conformance, a device loss) and test_kernels_browser.py.
+The second visit runs last in each row (conftest.py, last_in_row): it leaves the page on
+the CPU path.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import json
 import pathlib
 import re
 
+import pytest
 from conftest import GREEDY_MAX_TOKENS, GREEDY_PROMPT as PROMPT   # the cpu_reference fixture's question
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -75,6 +85,14 @@ def _ready(booted) -> dict:
     if booted.row.expects_webgpu is not None:
         assert engine["backend"] == expected, engine
     return engine
+
+
+def _page_check(booted) -> None:
+    """Skip a check of the page itself in the Chromium row (module docstring: chromium-compat
+    runs it in the same Chromium)."""
+    if booted.row.name == "chromium":
+        pytest.skip("a check of the page, run in chromium-compat (the same Chromium): each answer on "
+                    "SwiftShader costs a minute or more")
 
 
 def _record(booted, key: str, value) -> None:
@@ -186,6 +204,7 @@ def test_the_default_model_answers_paris_streamed(booted, cpu_reference):
 
 
 def test_escape_stops_an_answer_mid_way(booted):
+    _page_check(booted)
     _ready(booted)
     out = _page(booted, """
       window.webslm.newChat();
@@ -209,6 +228,7 @@ def test_escape_stops_an_answer_mid_way(booted):
 def test_regenerate_answers_the_same_conversation_again(booted):
     """After the stopped answer: Regenerate replaces it with a new one (a fresh seed, the
     sampling controls as set), the conversation otherwise unchanged."""
+    _page_check(booted)
     _ready(booted)
     out = _page(booted, """
       const before = ui.turns();
@@ -349,6 +369,7 @@ def test_the_js_api_keeps_openai_shapes(booted):
     """web/webslm.js as a developer calls it: typed errors before any work, chunks of
     chat.completion.chunk with a final finish_reason and usage, leaving the loop early aborts
     the answer, one answer at a time, a non-streaming chat.completion, statechange events."""
+    _page_check(booted)
     engine = _ready(booted)
     out = _page(booted, """
       const e = window.webslm.engine;
@@ -392,6 +413,7 @@ def test_a_misfiled_cache_entry_is_removed_and_the_model_downloaded_again(booted
     """Cache Storage is not trusted: a valid model (the tiny fixture) filed under the default
     model's sha256 is validated, found to be another model, removed, and the default model is
     downloaded again and cached in its place."""
+    _page_check(booted)
     import base64
 
     from webslm.fixture import make_fixture
@@ -415,12 +437,14 @@ def test_a_misfiled_cache_entry_is_removed_and_the_model_downloaded_again(booted
     assert out["backend"] == engine["backend"], out
 
 
+@pytest.mark.last_in_row(2)       # the page stays on ?gpu=0: after the tests that need the GPU engine
 def test_after_unload_a_second_visit_loads_the_model_from_cache(booted):
     """unload() frees the engine (state Unloaded, answers refused); the page opened again
     loads the default model from Cache Storage: no request for the .slm, by the page or its
     worker. (Opened with ?gpu=0: admission is not what this checks, and on SwiftShader it
-    takes half a minute.)"""
-    _ready(booted)
+    takes half a minute. The engine unloaded may be on either path: the row's last tests
+    leave it on the CPU.)"""
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
     unloaded = _page(booted, """
       const e = window.webslm.engine;
       await e.unload();
@@ -449,6 +473,7 @@ def test_offline_the_page_opens_from_its_copy_and_answers(booted):
     """With the server unreachable (the proxy refuses every connection), the page opens from
     its service worker's copy, the worker boots Pyodide from it, the model comes from Cache
     Storage, and the engine answers (on the GPU in the GPU rows)."""
+    _page_check(booted)
     booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
     booted.wait_for("navigator.serviceWorker && navigator.serviceWorker.controller", timeout_s=60)
     booted.proxy.offline = True

@@ -31,7 +31,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 GREEDY = {"temperature": 0, "max_tokens": GREEDY_MAX_TOKENS}
 LONG_PROMPT = "Write a long story about a dragon who learns to cook."
 CANCEL_SETTINGS = {"temperature": 0, "max_tokens": 40}
-CONFORMANCE_TOKENS = 8          # SwiftShader (Chromium tier C) takes ~20 s a full-logits step
+CONFORMANCE_TOKENS = 8
+# SwiftShader (Chromium tier C) takes ~20 s a full-logits step: there the prompt's logits and
+# two decode steps' (the KV cache past the prompt read back); the next tokens' choices on that
+# engine are checked exactly by test_chat_page.py's greedy answer, and the logits that far by
+# the lavapipe rows here and natively (tests/test_gpu_engine_native.py: 16 positions, tier C).
+CONFORMANCE_TOKENS_ON = {"chromium": 3}
 LOSS_SEED = 20240611
 EXPECTED_TIER = {"chromium": "C", "chromium-compat": "A", "firefox": "B"}
 ANSWER_TIMEOUT_S = 900
@@ -178,10 +183,11 @@ def test_cancel_mid_answer_stops_the_stream_at_once(booted):
 # --------------------------------------------------------------------------- GPU rows
 
 def test_gpu_conformance_with_the_cpu_oracle(booted):
-    """SmolLM2, 16 teacher-forced positions: top-1 agreement everywhere except where the
-    oracle's top-2 margin is under the tolerance; max logit error and per-step host time."""
+    """SmolLM2, 8 teacher-forced positions (3 on SwiftShader): top-1 agreement everywhere except
+    where the oracle's top-2 margin is under the tolerance; max logit error and per-step host time."""
     _gpu_engine(booted)
-    report = booted.request("conformance", {"tokens": CONFORMANCE_TOKENS}, timeout_s=ANSWER_TIMEOUT_S)
+    tokens = CONFORMANCE_TOKENS_ON.get(booted.row.name, CONFORMANCE_TOKENS)
+    report = booted.request("conformance", {"tokens": tokens}, timeout_s=ANSWER_TIMEOUT_S)
     steps = report["gpu_steps"]
     summary = {"tier": report["tier"], "positions": report["positions"], "top1_agreement": report["top1_agreement"],
                "disagreements": report["disagreements"], "max_abs_logit_error": report["max_abs_logit_error"],
@@ -190,16 +196,17 @@ def test_gpu_conformance_with_the_cpu_oracle(booted):
                "seconds": report["seconds"], "per_step_ms_full_logits": steps}
     _record(booted, "conformance", summary)
     print(f"\n{booted.row.name}: conformance {json.dumps(summary)}")
-    assert report["positions"] == CONFORMANCE_TOKENS
+    assert report["positions"] == tokens
     assert report["prompt"] == PROMPT
     assert all(d["margin"] < report["margin_tolerance"] for d in report["disagreements"]), report["disagreements"]
     assert report["passed"], report
     assert report["max_abs_logit_error"] < 1.0, report["max_abs_logit_error"]
-    assert steps["decode_steps"] == CONFORMANCE_TOKENS - 1
+    assert steps["decode_steps"] == tokens - 1
     assert all(steps[k] is not None and steps[k] >= 0 for k in ("prepare_ms", "run_ms", "finish_ms")), steps
     assert booted.request("engine-status")["state"] == "GPUReady"
 
 
+@pytest.mark.last_in_row          # the engine stays on the CPU after a loss
 def test_device_loss_mid_answer_continues_on_the_cpu(booted, cpu_reference):
     """lose-device destroys the admitted GPU device after a seeded random number of committed
     tokens: the engine goes Lost -> CPURebuild -> CPUGenerating, the same answer continues
