@@ -7,7 +7,8 @@ Per model:
 - admission (cold: compile, upload, self-tests) and the executor's build, in seconds;
 - prefill: a prompt of --prompt-tokens random ids (seeded), time until its argmax is read;
 - decode: --new-tokens greedy steps (GPU argmax, 12 bytes read back each), tokens/s and the
-  median step;
+  median step; chained (the executor's default: the next step is submitted before this one
+  is read) and, in the same run, unchained, with the tokens compared;
 - repeat 1 is cold (first use of the recorded lists); the figures are the median of the
   warm repeats after it, each preceded by reset();
 - roofline: weight bytes per token (every weight is read once a step) / the copy kernel's
@@ -139,6 +140,43 @@ async def blocking_decode(backend, prompt: list[int], new_tokens: int) -> float:
     return new_tokens / runs[-1]["decode_s"]
 
 
+async def unchained_decode(backend, prompt: list[int], new_tokens: int) -> dict:
+    """Decode with greedy chaining off (every step waits for the one before it to be read
+    back), side by side with the chained figure; the tokens must be the same."""
+    backend.chaining = False
+    try:
+        runs = [await one_run(backend, prompt, new_tokens) for _ in range(2)]
+    finally:
+        backend.chaining = True
+    return {"tokens_per_s": new_tokens / runs[-1]["decode_s"], "step_median_ms": runs[-1]["step_median_ms"],
+            "tokens": runs[-1]["tokens"]}
+
+
+async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> dict:
+    """Decode tokens/s through the whole engine loop (sampler, ledger, text, stop checks:
+    what the CLI and the page run), chained and unchained, 2 answers each, the second timed.
+    A random-weight model may choose EOS early: the tokens/s counts what was generated."""
+    from webslm.engine import Engine
+    from webslm.semantic.sampler import SamplerSettings
+
+    async def build(*_):
+        return backend, {}
+    engine = Engine(model, gpu=object(), build_gpu_backend=build, reuse_kv=False)
+    await engine.load()
+    out = {}
+    for chained in (True, False):
+        backend.chaining = chained
+        for _ in range(2):
+            ids = []
+            async for delta in engine.generate(prompt, SamplerSettings(temperature=0.0, max_tokens=new_tokens), chat=False):
+                ids.append(delta.token_id)
+        t = engine.last_timings
+        out["chained" if chained else "unchained"] = {"tokens_per_s": t.generated_tokens / t.decode_seconds,
+                                                      "tokens": t.generated_tokens}
+    backend.chaining, backend.current_epoch = True, None    # the other figures call the backend directly
+    return out
+
+
 async def bench_model(path: str, args) -> dict:
     model = webslm.open_model(path)
     a = model.architecture
@@ -160,6 +198,8 @@ async def bench_model(path: str, args) -> dict:
         weight_bytes = session.plan.as_dict()["weights_payload_bytes"]
         decode_tps = statistics.median(args.new_tokens / r["decode_s"] for r in warm)
         roofline_tps = copy["gbps"] * 1e9 / weight_bytes
+        chained_stats = dict(backend.stats)
+        unchained = await unchained_decode(backend, prompt, args.new_tokens)
         return {
             "model": pathlib.Path(path).name, "layers": a.n_layers, "hidden": a.hidden, "vocab": a.vocab,
             "tier": session.tier, "kv_dtype": session.plan.kv["dtype"], "context": backend.capacity,
@@ -176,6 +216,11 @@ async def bench_model(path: str, args) -> dict:
             "weight_bytes_per_token": weight_bytes, "copy_gbps": copy["gbps"],
             "roofline_tokens_per_s": roofline_tps, "of_roofline": decode_tps / roofline_tps,
             "same_tokens_every_run": all(r["tokens"] == runs[0]["tokens"] for r in runs),
+            "decode_tokens_per_s_unchained": unchained["tokens_per_s"],
+            "step_median_ms_unchained": unchained["step_median_ms"],
+            "unchained_same_tokens": unchained["tokens"] == runs[0]["tokens"],
+            "chained_stats": chained_stats,
+            "engine_loop": await engine_decode(backend, model, prompt, args.new_tokens),
             "host": await host_costs(backend),
             "decode_tokens_per_s_blocking_readback": await blocking_decode(backend, prompt, args.new_tokens),
             "executor_stats": {k: v for k, v in backend.stats.items()},
@@ -199,13 +244,16 @@ async def main(args) -> dict:
         report["rows"].append(row)
         print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
               f"({row['prompt_tokens']} tokens in chunks of {row['prefill_chunk']}), "
-              f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}), "
+              f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}; "
+              f"unchained {row['decode_tokens_per_s_unchained']:.1f}, same tokens {row['unchained_same_tokens']}), "
               f"step {row['step_median_ms']:.2f} ms, roofline {row['roofline_tokens_per_s']:.0f} tok/s "
               f"({row['of_roofline']:.2f}), host params {row['host']['params_ms']:.3f} ms + encode "
               f"{row['host']['encode_ms']:.3f} ms for {row['host']['dispatches']} dispatches, "
               f"submit+read floor {row['host']['submit_and_read_ms']}, blocking readback "
               f"{row['decode_tokens_per_s_blocking_readback']:.1f} tok/s, "
-              f"admission {row['admission_s']} s", flush=True)
+              f"admission {row['admission_s']} s; engine loop decode "
+              f"{row['engine_loop']['chained']['tokens_per_s']:.1f} tok/s chained, "
+              f"{row['engine_loop']['unchained']['tokens_per_s']:.1f} unchained", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
         for p in row["prefill_profile"] or []:

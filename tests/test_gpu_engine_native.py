@@ -138,6 +138,46 @@ def test_gpu_logits_follow_the_cpu_oracle_through_prefill_and_decode(native_gpu,
     assert stats["decode_steps"] == 30
 
 
+@pytest.mark.parametrize("chain", [True, False], ids=["chained", "unchained"])
+def test_greedy_chaining_is_exact_and_a_miss_rewrites_the_row(native_gpu, model, ids, run, path, policy,
+                                                               monkeypatch, chain):
+    """Greedy steps chained (the next step submitted before this one is read, its token the
+    GPU's own argmax) follow the CPU oracle fed the same tokens; a token other than the
+    argmax (or a full-logits step) forgets the chained step, and the step run instead
+    rewrites its KV row: its full logits, and the next steps', equal the CPU's. Unchained
+    (a slow adapter), no step is chained."""
+    from webslm.backends.gpu import executor
+    monkeypatch.setattr(executor, "CHAIN_MAX_STEP_S", 60.0 if chain else 0.0)
+
+    async def go():
+        session = await admit(native_gpu, model, policy)
+        backend = await GpuBackend.build(session, model)
+        cpu = CpuBackend(model)
+        try:
+            want = cpu.prefill(ids)
+            token = int((await backend.prefill(ids, Want("argmax"))).ids[0])
+            assert token == int(canonical_top_k(want, 1)[0])
+            for _ in range(8):                         # greedy: the chained steps are used
+                want = cpu.decode_one(token)
+                token = int((await backend.decode_one(token, Want("argmax"))).ids[0])
+                assert token == int(canonical_top_k(want, 1)[0])
+            errors = []
+            for other in ((token + 1) % model.architecture.vocab, token):   # a miss, then a full row
+                got, want = (await backend.decode_one(other, Want("full"))).logits, cpu.decode_one(other)
+                errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
+                token = int(np.argmax(want))
+            return errors, dict(backend.stats)
+        finally:
+            backend.release()
+    errors, stats = run(go())
+    assert max(errors) <= LOGIT_TOLERANCE, errors
+    if chain:
+        # the first decode step has no time measured yet; the second submits the third: 6 of 8
+        assert stats["chained_steps"] == 6 and stats["chain_misses"] == 1, stats
+    else:
+        assert stats["chained_steps"] == 0 and stats["chain_misses"] == 0, stats
+
+
 def test_prefill_in_several_chunks_follows_the_cpu_oracle(native_gpu, model, run, path):
     """A prompt longer than the plan's chunk runs as several submits (prefill_chunk 8: 23 tokens
     in 8 + 8 + 7), each chunk attending to the rows the earlier ones put in the cache."""

@@ -7,6 +7,13 @@ compiled most of them), the RoPE table upload, and the decode step's dispatch li
     decode_one(token)  one write of the position slots and the token id, one submit of the
                        recorded list, one readback of a few words (argmax, top-k) or of the
                        logits row when the sampler needs it: device.run(), one call
+    greedy chaining    for an argmax readback, the step for the next position is submitted
+                       before this one's result is read, its token taken on the GPU from this
+                       step's argmax (embed reads decode.logits_result instead of token_ids).
+                       The GPU then never waits for the host's round trip. Its result is used
+                       only when the engine's next token is that argmax at that position (a
+                       greedy sampler's always is); otherwise it is forgotten: its KV row is
+                       rewritten by the real step, queued after it. Exact either way.
     prefill(ids)       chunks of at most the plan's prefill_chunk tokens, each one submit
                        with no readback; the last chunk is followed by the LM head and the
                        readback. The KV cache stays on the GPU throughout, and between
@@ -24,6 +31,7 @@ engine then moves to the CPU path. Nothing here retries or restarts.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Callable
 
@@ -33,6 +41,22 @@ from ...kernels.rope import rope_table
 from ...webgpu.interface import BufferUsage, Copy
 from ..scores import BackendCancelled, BackendLost, Scores, Want
 from .forward import Forward
+
+# Greedy chaining pays when the host's round trip (submit, map, the engine's loop: ~0.3 ms
+# on the H200's host) is a real part of a step; on a software adapter a step is tens of ms
+# to seconds, and a chained step left behind by a stop or a cancel would make the next
+# request wait that long, for nothing gained. So a step chains only while decode steps
+# have averaged under this (results are identical either way).
+CHAIN_MAX_STEP_S = 0.025
+
+
+@dataclasses.dataclass
+class _Ahead:
+    """A decode step submitted before the engine asked for it (greedy chaining)."""
+    position: int            # the position it appends (its scores are for position + 1)
+    read: tuple              # (buffer, offset, size) its result is copied to
+    sequence: int
+    token: int | None = None # the token it was fed: the argmax of the step before, once read
 
 
 class GpuBackendError(ValueError):
@@ -56,10 +80,14 @@ class GpuBackend:
         self._lost = None
         self._recordings: dict = {}
         self._released = False
+        self._ahead: _Ahead | None = None
+        self._chain_reads: list[tuple] = []     # two small readback buffers, one a chained step
+        self.chaining = True                     # bench/engine.py --no-chain turns it off
         self.device.on_uncaptured_error(self._errors.append)
         # Per decode step, where the time goes on the host: preparing (params, checks, the
         # writes), waiting for run() (encode + submit + GPU + readback), finishing (scores).
-        self.stats = {"decode_steps": 0, "prepare_s": 0.0, "run_s": 0.0, "finish_s": 0.0}
+        self.stats = {"decode_steps": 0, "prepare_s": 0.0, "run_s": 0.0, "finish_s": 0.0,
+                      "chained_steps": 0, "chain_misses": 0}
 
     # -- building ------------------------------------------------------------------------------
     @classmethod
@@ -82,6 +110,7 @@ class GpuBackend:
                 await backend._decode_recording(False, op, k)
                 if forward.decode_combine_grid is not None:
                     await backend._decode_recording(True, op, k)
+            backend._prepare_chaining()
         except Exception:
             await device.pop_error_scope()
             session.destroy()
@@ -100,6 +129,38 @@ class GpuBackend:
             dispatches, copies = await forward.record("decode", list(forward.programs["decode"].ops), 1, 0,
                                                       readback=op, long_attention=long_attention)
             self._recordings[key] = self.device.record(dispatches, copies + self._readback_copies("decode", op, k))
+        return self._recordings[key]
+
+    def _prepare_chaining(self) -> None:
+        """Two readback buffers of the argmax result's size for chained steps (a chained step
+        is submitted while the step before still maps its own), and a check of the plan: the
+        step's argmax words (decode.logits_result) must stay as the step left them until the
+        next step's embed reads them, so no other decode region may share their bytes."""
+        regions, size = self.forward.regions, self._result_layout("argmax", 1).result_bytes
+        mine = regions["decode.logits_result"]
+        shared = [r.name for r in regions.plan.regions if r.name != mine.name and r.buffer == mine.buffer
+                  and r.offset < mine.offset + mine.size and mine.offset < r.offset + r.size
+                  and not r.name.startswith("prefill.")]
+        if shared:                     # a plan that reuses those bytes: no chaining (never seen)
+            self.chaining = False
+            return
+        self._chain_reads = [
+            (self.device.create_buffer(size, BufferUsage.MAP_READ | BufferUsage.COPY_DST, f"chained readback {i}"), 0, size)
+            for i in range(2)]
+
+    async def _chained_recording(self, long_attention: bool, target: int):
+        """The argmax decode step whose token is the argmax the step before it left in
+        decode.logits_result (word 0), its result copied to chained readback `target`."""
+        key = ("decode-chained", long_attention, target)
+        if key not in self._recordings:
+            forward = self.forward
+            ops = [_fed_from_argmax(op) for op in forward.programs["decode"].ops]
+            dispatches, copies = await forward.record("decode", ops, 1, 0, readback="argmax",
+                                                      long_attention=long_attention)
+            r = forward.regions
+            buffer, offset, size = self._chain_reads[target]
+            result = Copy(r.buffer("decode.logits_result"), r.offset("decode.logits_result"), buffer, offset, size)
+            self._recordings[key] = self.device.record(dispatches, copies + [result])
         return self._recordings[key]
 
     async def _prefill_recordings(self, tokens: int, start: int, last: bool, op: str, k: int):
@@ -146,6 +207,7 @@ class GpuBackend:
         The epoch is checked before every submit."""
         ids = self._checked(ids)
         self._check_epoch(epoch)
+        self._ahead = None                       # a chained step left behind runs first, unread
         op, k = self._op(want)
         forward = self.forward
         marks: list[tuple[int, asyncio.Future]] = []       # (ids done when it resolves, the read)
@@ -203,15 +265,64 @@ class GpuBackend:
         self._check_epoch(epoch)
         op, k = self._op(want)
         forward, position = self.forward, self.position
-        forward.set_params("decode", 1, position, positional=True)
-        long_attention = not forward.single_pass_at(position)
-        recording = await self._decode_recording(long_attention, op, k)
-        r = forward.regions
-        writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
-                  (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
-        self._check_epoch(epoch)                           # before submit
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (op != "argmax" or ahead.position != position or ahead.token != token):
+            self.stats["chain_misses"] += 1      # computed for another token or readback: forgotten
+            ahead = None
+        if ahead is None:                        # the step, submitted now with its token id
+            forward.set_params("decode", 1, position, positional=True)
+            recording = await self._decode_recording(not forward.single_pass_at(position), op, k)
+            r = forward.regions
+            writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
+                      (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
+            self._check_epoch(epoch)                       # before submit
+            read = self._read(op, k)
+            if not self._chains(op, position):
+                submitted = time.perf_counter()
+                raw = await self._run(recording, writes, read)
+                return self._decoded(raw, op, k, epoch, began, submitted)
+            await self._run(recording, writes)
+        else:
+            read = ahead.read
+            self.stats["chained_steps"] += 1
+        if self._chains(op, position):           # the next step, before this one is read
+            self._ahead = await self._submit_ahead(position + 1, read)
         submitted = time.perf_counter()
-        raw = await self._run(recording, writes, self._read(op, k))
+        raw = await self._read_result(read)
+        scores = self._decoded(raw, op, k, epoch, began, submitted)
+        if self._ahead is not None:
+            self._ahead.token = int(scores.ids[0])
+        return scores
+
+    def _chains(self, op: str, position: int) -> bool:
+        """Whether the step after the one at `position` is submitted before its result is read."""
+        stats = self.stats
+        fast = stats["decode_steps"] > 0 and (stats["prepare_s"] + stats["run_s"]) < CHAIN_MAX_STEP_S * stats["decode_steps"]
+        return (self.chaining and op == "argmax" and bool(self._chain_reads) and fast
+                and position + 2 <= self.capacity)
+
+    async def _submit_ahead(self, position: int, after: tuple) -> _Ahead:
+        """Submit the chained step at `position` into the readback buffer `after` is not."""
+        forward = self.forward
+        target = 1 if after[0] is self._chain_reads[0][0] else 0
+        recording = await self._chained_recording(not forward.single_pass_at(position), target)
+        forward.set_params("decode", 1, position, positional=True)
+        await self._run(recording, [forward.tables["decode"].write(0, forward.positional_slots("decode"))])
+        return _Ahead(position, self._chain_reads[target], self.sequence)
+
+    async def _read_result(self, read: tuple) -> bytes:
+        try:
+            raw = await self.device.read_mapped(*read)
+        except Exception as exc:
+            await asyncio.sleep(0)                # let the lost notification land
+            self._check_alive()
+            raise BackendLost("readback-failed", "gpu", f"the GPU step failed: {exc}") from exc
+        await asyncio.sleep(0)
+        self._check_alive()
+        return raw
+
+    def _decoded(self, raw: bytes, op: str, k: int, epoch: int, began: float, submitted: float) -> Scores:
+        """The scores of the decode step just read; the step's time in the stats."""
         finished = time.perf_counter()
         self.position += 1
         scores = self._scores(raw, op, k, epoch)
@@ -229,12 +340,14 @@ class GpuBackend:
 
     def reset(self) -> None:
         self.position = 0       # the cache rows past the position are never read
+        self._ahead = None      # a chained step's row too: it runs first, then is overwritten
 
     def truncate(self, position: int) -> None:
         """Keep the first `position` positions of the cache (a new turn's shared prefix)."""
         if not 0 <= position <= self.position:
             raise GpuBackendError(f"cannot keep {position} positions of a cache that holds {self.position}")
         self.position = position
+        self._ahead = None
 
     def release(self) -> None:
         """Destroy every buffer and the device (idempotent)."""
@@ -242,6 +355,7 @@ class GpuBackend:
             return
         self._released = True
         self._recordings.clear()
+        self._ahead = None
         if self._lost is not None and not self._lost.done():
             self._lost.cancel()
         self.session.destroy()
@@ -323,3 +437,11 @@ class GpuBackend:
         if result.nan_count:
             raise BackendLost("gpu-error", "logits", f"the GPU produced {result.nan_count} NaN logits")
         return Scores(self.position, epoch, self.sequence, ids=result.indices, values=result.values.copy())
+
+
+def _fed_from_argmax(op):
+    """op reading its token id from the previous step's argmax (word 0 of logits_result)."""
+    if not any(ref == "token_ids" for _, ref in op.reads):
+        return op
+    reads = tuple((role, "logits_result" if ref == "token_ids" else ref) for role, ref in op.reads)
+    return dataclasses.replace(op, reads=reads)
