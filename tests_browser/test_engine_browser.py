@@ -272,6 +272,7 @@ def test_model_switch_unloads_the_engine(booted):
     else:
         _admitted(booted)
     engine = booted.request("engine-status")
+    memory_before = booted.request("memory-status")
     entry = next(m for m in json.loads((ROOT / ".assets/site/manifest.json").read_text())["models"] if m["default"])
     booted.row.eval("(() => { window.__released = []; window.webslm.client.addEventListener('engine-released', (e) => window.__released.push(e.detail)); return true; })()")
     before = booted.row.eval("window.webslm.engine.events.length")
@@ -288,3 +289,9 @@ def test_model_switch_unloads_the_engine(booted):
     result = booted.request("admit", {"featureLevel": "auto", "fault": None}, timeout_s=900)
     assert result["engine"]["backend"] == engine["backend"], result["engine"]
     booted.wait_for(f"window.webslm.engine.state === {json.dumps(ready)}", timeout_s=30)
+    # nothing of the first engine is left: one admitted device (none on the CPU), holding the
+    # same buffers as before the switch (bench/soak_browser.py repeats this 20 times)
+    memory = booted.request("memory-status")
+    assert memory["gpu"] == memory_before["gpu"], (memory_before, memory)
+    assert memory["gpu"]["devices"] == (1 if engine["backend"] == "gpu" else 0), memory
+    _record(booted, "model_switch_memory", {"before": memory_before, "after": memory})

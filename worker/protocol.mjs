@@ -83,6 +83,8 @@ export const REQUESTS = Object.freeze({
   conformance: { tokens: (v) => (Number.isInteger(v) && v >= 1 && v <= 256) || "must be an integer in [1, 256]" },
   // the engine's state, backend ("gpu" | "cpu" | null) and, on the CPU, the reason
   "engine-status": {},
+  // soak check: GPU devices and buffers still open, Python's live objects, the Wasm heap's size
+  "memory-status": {},
   "tokenizer-check": { chars: (v) => (Number.isInteger(v) && v >= 1 && v <= 4_000_000) || "must be an integer in [1, 4000000]" },
   // Load and validate a model, replacing the current one only once the new one is valid.
   // source: {url}, {file} or {cached}; sha256: null or the artifact sha256 the caller expects (the

@@ -136,6 +136,10 @@ const HANDLERS = {
   "engine-status": async (_, context) => (context.model?.model
     ? JSON.parse(context.model.engine_status())
     : { state: "Empty", backend: null, cpu_reason: null }),
+  "memory-status": async (_, { pyodide, api }) => ({
+    ...JSON.parse(api.memory_status()),
+    wasm_heap_bytes: pyodide._module.HEAP8.length,      // Wasm memory only grows: its high-water mark
+  }),
   "tokenizer-check": async ({ chars }, context) => {
     if (!context.model) throw new RequestFailure(ERROR_CODES.failed, "tokenizer-check: no model is loaded");
     return JSON.parse(context.api.tokenizer_check(context.model, chars));

@@ -5,7 +5,7 @@
     engine_host(loader, ...)     the EngineHost of the model a loader accepted; the worker calls
                                  its methods: admit, use_cpu, generate, cancel, engine_status,
                                  conformance, release (worker/engine_host.py)
-    gpu_probe, kernel_golden, sampler_check, tokenizer_check, lose_device
+    gpu_probe, kernel_golden, sampler_check, tokenizer_check, lose_device, memory_status
                                  requests only tests make (worker/test_hooks.py)
 
 Results are JSON strings, so nothing but plain data crosses back to JS. A Python exception
@@ -22,10 +22,10 @@ import numpy as np
 from . import __version__, shader_bundle
 from .worker.engine_host import EngineHost
 from .worker.loader import ModelLoader
-from .worker.test_hooks import gpu_probe, kernel_golden, lose_device, sampler_check, tokenizer_check
+from .worker.test_hooks import gpu_probe, kernel_golden, lose_device, memory_status, sampler_check, tokenizer_check
 
 __all__ = ["EngineHost", "ModelLoader", "engine_host", "gpu_probe", "kernel_golden", "lose_device",
-           "sampler_check", "status", "tokenizer_check"]
+           "memory_status", "sampler_check", "status", "tokenizer_check"]
 
 
 def status() -> str:

@@ -21,6 +21,7 @@ would surface, never by skipping the code that detects it:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,16 @@ FAULT_OUTCOMES = {
     "cancel": ("allocate", "cancelled"),
 }
 NAMED_FAULTS = tuple(FAULT_OUTCOMES)
+# Every TrackedDevice until destroy(); weak, so a device nobody holds (and whose GPU the
+# browser collects) is not counted as open.
+_OPEN: "weakref.WeakSet[TrackedDevice]" = weakref.WeakSet()
+
+
+def open_devices() -> dict:
+    """The admitted devices not destroyed yet, and the buffers they hold: after a model is
+    unloaded or switched, exactly the current model's (the browser soak checks it)."""
+    devices = list(_OPEN)
+    return {"devices": len(devices), "buffers": sum(len(d.live_buffers) for d in devices)}
 
 
 class TrackedDevice(Device):
@@ -86,6 +97,7 @@ class TrackedDevice(Device):
         self.pipelines_requested = 0
         self.readbacks = 0
         self.destroyed = False
+        _OPEN.add(self)
 
     # lifetime and errors
     def lost(self):
@@ -102,6 +114,7 @@ class TrackedDevice(Device):
 
     def destroy(self) -> None:
         self.destroyed = True
+        _OPEN.discard(self)
         self.live_buffers.clear()      # destroying a device destroys every buffer it owns
         self.inner.destroy()
 

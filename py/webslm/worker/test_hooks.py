@@ -6,6 +6,7 @@ model against CPython's answers, or break something on purpose. The page never s
     sampler_check    the sampler's cross-platform reference vectors
     tokenizer_check  the fixed corpus through the model's tokenizer: digest and throughput
     lose_device      destroy the GPU device mid-answer, as a driver reset would
+    memory_status    the admitted GPU devices and buffers still open, Python's live objects
 
 Each takes the EngineHost (engine_host.py) where it needs the loaded model; results are
 JSON strings.
@@ -97,3 +98,14 @@ class _DeviceLoss:
         host.between_steps = None            # once
         host.destroyed_after = committed
         host.gpu_backend.device.inner.destroy()     # TrackedDevice.inner: the browser device
+
+
+def memory_status() -> str:
+    """What a long session could leak: admitted GPU devices not destroyed and their buffers
+    (admission/tracked.py), and Python's live objects after a collection. (The Wasm heap,
+    which only grows, is measured by the worker.)"""
+    import gc
+
+    from ..admission.tracked import open_devices
+    gc.collect()
+    return json.dumps({"gpu": open_devices(), "python_objects": len(gc.get_objects())})
