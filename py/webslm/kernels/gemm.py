@@ -530,16 +530,24 @@ def _packed_cases(rng, quick: bool, tiles: list):
     def parts(config, n, k, codes="random", scales="normal"):
         enc, block, zero, st = config
         return kquant.random_weights(rng, enc, n, k, block, zero, st, codes, scales)
-    for config in PACKED[2:4] if quick else PACKED:
-        m, n, k = (3, 20, 256) if quick else (17, 70, 512)
-        yield Case(f"random {m}x{n}x{k} {_tag(config)} tile chosen", parts(config, n, k), _activations(rng, m, k))
-    if quick:
+    if quick:   # each form on a classic tile and a register tile: admission's self-test needs both kernels
+        classic = [t for t in tiles if not t.sections][:1]
+        register = [t for t in tiles if t.sections and not t.half][:1]
+        for config in PACKED + [Q8]:
+            for tile in classic + register:
+                weights = parts(config, 20, 256) if config in PACKED else _random(rng, config, 20, 256)
+                yield Case(f"random 3x20x256 {_tag(config)} tile {tile.name}", weights, _activations(rng, 3, 256),
+                           tile=tile)
         return
-    for i, tile in enumerate(tiles):
-        config = PACKED[i % len(PACKED)]
-        m, n, k = 19, 37, 256 if tile.half else 768
-        yield Case(f"random {m}x{n}x{k} {_tag(config)} tile {tile.name}", parts(config, n, k),
-                   _activations(rng, m, k), tile=tile)
+    for config in PACKED:
+        m, n, k = 17, 70, 512
+        yield Case(f"random {m}x{n}x{k} {_tag(config)} tile chosen", parts(config, n, k), _activations(rng, m, k))
+    half = [t for t in tiles if t.half][:1]
+    for i, tile in enumerate(tiles):      # each tile one form in turn; the first f16 tile every form
+        for config in PACKED if tile in half else [PACKED[i % len(PACKED)]]:
+            m, n, k = 19, 37, 256 if tile.half else 768
+            yield Case(f"random {m}x{n}x{k} {_tag(config)} tile {tile.name}", parts(config, n, k),
+                       _activations(rng, m, k), tile=tile)
     for config in PACKED:
         m, n, k = 17, 45, 512
         for codes, scales in (("max", "normal"), ("min", "normal"), ("mixed", "extreme")):
