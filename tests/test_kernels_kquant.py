@@ -15,7 +15,6 @@ import pathlib
 import numpy as np
 import pytest
 
-from webslm.artifact import quant
 from webslm.kernels import embed as em
 from webslm.kernels import gemm as gm
 from webslm.kernels import golden, kquant
