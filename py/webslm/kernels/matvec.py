@@ -895,7 +895,12 @@ BENCH_NAMES = ("q4", "q8", "f16", "f32", "q4/input=norm", "q4/input=swiglu/ACCUM
 
 def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 32,
                         zero: str = "min", scale_type: str = "f16") -> Weights:
-    """Random parts of the right sizes without quantizing (benchmarks on big shapes)."""
+    """Random parts of the right sizes without quantizing (benchmarks on big shapes); q5 and
+    the super-blocks by kquant.random_weights (q5: block 32, `zero` "min" or else "offset")."""
+    if encoding in kquant.ENCODINGS:
+        q5_zero = "min" if zero == "min" else "offset"
+        return kquant.random_weights(rng, encoding, rows, cols, block if encoding == "q5" else None,
+                                     q5_zero if encoding == "q5" else None, scale_type)
     blocks = blocks_per_row(cols, block)
     stride = row_stride(encoding, cols, block)
     codes = rng.integers(0, 256, rows * stride, dtype=np.uint8).tobytes()
