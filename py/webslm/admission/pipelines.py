@@ -36,9 +36,6 @@ def unsupported(manifest) -> str | None:
         if info.encoding not in GPU_ENCODINGS:
             return (f"{name} is stored as {info.encoding}, which has no GPU kernels yet "
                     f"(the GPU reads {', '.join(GPU_ENCODINGS)})")
-    mixed = mixed_geometry(manifest)
-    if mixed:
-        return mixed
     if a.qkv_bias:
         return "the model has q/k/v projection biases, which the GPU forward pass does not add"
     for name, info in manifest.tensors.items():
@@ -46,7 +43,7 @@ def unsupported(manifest) -> str | None:
             return f"{name} is stored as {info.encoding}; the GPU norm kernels read f32 weights"
     if a.hidden % 4 or a.ffn % 4:
         return f"hidden {a.hidden} and ffn {a.ffn} must be multiples of 4 (vec4 activation rows)"
-    return None
+    return mixed_geometry(manifest)
 
 
 def mixed_geometry(manifest) -> str | None:
