@@ -3,7 +3,8 @@
     PYTHONPATH=py python bench/matvec_sweep.py --out bench/results/matvec_sweep_<tag>.json
     PYTHONPATH=py python bench/matvec_sweep.py --quick --out /tmp/sweep.json     # software adapters
 
-For each weight format (q4 "min", q4 "offset", q8, f16; blocks of 32, f16 scales) and shape
+For each weight format (q4 "min", q4 "offset", q8, f16; blocks of 32, f16 scales; q5 "offset"
+block 32 and the K-quants q4k, q5k, q6k, on the shapes whose rows hold whole 256-blocks) and shape
 (SHAPES: Llama-3-8B, Llama-3.2-1B and SmolLM2 layers and heads), every candidate launch: each
 kernel variant of the format (matvec.VARIANTS: the plain kernel, q4/q8 dot4 where the WGSL has
 dot4I8Packed, f16_wide) times every workgroup size WG and rows per workgroup ROWS of the
@@ -70,8 +71,11 @@ SHAPES = {                                   # name -> (rows N, cols K)
     "llama1b up 8192x2048": (8192, 2048),
     "llama1b head 128256x2048": (128256, 2048),
 }
-QUICK_SHAPES = {"tiny 64x256": (64, 256), "tail 200x1000": (200, 1000), "smollm2 down 576x1536": (576, 1536)}
-FORMATS = {"q4-min": ("q4", "min"), "q4-offset": ("q4", "offset"), "q8": ("q8", None), "f16": ("f16", None)}
+QUICK_SHAPES = {"tiny 64x256": (64, 256), "tail 200x1000": (200, 1000), "smollm2 down 576x1536": (576, 1536),
+                "k 96x512": (96, 512)}
+FORMATS = {"q4-min": ("q4", "min"), "q4-offset": ("q4", "offset"), "q8": ("q8", None), "f16": ("f16", None),
+           "q5": ("q5", "offset"), "q4k": ("q4k", None), "q5k": ("q5k", None), "q6k": ("q6k", None)}
+WHOLE_BLOCKS = {"q5": 32, "q4k": 256, "q5k": 256, "q6k": 256}   # rows of these hold whole blocks
 CHECK_ROWS = 256
 ROUND_SECONDS = 0.005
 MAX_COPIES = 256
@@ -354,6 +358,8 @@ async def main(args) -> dict:
     for input in args.inputs:
         for fmt in args.formats:
             for shape, (n, k) in shapes.items():
+                if k % WHOLE_BLOCKS.get(FORMATS[fmt][0], 1):
+                    continue
                 report["rows"] += await sweep_one(device, args, fmt, shape, n, k, input, compiled, copy_kernel,
                                                   start["gbps"])
                 if args.out:

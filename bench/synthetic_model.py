@@ -3,6 +3,7 @@
     .venv/bin/python bench/synthetic_model.py --shape llama1b --out /tmp/llama1b-synthetic.slm
     .venv/bin/python bench/synthetic_model.py --shape smollm2 --out /tmp/smollm2-synthetic.slm
     .venv/bin/python bench/synthetic_model.py --shape tiny --out /tmp/tiny.slm   # tests
+    .venv/bin/python bench/synthetic_model.py --shape llama1b --encoding q4k_m --out /tmp/llama1b-q4km.slm
 
 Shapes (`SHAPES`):
     llama1b   Llama-3.2-1B: 16 layers, hidden 2048, ffn 8192, 32 heads / 8 KV heads, head_dim 64,
@@ -14,10 +15,23 @@ Shapes (`SHAPES`):
     stacked   2 layers, hidden 128, ffn 256, 4 heads / 2 KV heads, head_dim 32, vocab 384, context
               320: the smallest test shape the planner stacks (q|k|v and gate|up one matrix each),
               so the fully fused decode step runs; past 256 positions attention takes two passes
+    kquant    2 layers, hidden 256, ffn 512, 4 heads / 2 KV heads, head_dim 64, vocab 384, context
+              64: the smallest test shape whose rows hold whole 256-element super-blocks
 
-Encodings, those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every layer matrix
-q4 (block 32, zero "min", f16 scales and mins), token_embd q8 (block 32, f16 scales), norm
-vectors f32, output tied to the embedding. RoPE is "rotate-half" with scaling null: format v1
+Encodings (`--encoding`, SCHEMES):
+    q4      (default) those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every
+            layer matrix q4 (block 32, zero "min", f16 scales and mins), token_embd q8 (block 32,
+            f16 scales), norm vectors f32, output tied to the embedding
+    q4k_m   llama.cpp's Q4_K_M mix: layer matrices q4k, attn_v and ffn_down q6k in the layers
+            llama.cpp gives more bits (the first and last eighth, and every third in between:
+            its use_more_bits), token_embd q6k (it is also the tied output, which llama.cpp
+            keeps in Q6_K); norms f32. Rows must hold whole 256-element super-blocks
+    kmix    every encoding the kernels read, for tests: attn_q q4k, attn_k q5k, attn_v q6k,
+            attn_output q5 "offset" (block 32), ffn_gate q5 "min" (block 64, f32 scales),
+            ffn_up q4k, ffn_down q8; token_embd q6k
+The K-quant parts are made like the others (random codes and high bits); sub-scales are
+random in 32..63 (q6k: either sign) and the mins are set so that each sub-block decodes to
+values around zero with the same standard deviation as the q4 weights. RoPE is "rotate-half" with scaling null: format v1
 has no RoPE scaling, so llama1b lacks Llama 3's llama3 frequency scaling (irrelevant to speed;
 stated in the manifest's source.notes).
 
@@ -54,6 +68,7 @@ import sys
 import time
 import zlib
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -80,6 +95,9 @@ SHAPES = {
     "tiny": {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 12, "hidden": 48,
              "ffn": 80, "vocab": 320, "context_length": 64, "rope_base": 10000.0,
              "notes": ["a tiny shape for tests; rows end in partial blocks"]},
+    "kquant": {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 64, "hidden": 256,
+               "ffn": 512, "vocab": 384, "context_length": 64, "rope_base": 10000.0,
+               "notes": ["a tiny shape for tests whose rows hold whole 256-element super-blocks"]},
     "stacked": {"n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "head_dim": 32, "hidden": 128,
                 "ffn": 256, "vocab": 384, "context_length": 320, "rope_base": 10000.0,
                 "notes": ["a tiny shape for tests that the planner stacks: every q/k/v and gate/up part "
@@ -128,13 +146,41 @@ def tokenizer(vocab: int) -> dict:
 
 # -- weights -------------------------------------------------------------------------------------
 
-def encoding(name: str) -> tuple[str, str | None]:
-    """(encoding, q4 zero) of a tensor: the SmolLM2 artifact's choices."""
-    if name == "token_embd":
-        return "q8", None
+class Form(NamedTuple):
+    """How a tensor is encoded: encoding, zero kind, block, scale type."""
+    encoding: str
+    zero: str = "none"
+    block: int | None = None
+    scale_type: str = "f16"
+
+
+F32, Q8, Q4 = Form("f32"), Form("q8", "none", BLOCK), Form("q4", "min", BLOCK)
+Q4K, Q5K, Q6K = Form("q4k", "scaled-min", 256), Form("q5k", "scaled-min", 256), Form("q6k", "offset", 256)
+SCHEMES = ("q4", "q4k_m", "kmix")
+
+
+def more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's use_more_bits: the layers its Q4_K_M gives Q6_K attn_v and ffn_down."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def encoding(name: str, scheme: str = "q4", n_layers: int = 1) -> Form:
+    """A tensor's Form under `scheme` (the module docstring)."""
     if name.endswith("_norm"):
-        return "f32", None
-    return "q4", "min"
+        return F32
+    if scheme == "q4":
+        return Q8 if name == "token_embd" else Q4
+    if name == "token_embd":
+        return Q6K
+    layer = int(name.split(".")[1])
+    kind = name.split(".")[2]
+    if scheme == "q4k_m":
+        return Q6K if kind in ("attn_v", "ffn_down") and more_bits(layer, n_layers) else Q4K
+    if scheme == "kmix":
+        return {"attn_q": Q4K, "attn_k": Q5K, "attn_v": Q6K, "attn_output": Form("q5", "offset", 32),
+                "ffn_gate": Form("q5", "min", 64, "f32"), "ffn_up": Q4K,
+                "ffn_down": Q8}[kind]
+    raise ValueError(f"no encoding scheme {scheme!r}; known: {SCHEMES}")
 
 
 def _random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
@@ -147,14 +193,60 @@ def _jitter(rng: np.random.Generator, shape: tuple[int, int], spread: float) -> 
     return (1.0 - spread) + (2.0 * spread) * rng.random(shape, dtype=np.float32)
 
 
-def make_parts(name: str, shape: tuple[int, ...], seed: int) -> dict[str, memoryview]:
+# Standard deviation of uniform codes: int8 -128..127, 0..15, 0..31, 0..63.
+CODE_STD = {"q8": 73.9, "q4": 4.61, "q5": 9.23, "q4k": 4.61, "q5k": 9.23, "q6k": 18.47}
+
+
+def packed_parts(rng: np.random.Generator, form: Form, rows: int, cols: int, sigma: float) -> dict:
+    """q5 and super-block parts whose values are around zero with standard deviation ~ sigma."""
+    enc, block = form.encoding, form.block
+    blocks = rows * (cols // block)
+    parts = {"codes": _random_bytes(rng, rows * cols // 2)}
+    if enc in ("q5", "q5k", "q6k"):
+        parts["high_bits"] = _random_bytes(rng, rows * cols * (2 if enc == "q6k" else 1) // 8)
+    middle = {"q5": 15.5, "q4k": 7.5, "q5k": 15.5}.get(enc)        # the mean code the zero cancels
+    if enc == "q5":
+        scale = (sigma / CODE_STD[enc]) * _jitter(rng, (blocks,), 0.25)
+        parts["scales"] = scale.astype(fmt_dtype(form.scale_type))
+        if form.zero == "min":
+            parts["mins"] = (-middle * scale * _jitter(rng, (blocks,), 0.1)).astype(fmt_dtype(form.scale_type))
+        return parts
+    subs = rows * cols // fmt.SUB_BLOCK_ELEMENTS[enc]
+    sub_scales = rng.integers(32, 64, subs).astype(np.int16)           # mean 47.5
+    d = (sigma / (CODE_STD[enc] * 47.5)) * _jitter(rng, (blocks,), 0.25)
+    parts["scales"] = d.astype("<f2")
+    if enc == "q6k":
+        parts["sub_scales"] = (sub_scales * rng.choice(np.array([-1, 1], np.int16), subs)).astype(np.int8)
+        return parts
+    # dmin = d * middle and a sub-min within 2 of the sub-scale: dmin m ~ d sc middle, the mean
+    # of (d sc) c, so a sub-block decodes to values around zero
+    parts["mins"] = (d * middle).astype("<f2")
+    parts["sub_scales"] = sub_scales.astype(np.uint8)
+    parts["sub_mins"] = np.clip(sub_scales + rng.integers(-2, 3, subs), 0, 63).astype(np.uint8)
+    return parts
+
+
+def fmt_dtype(scale_type: str) -> str:
+    return "<f2" if scale_type == "f16" else "<f4"
+
+
+def make_parts(name: str, shape: tuple[int, ...], seed: int, scheme: str = "q4",
+               n_layers: int = 1) -> dict[str, memoryview]:
     """A tensor's encoded parts, generated directly (see the module docstring)."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    enc, zero = encoding(name)
+    form = encoding(name, scheme, n_layers)
+    enc, zero = form.encoding, form.zero
     if enc == "f32":
         w = (1.0 + 0.05 * rng.standard_normal(shape[0])).astype("<f4")
         return {"data": memoryview(w.view(np.uint8))}
     rows, cols = shape
+    sigma = (2.0 if name == "token_embd" else 1.0) / cols ** 0.5
+    if enc not in ("q8", "q4"):
+        parts = packed_parts(rng, form, rows, cols, sigma)
+        expected = fmt.part_lengths(enc, zero, rows, cols, form.block, 2 if form.scale_type == "f16" else 4)
+        out = {k: memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)) for k, v in parts.items()}
+        assert {k: len(v) for k, v in out.items()} == expected, (name, expected)
+        return out
     blocks = fmt.blocks_per_row(cols, BLOCK)
     stride = fmt.row_stride(enc, cols, BLOCK)
     codes = _random_bytes(rng, rows * stride).reshape(rows, stride)
@@ -174,7 +266,7 @@ def make_parts(name: str, shape: tuple[int, ...], seed: int) -> dict[str, memory
         scale = (sigma / 4.61) * _jitter(rng, (rows, blocks), 0.25)       # std of uniform 0..15: 4.61
         mins = -7.5 * scale * _jitter(rng, (rows, blocks), 0.1)
         parts = {"codes": codes, "scales": scale.astype("<f2"), "mins": mins.astype("<f2")}
-    expected = fmt.part_lengths(enc, zero or "none", rows, cols, BLOCK, scale_bytes=2)
+    expected = fmt.part_lengths(enc, zero, rows, cols, BLOCK, scale_bytes=2)
     out = {k: memoryview(np.ascontiguousarray(v).reshape(-1).view(np.uint8)) for k, v in parts.items()}
     assert {k: len(v) for k, v in out.items()} == expected, (name, expected)
     return out
@@ -183,13 +275,13 @@ def make_parts(name: str, shape: tuple[int, ...], seed: int) -> dict[str, memory
 class _LastTensor:
     """Keeps the parts of the most recently generated tensor only."""
 
-    def __init__(self, seed: int):
-        self.seed, self.name, self.parts = seed, None, None
+    def __init__(self, seed: int, scheme: str = "q4", n_layers: int = 1):
+        self.seed, self.scheme, self.n_layers, self.name, self.parts = seed, scheme, n_layers, None, None
 
     def get(self, name: str, shape: tuple[int, ...]) -> dict[str, memoryview]:
         if name != self.name:
             self.name, self.parts = None, None               # free the previous tensor first
-            self.parts = make_parts(name, shape, self.seed)
+            self.parts = make_parts(name, shape, self.seed, self.scheme, self.n_layers)
             self.name = name
         return self.parts
 
@@ -213,20 +305,24 @@ class LazyParts(Mapping):
         return len(self._names)
 
 
-def records(arch: dict, seed: int) -> list[TensorRecord]:
-    cache = _LastTensor(seed)
+def records(arch: dict, seed: int, scheme: str = "q4") -> list[TensorRecord]:
+    cache = _LastTensor(seed, scheme, arch["n_layers"])
     out = []
     for name, shape in fmt.required_tensors(arch).items():
-        enc, zero = encoding(name)
-        quant = quant_descriptor(enc, shape[-1], BLOCK, zero or "none", "f16") if enc != "f32" else None
-        names = fmt.PARTS[(enc, zero or "none")]
-        out.append(TensorRecord(name, tuple(shape), enc, quant, LazyParts(cache, name, tuple(shape), names)))
+        form = encoding(name, scheme, arch["n_layers"])
+        quant = (quant_descriptor(form.encoding, shape[-1], form.block, form.zero, form.scale_type)
+                 if form.encoding != "f32" else None)
+        names = fmt.PARTS[(form.encoding, form.zero)]
+        out.append(TensorRecord(name, tuple(shape), form.encoding, quant,
+                                LazyParts(cache, name, tuple(shape), names)))
     return out
 
 
-def manifest(shape: str, arch: dict, seed: int) -> dict:
-    recipe = hashlib.sha256(canonical_json({"generator": GENERATOR, "seed": seed, "architecture": arch,
-                                            "block": BLOCK})).hexdigest()
+def manifest(shape: str, arch: dict, seed: int, scheme: str = "q4") -> dict:
+    recipe = {"generator": GENERATOR, "seed": seed, "architecture": arch, "block": BLOCK}
+    if scheme != "q4":       # the q4 recipe (and so its artifacts' hashes) as before
+        recipe["encoding"] = scheme
+    recipe = hashlib.sha256(canonical_json(recipe)).hexdigest()
     generation = dict(fixture.GENERATION, max_new_tokens=min(256, arch["context_length"]))
     return {
         "format": fmt.FORMAT_NAME, "version": fmt.VERSION,
@@ -235,15 +331,17 @@ def manifest(shape: str, arch: dict, seed: int) -> dict:
         "generation": generation,
         "source": {"format": "synthetic", "file": "bench/synthetic_model.py", "sha256": recipe,
                    "converter": GENERATOR,
-                   "notes": [f"random weights of shape {shape!r} (seed {seed}) for speed benchmarks; "
-                             "not a language model", *SHAPES[shape]["notes"]]},
+                   "notes": [f"random weights of shape {shape!r} (seed {seed}"
+                             + (f", encoding {scheme!r}" if scheme != "q4" else "")
+                             + ") for speed benchmarks; not a language model", *SHAPES[shape]["notes"]]},
     }
 
 
-def write_synthetic(path, shape: str, seed: int = SEED, context_length: int | None = None) -> str:
+def write_synthetic(path, shape: str, seed: int = SEED, context_length: int | None = None,
+                    scheme: str = "q4") -> str:
     """Write the artifact to `path` (a path or a binary file object); return its sha256."""
     arch = architecture(shape, context_length)
-    return write_slm(path, manifest(shape, arch, seed), records(arch, seed))
+    return write_slm(path, manifest(shape, arch, seed, scheme), records(arch, seed, scheme))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,16 +349,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--out", required=True, help="the .slm file to write")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--encoding", choices=SCHEMES, default="q4",
+                    help="q4 (SmolLM2's), q4k_m (llama.cpp's Q4_K_M mix) or kmix (every encoding; tests)")
     ap.add_argument("--context-length", type=int, default=None,
                     help="override the shape's context_length (the manifest's; the KV capacity is the plan's)")
     ap.add_argument("--validate", action="store_true", help="then validate the file with webslm.open_model")
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    digest = write_synthetic(args.out, args.shape, args.seed, args.context_length)
+    digest = write_synthetic(args.out, args.shape, args.seed, args.context_length, args.encoding)
     elapsed = time.perf_counter() - start
     size = os.path.getsize(args.out)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024   # Linux: KiB
-    print(f"{args.out}: {args.shape}, {size / 2**20:.1f} MiB, written in {elapsed:.2f} s "
+    print(f"{args.out}: {args.shape} {args.encoding}, {size / 2**20:.1f} MiB, written in {elapsed:.2f} s "
           f"(peak RSS {peak:.0f} MiB), sha256 {digest}")
     if args.validate:
         import webslm

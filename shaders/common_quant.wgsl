@@ -45,3 +45,39 @@ fn f16_element(word: u32, index: u32) -> f32 {
     let pair = unpack2x16float(word);
     return select(pair.x, pair.y, (index & 1u) == 1u);
 }
+
+// -- q5 and the super-block encodings (q5, q4k, q5k, q6k) ---------------------------------
+//
+//   high_bits  q5, q5k: 1 bit per element, element 32w + j at bit j of u32 word w of a row
+//              q6k:     2 bits per element, element 16w + j at bits 2j, 2j+1 of word w
+//   sub_scales, sub_mins  one byte per sub-block, read as u32 words (4 bytes each)
+//
+// code = low nibble | high bits << 4, built in integers and converted through MAGIC_BITS like
+// q4_low: exact, and the same instructions for every element (no per-element branches).
+
+// Four 5-bit codes: the nibbles at bits `nibble`, +4, +8, +12 of `word` (nibble 0: elements
+// 0..3 of the word, 16: elements 4..7), their fifth bits at bits `bit` .. `bit`+3 of `high`.
+fn q5_quad(word: u32, nibble: u32, high: u32, bit: u32) -> vec4<f32> {
+    let low = (vec4<u32>(word) >> (vec4<u32>(0u, 4u, 8u, 12u) + nibble)) & vec4<u32>(15u);
+    let top = ((vec4<u32>(high) >> (vec4<u32>(0u, 1u, 2u, 3u) + bit)) & vec4<u32>(1u)) << vec4<u32>(4u);
+    return bitcast<vec4<f32>>(low | top | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
+}
+
+// Four 6-bit codes (q6k, 0..63): as q5_quad with two high bits each, at bits `bit` .. `bit`+7.
+fn q6_quad(word: u32, nibble: u32, high: u32, bit: u32) -> vec4<f32> {
+    let low = (vec4<u32>(word) >> (vec4<u32>(0u, 4u, 8u, 12u) + nibble)) & vec4<u32>(15u);
+    let top = ((vec4<u32>(high) >> (vec4<u32>(0u, 2u, 4u, 6u) + bit)) & vec4<u32>(3u)) << vec4<u32>(4u);
+    return bitcast<vec4<f32>>(low | top | vec4<u32>(MAGIC_BITS)) - vec4<f32>(MAGIC);
+}
+
+// Byte `index` of a byte array stored as u32 words, unsigned (u6 sub-scales and sub-mins);
+// `word` = words[index / 4].
+fn u8_element(word: u32, index: u32) -> f32 {
+    return f32((word >> (8u * (index & 3u))) & 255u);
+}
+
+// The same byte as a signed int8 (q6k's sub-scales, -128..127): moved to the top, then an
+// arithmetic shift back down sign-extends it.
+fn i8_element(word: u32, index: u32) -> f32 {
+    return f32(bitcast<i32>(word << (24u - 8u * (index & 3u))) >> 24u);
+}

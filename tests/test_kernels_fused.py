@@ -81,7 +81,9 @@ def test_quick_runs_are_small_and_pass(native_device, run, models):
     report = run(golden.run_all(native_device, "quick", model=models[0], seed=5,
                                 families=["matvec_fused", "rope_kv"]))
     assert report["passed"], _failures(report)
-    assert len(report["families"]["matvec_fused"]["results"]) <= 80
+    # 54 for f32..q4, 30 for q5 and the super-blocks (each in every input mode: admission's
+    # self-test must reach every kernel a plan uses)
+    assert len(report["families"]["matvec_fused"]["results"]) <= 90
     assert len(report["families"]["rope_kv"]["results"]) <= 80
 
 

@@ -8,7 +8,6 @@ infinity are not values a block may hold: the converter and the validator refuse
 """
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 import pytest
@@ -361,27 +360,11 @@ def test_cpu_path_on_new_encodings_equals_the_same_model_in_f32(tmp_path):
     assert same_bits(quantized.decode_one(42), plain.decode_one(42))
 
 
-def test_gpu_admission_refuses_new_encodings_and_the_engine_serves_on_cpu(kquant_slm):
+def test_gpu_admission_takes_every_new_encoding(kquant_slm):
+    """The GPU kernels read q5 and the super-blocks (tests/test_kernels_kquant.py), so this
+    model's encodings pass admission's derive stage; its random GGUF scales (up to 65504 times
+    sub-scale 63) overflow f32 in both paths, so logits are compared on the synthetic models
+    of tests/test_gpu_kquant_native.py instead."""
     from webslm.admission.pipelines import unsupported
     import webslm
-    model = webslm.open_model(kquant_slm)
-    reason = unsupported(model.manifest)
-    assert reason is not None and "no GPU kernels" in reason and "blk.0.attn_q is stored as q4k" in reason
-
-    from webslm.admission.admit import AdmissionFailure, admit
-    from webslm.engine.engine import Engine
-
-    class NeverAskedGpu:
-        """Admission refuses at "derive", before it asks for an adapter."""
-        async def request_adapter(self, *args, **kwargs):
-            raise AssertionError("an adapter was requested")
-
-    with pytest.raises(AdmissionFailure) as caught:
-        asyncio.run(admit(NeverAskedGpu(), model))
-    assert (caught.value.stage, caught.value.code) == ("derive", "unsupported-model")
-    assert caught.value.leaked_buffers == 0
-
-    engine = Engine(model, gpu=NeverAskedGpu())
-    asyncio.run(engine.load())
-    assert engine.backend_kind == "cpu"
-    assert engine.cpu_reason["code"] == "unsupported-model" and "q4k" in engine.cpu_reason["sentence"]
+    assert unsupported(webslm.open_model(kquant_slm).manifest) is None

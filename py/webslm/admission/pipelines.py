@@ -20,9 +20,9 @@ from ..kernels.registry import compile_kernel
 KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 512,
                  "maxComputeWorkgroupSizeX": 512}
 
-# Encodings the GPU kernels read. q5 and the super-block encodings (q4k, q5k, q6k) are valid
-# artifacts the CPU path runs; admission refuses them here until their kernels exist.
-GPU_ENCODINGS = ("f32", "f16", "q8", "q4")
+# Encodings the GPU kernels read (mat-vec, GEMM, embedding gather): every .slm encoding, GGUF's
+# Q5_0/Q5_1 (q5) and K-quants (q4k, q5k, q6k) included (kernels/kquant.py, docs/kernels.md).
+GPU_ENCODINGS = ("f32", "f16", "q8", "q4", "q5", "q4k", "q5k", "q6k")
 
 
 def unsupported(manifest) -> str | None:
@@ -43,6 +43,29 @@ def unsupported(manifest) -> str | None:
             return f"{name} is stored as {info.encoding}; the GPU norm kernels read f32 weights"
     if a.hidden % 4 or a.ffn % 4:
         return f"hidden {a.hidden} and ffn {a.ffn} must be multiples of 4 (vec4 activation rows)"
+    return mixed_geometry(manifest)
+
+
+def mixed_geometry(manifest) -> str | None:
+    """Why a projection's layers cannot share one decode launch, or None. The step program has
+    one params slot per projection for all layers (program/ops.py), and a mat-vec's params hold
+    its row geometry (scale blocks, units, words per row: kernels/matvec.py params), so every
+    layer's tensor of one kind must have the same geometry. Encodings mixed across layers keep
+    it when their rows are alike (q4k and q6k, as llama.cpp's Q4_K_M mixes them); q8 next to q6k,
+    or q5 next to q8, do not."""
+    from ..kernels.matvec import units
+    from ..kernels.weights import Weights
+    seen: dict[str, tuple[str, tuple[int, int, int]]] = {}
+    for name, info in manifest.tensors.items():
+        if not name.startswith("blk.") or len(info.shape) != 2:
+            continue
+        w = Weights.of_tensor(info)
+        geometry = (w.blocks, units(w), w.row_words)
+        first, want = seen.setdefault(name.split(".", 2)[2], (name, geometry))
+        if geometry != want:
+            return (f"{first} ({manifest.tensors[first].encoding}) and {name} ({info.encoding}) have different "
+                    f"row geometries (blocks, units, words: {want} and {geometry}); the GPU decode step runs one "
+                    f"launch shape per projection for every layer")
     return None
 
 

@@ -2,7 +2,9 @@
 golden tests, bench hook.
 
     embed_<encoding>   ids [T] u32 -> out [T, D] f32 = token_embd[ids] decoded exactly as
-                       artifact/quant.py dequantize does, from the artifact's parts as uploaded
+                       artifact/quant.py dequantize does, from the artifact's parts as uploaded:
+                       f32, f16, q8, q4 (embed.wgsl), q5, q4k, q5k, q6k (embed_kquant.wgsl,
+                       entry points added to embed.wgsl's, three more bindings)
 
 `EmbedTensor` holds token_embd's parts (bytes, as the artifact stores them) with what the
 kernel needs to know; `plan_embed` checks every id < vocab and every size before dispatch.
@@ -16,7 +18,7 @@ import numpy as np
 from ..artifact import format as fmt
 from ..artifact.quant import dequantize, encode_f16, encode_f32, quantize_q4, quantize_q8
 from ..webgpu.interface import Device
-from . import runner
+from . import kquant, runner
 from .golden import (F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, compare_exact, golden,
                      label)
 from .registry import QUANT_SOURCES, CompiledKernel, KernelSpec, compile_kernel, register
@@ -28,30 +30,39 @@ QUANT_OVERRIDES = {"WG": WORKGROUP_SIZES, "BLOCK": BLOCKS, "SCALE_F16": (0, 1)}
 # Bindings: params, out, then the read-only inputs ids, words (data or codes), scales, mins:
 # run_once takes inputs (ids, words[, scales[, mins]]) and outputs (out,).
 _BASE = ("uniform", "storage", "read-only-storage", "read-only-storage")
+# q5 and the super-blocks bind six part slots: codes, scales, mins, high_bits, sub_scales,
+# sub_mins (EmbedTensor.binding_parts: a slot an encoding lacks binds another part again).
+PACKED_SOURCES = SOURCES + ("embed_kquant.wgsl",)
+PACKED_KERNELS = {("q5", "offset"): "embed_q5_offset", ("q5", "min"): "embed_q5_min",
+                  ("q4k", "scaled-min"): "embed_q4k", ("q5k", "scaled-min"): "embed_q5k", ("q6k", "offset"): "embed_q6k"}
 register(
+    *(KernelSpec(name, PACKED_SOURCES, name, _BASE + ("read-only-storage",) * 5, QUANT_OVERRIDES)
+      for name in PACKED_KERNELS.values()),
     KernelSpec("embed_f32", SOURCES, "embed_f32", _BASE, {"WG": WORKGROUP_SIZES}),
     KernelSpec("embed_f16", SOURCES, "embed_f16", _BASE, {"WG": WORKGROUP_SIZES}),
     KernelSpec("embed_q8", SOURCES, "embed_q8", _BASE + ("read-only-storage",), QUANT_OVERRIDES),
     KernelSpec("embed_q4_offset", SOURCES, "embed_q4_offset", _BASE + ("read-only-storage",), QUANT_OVERRIDES),
     KernelSpec("embed_q4_min", SOURCES, "embed_q4_min", _BASE + ("read-only-storage",) * 2, QUANT_OVERRIDES),
 )
-VALUES_PER_WORD = {"f32": 1, "f16": 2, "q8": 4, "q4": 8}
+VALUES_PER_WORD = {"f32": 1, "f16": 2, "q8": 4, "q4": 8, "q5": 8, "q4k": 8, "q5k": 8, "q6k": 8}
 
 
 # -- host side ------------------------------------------------------------------------------
 
 class EmbedTensor(NamedTuple):
     """token_embd as the GPU takes it: its parts' bytes unchanged, and the facts to decode them."""
-    encoding: str                 # "f32" | "f16" | "q8" | "q4"
+    encoding: str                 # "f32" | "f16" | "q8" | "q4" | "q5" | "q4k" | "q5k" | "q6k"
     vocab: int
     dim: int
-    block: int | None             # q8/q4 block_elements
-    scale_type: str | None        # q8/q4 "f16" | "f32"
-    zero: str                     # "none" | "offset" | "min"
-    parts: dict[str, np.ndarray]  # part name -> uint8 bytes ("data" or "codes", "scales", "mins")
+    block: int | None             # quantized: block_elements
+    scale_type: str | None        # quantized: "f16" | "f32"
+    zero: str                     # "none" | "offset" | "min" | "scaled-min"
+    parts: dict[str, np.ndarray]  # part name -> uint8 bytes ("data" or "codes", "scales", ...)
 
     @property
     def kernel(self) -> str:
+        if (self.encoding, self.zero) in PACKED_KERNELS:
+            return PACKED_KERNELS[(self.encoding, self.zero)]
         return {"f32": "embed_f32", "f16": "embed_f16", "q8": "embed_q8"}.get(
             self.encoding, f"embed_q4_{self.zero}")
 
@@ -60,11 +71,26 @@ class EmbedTensor(NamedTuple):
         return fmt.PARTS[(self.encoding, self.zero)]
 
     @property
+    def binding_parts(self) -> tuple[str, ...]:
+        """The parts bound after ids, in binding order: the file order for f32..q4; for q5 and
+        the super-blocks six slots (codes, scales, mins, high_bits, sub_scales, sub_mins), a
+        part the encoding lacks replaced by one it has (never read: embed_kquant.wgsl)."""
+        if (self.encoding, self.zero) not in PACKED_KERNELS:
+            return self.part_order
+        have = set(self.part_order)
+        slots = [("codes",), ("scales",), ("mins", "scales"), ("high_bits", "codes"),
+                 ("sub_scales", "scales"), ("sub_mins", "sub_scales", "scales")]
+        return tuple(next(name for name in slot if name in have) for slot in slots)
+
+    @property
     def quant(self) -> dict | None:
         """The fields quant.dequantize reads (the oracle's view of the descriptor)."""
         if self.block is None:
             return None
-        return {"block_elements": self.block, "scale_type": self.scale_type, "zero": self.zero}
+        out = {"block_elements": self.block, "scale_type": self.scale_type, "zero": self.zero}
+        if self.encoding in fmt.SUB_SCALE_TYPES:
+            out |= {"sub_scale_type": fmt.SUB_SCALE_TYPES[self.encoding], "min_type": "f16"}
+        return out
 
     def dequantize(self) -> np.ndarray:
         return dequantize(self.encoding, (self.vocab, self.dim), self.quant, self.parts)
@@ -146,7 +172,7 @@ async def embed(device: Device, ids: np.ndarray, tensor: EmbedTensor,
     elif kernel.spec.name != plan.kernel or any(kernel.overrides.get(k) != v for k, v in plan.overrides.items()):
         raise ValueError(f"{kernel.spec.name}{kernel.overrides} cannot decode this tensor: "
                          f"it needs {plan.kernel}{plan.overrides}")
-    inputs = [ids] + [tensor.parts[p] for p in tensor.part_order]
+    inputs = [ids] + [tensor.parts[p] for p in tensor.binding_parts]
     out, = await runner.run_once(device, kernel, plan.params, inputs,
                                  [(ids.size * tensor.dim, np.float32)], plan.grid)
     return out.reshape(ids.size, tensor.dim)
@@ -156,22 +182,23 @@ async def embed(device: Device, ids: np.ndarray, tensor: EmbedTensor,
 
 U = F32_UNIT_ROUNDOFF
 NAN_BITS = int(np.array(np.nan, np.float32).view(np.uint32))      # run_once's poison
-FMA_RULE = ("q4 min, f32 scales: |err| <= 2u (|scale code| + |value|) (the product may be fused "
+FMA_RULE = ("q4/q5 min, f32 scales: |err| <= 2u (|scale code| + |value|) (the product may be fused "
             "with + min); value = quant.dequantize")
 
 
 def q4_products(tensor: EmbedTensor, ids: np.ndarray) -> np.ndarray:
-    """|scale * code| per element of the gathered rows (float64), for the FMA allowance."""
-    from ..artifact.quant import SCALE_DTYPES, unpack_nibbles
+    """|scale * code| per element of the gathered rows (float64), for the FMA allowance (q4, q5)."""
+    from ..artifact.quant import SCALE_DTYPES, unpack_codes
     blocks = fmt.blocks_per_row(tensor.dim, tensor.block)
-    codes = unpack_nibbles(tensor.parts["codes"].reshape(tensor.vocab, -1))[ids].astype(np.float64)
+    codes = unpack_codes(tensor.encoding, tensor.parts, tensor.vocab, blocks * tensor.block)[ids].astype(np.float64)
     scales = np.frombuffer(tensor.parts["scales"], SCALE_DTYPES[tensor.scale_type]).reshape(tensor.vocab, blocks)
     scales = np.repeat(scales[ids].astype(np.float64), tensor.block, axis=1)
     return np.abs(scales * codes)[:, :tensor.dim]
 
 
 def check_embed(kernel: str, case: str, tensor: EmbedTensor, ids: np.ndarray, got: np.ndarray) -> GoldenResult:
-    """Bit-exact against quant.dequantize, except q4 "min" with f32 scales (see FMA_RULE)."""
+    """Bit-exact against quant.dequantize, except q4/q5 "min" with f32 scales (see FMA_RULE).
+    q4k/q5k/q6k are bit-exact too: their products are exact in f32 (embed_kquant.wgsl)."""
     want = tensor.dequantize()[np.asarray(ids)]
     if tensor.zero == "min" and tensor.scale_type == "f32":
         bound = 2 * U * (q4_products(tensor, ids) + np.abs(want.astype(np.float64)))
@@ -241,6 +268,24 @@ def embed_cases(rng: np.random.Generator, quick_only: bool) -> list[tuple[str, E
         tensor = make_tensor(rng, encoding, 37, dim, block, zero, scale)
         what = encoding if block is None else f"{encoding} {zero} b{block} {scale} scales"
         cases.append((f"{what} 37x{dim}", tensor))
+    return cases + packed_cases(rng, quick_only)
+
+
+def packed_cases(rng: np.random.Generator, quick_only: bool) -> list[tuple[str, EmbedTensor]]:
+    """q5 and the super-blocks (kquant.random_weights): every form, random and extreme codes
+    (rows of all-max and all-min codes; sub-scales at 0/63, int8 -128/127) with ordinary and
+    extreme f16 scales (+-65504, +-2^-24, zeros)."""
+    forms = [("q5", 32, "offset", "f16", 96), ("q5", 64, "min", "f32", 128), ("q5", 256, "min", "f16", 256),
+             ("q4k", 256, "scaled-min", "f16", 512), ("q5k", 256, "scaled-min", "f16", 256),
+             ("q6k", 256, "offset", "f16", 512)]
+    cases = []
+    for encoding, block, zero, scale_type, dim in forms:
+        for codes, scales in [("mixed", "extreme")] if quick_only else [("random", "normal"), ("max", "extreme"),
+                                                                           ("mixed", "extreme")]:
+            w = kquant.random_weights(rng, encoding, 37, dim, block, zero, scale_type, codes, scales)
+            tensor = embed_tensor(encoding, (37, dim), w.descriptor(), w.parts)
+            cases.append((f"{encoding} {zero} b{block} {scale_type} scales, {codes} codes, {scales} scales 37x{dim}",
+                          tensor))
     return cases
 
 
@@ -290,6 +335,8 @@ async def golden_embed(ctx: GoldenContext) -> list[GoldenResult]:
 
 # -- benchmark hook -----------------------------------------------------------------------------
 
+# (prepare_bench also takes the q5/super-block kernels, embed_q6k, ..., on shapes whose dim is a
+# multiple of 256: not SmolLM2's 576, so they are not in the default list)
 BENCH_KERNELS = ("embed_f32", "embed_f16", "embed_q8", "embed_q4_offset", "embed_q4_min")
 BENCH_SHAPES: dict[str, dict] = runner.bench_shapes(
     {model: {"vocab": vocab, "dim": dim, "block": 32, "scale_type": "f16"}
@@ -314,17 +361,23 @@ def _random_parts(rng: np.random.Generator, encoding: str, zero: str, shape: dic
 
 
 async def prepare_bench(device: Device, name: str, shape: dict, rng: np.random.Generator) -> runner.Prepared:
-    encoding = {"embed_f32": "f32", "embed_f16": "f16", "embed_q8": "q8"}.get(name, "q4")
-    zero = name.removeprefix("embed_q4_") if encoding == "q4" else "none"
-    block = shape["block"] if encoding in ("q8", "q4") else None
-    scale_type = shape["scale_type"] if block else None
-    quant = {"block_elements": block, "scale_type": scale_type, "zero": zero} if block else None
-    tensor = embed_tensor(encoding, (shape["vocab"], shape["dim"]), quant,
-                          _random_parts(rng, encoding, zero, shape))
+    packed = {kernel: form for form, kernel in PACKED_KERNELS.items()}
+    if name in packed:      # q5 and the super-blocks: parts made by kquant.py
+        encoding, zero = packed[name]
+        w = kquant.random_weights(rng, encoding, shape["vocab"], shape["dim"], zero=zero)
+        tensor = embed_tensor(encoding, (shape["vocab"], shape["dim"]), w.descriptor(), w.parts)
+    else:
+        encoding = {"embed_f32": "f32", "embed_f16": "f16", "embed_q8": "q8"}.get(name, "q4")
+        zero = name.removeprefix("embed_q4_") if encoding == "q4" else "none"
+        block = shape["block"] if encoding in ("q8", "q4") else None
+        scale_type = shape["scale_type"] if block else None
+        quant = {"block_elements": block, "scale_type": scale_type, "zero": zero} if block else None
+        tensor = embed_tensor(encoding, (shape["vocab"], shape["dim"]), quant,
+                              _random_parts(rng, encoding, zero, shape))
     ids = rng.integers(0, shape["vocab"], shape["tokens"]).astype(np.uint32)
     plan = plan_embed(device.limits, ids, tensor)
     kernel = await compile_kernel(device, plan.kernel, **plan.overrides)
-    inputs = [ids] + [tensor.parts[p] for p in tensor.part_order]
+    inputs = [ids] + [tensor.parts[p] for p in tensor.binding_parts]
     prepared = runner.prepare(device, kernel, plan.params, inputs, [(ids.size * tensor.dim, np.float32)], plan.grid)
     row_bytes = sum(tensor.parts[p].size for p in tensor.part_order) // tensor.vocab
     prepared.bytes_moved = ids.size * (4 + row_bytes + 4 * tensor.dim)

@@ -1,4 +1,5 @@
-"""Prefill GEMM: Y[M, N] = X[M, K] W[N, K]^T for M > 1, W in q4, q8, f16 or f32.
+"""Prefill GEMM: Y[M, N] = X[M, K] W[N, K]^T for M > 1, W in any .slm encoding (q4, q8, f16,
+f32, and q5, q4k, q5k, q6k: their one decoder file gemm_<enc>.wgsl serves both kinds).
 
 Prefill multiplies many activation rows by the same weights, so it is compute-bound: the
 kernels tile Y in 2-D per workgroup, dequantize each W tile into workgroup memory once per
@@ -15,11 +16,12 @@ Two kernel kinds, same bindings and params prefix (the WGSL comes from trusted b
 
     overrides  classic  WG_X 8|16, WG_Y 8|16, RM 4|8
                tiled    WG_X 16, WG_Y 8|16, RM 4|8, RN 4|8, BK 16|32, STAGES 1|2
-               both     ACCUMULATE 0|1 (Y += X W^T); q4/q8 BLOCK 32..256, SCALE_F16; q4 ZERO_MIN
+               both     ACCUMULATE 0|1 (Y += X W^T); q4/q8/q5 BLOCK 32..256, SCALE_F16; q4/q5 ZERO_MIN
 
 Bindings: 0 params, 1 x [M][x_stride] f32 (x_stride % 4 == 0), 2 y, 3.. the weight parts
-exactly as the artifact stores them (q4: codes, scales, mins; q8: codes, scales; f16/f32:
-data); q4 "offset" binds its scales again in the mins slot.
+exactly as the artifact stores them, in weights.PART_NAMES order (q4: codes, scales, mins; q8:
+codes, scales; f16/f32: data; q6k: codes, high_bits, scales, sub_scales; ...); q4 and q5
+"offset" bind their scales again in the mins slot.
 
 Host side: `weights.Weights` describes a tensor's parts (shared with matvec.py); TILES names
 every variant; `choose_tile` picks one for a device and shape from TILE_ORDER, the knob set
@@ -40,7 +42,8 @@ from . import runner
 from .gemm_oracle import decode64, oracle, random_parts, wrong_results  # noqa: F401  (the family's API)
 from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
 from .registry import KERNELS, QUANT_SOURCES, KernelSpec, compile_kernel, register
-from .weights import ENCODINGS, PART_NAMES, Weights
+from .weights import BLOCKED, ENCODINGS, PART_NAMES, Weights
+from . import kquant
 
 KT = 32     # the classic kernel's K step (gemm_main.wgsl)
 U32_LIMIT = runner.U32_LIMIT
@@ -60,16 +63,18 @@ def _specs():
     for encoding in ENCODINGS:
         quant = QUANT_SOURCES.get(encoding, ())
         weights = {}
-        if encoding in ("q4", "q8"):
+        if encoding in BLOCKED:
             weights |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
-        if encoding == "q4":
+        if encoding in ("q4", "q5"):
             weights |= {"ZERO_MIN": (0, 1)}
         parts = ("read-only-storage",) * len(PART_NAMES[encoding])
+        # q5 and the super-blocks: one decoder file (16-weight units) for both kernel kinds
+        tiled_file = f"gemm_{encoding}.wgsl" if encoding in kquant.ENCODINGS else f"gemm_tiled_{encoding}.wgsl"
         # the encoding file (and the scale helpers that use its SCALE_F16) precede the main
         # file: see the note at the top of gemm_main.wgsl
         yield KernelSpec(f"gemm_{encoding}", ("common_quant.wgsl", f"gemm_{encoding}.wgsl", *quant, "gemm_main.wgsl"),
                          "main", bindings + parts, classic | weights)
-        body = ("common_quant.wgsl", f"gemm_tiled_{encoding}.wgsl", *quant, "gemm_tiled_main.wgsl")
+        body = ("common_quant.wgsl", tiled_file, *quant, "gemm_tiled_main.wgsl")
         yield KernelSpec(f"gemm_tiled_{encoding}", ("gemm_tiled_full.wgsl", *body), "main", bindings + parts,
                          tiled | weights)
         yield KernelSpec(f"gemm_tiled_half_{encoding}", ("enable_f16.wgsl", "gemm_tiled_half.wgsl", *body), "main",
@@ -309,10 +314,14 @@ def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None 
     y_stride = (n if sections is None else sections[0][2]) if y_stride is None else y_stride
     if w.encoding not in ENCODINGS:
         raise GemmError("bad-encoding", "weights", f"GEMM has no {w.encoding!r} encoding")
-    if w.encoding in ("q4", "q8") and (w.block not in BLOCK_ELEMENTS or w.scale_type not in ("f16", "f32")):
+    if w.encoding in BLOCKED and (w.block not in BLOCK_ELEMENTS or w.scale_type not in ("f16", "f32")):
         raise GemmError("bad-encoding", "weights", f"block {w.block} / scale type {w.scale_type!r} unsupported")
-    if w.encoding == "q4" and w.zero not in ("min", "offset"):
-        raise GemmError("bad-encoding", "weights", f"q4 zero must be 'min' or 'offset', not {w.zero!r}")
+    if w.encoding in ("q4", "q5") and w.zero not in ("min", "offset"):
+        raise GemmError("bad-encoding", "weights", f"{w.encoding} zero must be 'min' or 'offset', not {w.zero!r}")
+    if w.encoding in kquant.ENCODINGS and (k % (w.block or 1) or (w.encoding != "q5" and (w.block, w.scale_type)
+                                                                   != (256, "f16"))):
+        raise GemmError("bad-encoding", "weights", f"{w.encoding} needs whole blocks (K={k}, block {w.block}) and "
+                        f"super-blocks of 256 with f16 scales")
     if min(m, n, k) < 1:
         raise GemmError("dimension-mismatch", "shape", f"empty GEMM: M={m} N={n} K={k}")
     if k + KT + max(BLOCK_ELEMENTS) >= U32_LIMIT:   # the K loop and block count must not wrap
@@ -497,6 +506,7 @@ def _cases(ctx: GoldenContext):
                        _random(rng, config, n, k), _activations(rng, m, k),
                        y0=(rng.standard_normal((m, n)) * 4).astype(np.float32), tile=tile)
     yield from _section_cases(rng, quick, [t for t in tiles if t.sections])
+    yield from _packed_cases(rng, quick, tiles)
     if not quick:
         yield from _adversarial_cases(rng, [None] + [t for t in tiles if t.name in (
             "64x128/4x8/k16/s2", "128x128/8x8/k16/s2/h", "64x64/4x4/k16/s1/x2")])
@@ -506,6 +516,51 @@ def _cases(ctx: GoldenContext):
         for tile in [None] + ([] if quick else [t for t in tiles if t.half][:1]):
             yield Case(f"real blk.0.ffn_up {m}x{weights.rows}x{weights.cols} {weights.encoding} tile "
                        f"{tile.name if tile else 'chosen'}", weights, _activations(rng, m, weights.cols), tile=tile)
+
+
+# q5 and the super-blocks (kquant.py): (encoding, block, zero, scale type) of every form.
+PACKED = [("q5", 32, "offset", "f16"), ("q5", 64, "min", "f32"), ("q5", 256, "min", "f16"),
+          ("q4k", 256, "scaled-min", "f16"), ("q5k", 256, "scaled-min", "f16"), ("q6k", 256, "offset", "f16")]
+
+
+def _packed_cases(rng, quick: bool, tiles: list):
+    """q5 and the super-blocks: random parts on the host's tile and (full) on every tile in
+    turn, extreme codes and scales (f16 +-65504, subnormals, zeros; f32 tiles only: the f16
+    tiles' rule needs values inside the f16 range), with ACCUMULATE and q|k|v sections."""
+    def parts(config, n, k, codes="random", scales="normal"):
+        enc, block, zero, st = config
+        return kquant.random_weights(rng, enc, n, k, block, zero, st, codes, scales)
+    if quick:   # each form on a classic tile and a register tile: admission's self-test needs both kernels
+        classic = [t for t in tiles if not t.sections][:1]
+        register = [t for t in tiles if t.sections and not t.half][:1]
+        for config in PACKED + [Q8]:
+            for tile in classic + register:
+                weights = parts(config, 20, 256) if config in PACKED else _random(rng, config, 20, 256)
+                yield Case(f"random 3x20x256 {_tag(config)} tile {tile.name}", weights, _activations(rng, 3, 256),
+                           tile=tile)
+        return
+    for config in PACKED:
+        m, n, k = 17, 70, 512
+        yield Case(f"random {m}x{n}x{k} {_tag(config)} tile chosen", parts(config, n, k), _activations(rng, m, k))
+    half = [t for t in tiles if t.half][:1]
+    for i, tile in enumerate(tiles):      # each tile one form in turn; the first f16 tile every form
+        for config in PACKED if tile in half else [PACKED[i % len(PACKED)]]:
+            m, n, k = 19, 37, 256 if tile.half else 768
+            yield Case(f"random {m}x{n}x{k} {_tag(config)} tile {tile.name}", parts(config, n, k),
+                       _activations(rng, m, k), tile=tile)
+    for config in PACKED:
+        m, n, k = 17, 45, 512
+        for codes, scales in (("max", "normal"), ("min", "normal"), ("mixed", "extreme")):
+            yield Case(f"{codes} codes {scales} scales {m}x{n}x{k} {_tag(config)} tile chosen",
+                       parts(config, n, k, codes, scales), _activations(rng, m, k))
+        yield Case(f"accumulate {m}x{n}x{k} {_tag(config)} tile chosen", parts(config, n, k),
+                   _activations(rng, m, k), y0=(rng.standard_normal((m, n)) * 4).astype(np.float32))
+    sectioned = [t for t in tiles if t.sections and not t.half][:1]
+    for config in PACKED[3:] if sectioned else ():
+        m, widths, k = 9, (36, 12, 12), 256
+        first, bases = [0, 36, 48], [0, m * 36 + 7, m * 48 + 13]
+        yield Case(f"sections {m}x{widths}x{k} {_tag(config)} tile {sectioned[0].name}", parts(config, 60, k),
+                   _activations(rng, m, k), tile=sectioned[0], sections=[(first[j], bases[j], widths[j]) for j in range(3)])
 
 
 def _section_cases(rng, quick: bool, tiles: list):

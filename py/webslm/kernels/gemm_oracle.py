@@ -18,6 +18,7 @@ import numpy as np
 from ..artifact import quant
 from ..artifact.format import blocks_per_row
 from .golden import F32_TINY, F32_UNIT_ROUNDOFF, gamma
+from . import kquant
 from .weights import Weights
 
 RULE = ("|y - exact| <= gamma(K + 2) * sum_k (|s c_k| + |m|) |x_k| + (K + 2) tiny; "
@@ -32,8 +33,15 @@ T16 = 2.0 ** -24      # the f16 subnormal spacing: the most a conversion of a ti
 
 def decode64(weights: Weights) -> tuple[np.ndarray, np.ndarray]:
     """(W, magnitude) in float64, [N, K]: W = s c + m exactly as the format defines it, and
-    the magnitude |s c| + |m| (|s (c - 8)| for "offset", |w| for f16/f32) the bound uses."""
+    the magnitude |s c| + |m| (|s (c - 8)| for "offset", |w| for f16/f32) the bound uses.
+    q5 and the super-blocks (kquant.terms): the kernels decode fma(c, s, m) for "min" and
+    "scaled-min" (magnitude |s c| + |m|), (c - offset) s for "offset" (magnitude |w|)."""
     n, k, enc = weights.rows, weights.cols, weights.encoding
+    if enc in kquant.ENCODINGS:
+        t = kquant.terms(weights)
+        if weights.zero == "offset":
+            return t.w, np.abs(t.w)
+        return t.w, np.abs(t.code) + np.abs(t.zero)
     if enc in ("f16", "f32"):
         w = quant.dequantize(enc, (n, k), None, weights.parts).astype(np.float64)
         return w, np.abs(w)
@@ -117,6 +125,9 @@ def random_parts(rng, encoding: str, n: int, k: int, block: int = 32, zero: str 
     if encoding in ("f16", "f32"):
         w = (rng.standard_normal((n, k)) * scale).astype(np.float32)
         return Weights.quantized(w, encoding)
+    if encoding in kquant.ENCODINGS:     # codes "random", "max", "min" or "mixed"
+        return kquant.random_weights(rng, encoding, n, k, block if encoding == "q5" else None,
+                                     zero if encoding == "q5" else None, scale_type, codes, scale=scale)
     blocks = blocks_per_row(k, block)
     width = blocks * block
     lo, hi = (0, 15) if encoding == "q4" else (-128, 127)

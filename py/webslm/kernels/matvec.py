@@ -1,4 +1,5 @@
-"""Decode mat-vec: y[m] = W x[m] for M = 1 (and a few rows) with W in q4, q8, f16 or f32.
+"""Decode mat-vec: y[m] = W x[m] for M = 1 (and a few rows) with W in any .slm encoding:
+q4, q8, f16, f32, and q5, q4k, q5k, q6k (GGUF's Q5_0/Q5_1 and K-quants).
 
 Decode is memory-bound: every weight byte is read once per token and used for one
 multiply-add, so the kernels are built to stream weights at full width (16-byte loads,
@@ -10,10 +11,11 @@ The WGSL is assembled from trusted bundle files only (registry "sources"):
     matvec_reduce_workgroup.wgsl      row sums in workgroup memory     (tiers A, B)
     matvec_reduce_subgroup.wgsl       row sums with subgroupAdd        (tier C: "subgroups")
     matvec_<encoding>.wgsl            weight bindings and one unit's dot products
+    matvec_unit32.wgsl                q5, q4k, q5k, q6k: their unit of x (32 values, with sums)
     matvec_input_<input>.wgsl         the activation and output bindings, and what the weights
                                       multiply: x ("plain"), RMSNorm(x) ("norm") or
                                       silu(gate) * up ("swiglu", with silu.wgsl)
-    quant_scales.wgsl, quant_mins.wgsl  q4/q8 scale_at, q4 min_at (f16 or f32 scales)
+    quant_scales.wgsl, quant_mins.wgsl  q4/q5/q8 scale_at, q4/q5 min_at (f16 or f32 scales)
 
 Variants (registry names; `kernel_name`): `matvec_<enc>[_subgroup]` (input "plain", INPUT 0),
 `matvec_norm_<enc>[_subgroup]` (INPUT 1) and `matvec_swiglu_<enc>[_subgroup]` (INPUT 2): the
@@ -59,19 +61,22 @@ import numpy as np
 from ..artifact import quant
 from ..artifact.format import BLOCK_ELEMENTS, blocks_per_row, row_stride
 from ..webgpu.interface import Device
-from . import runner
+from . import kquant, runner
 from .golden import (F32_TINY, F32_UNIT_ROUNDOFF, GoldenContext, GoldenResult, compare_bound, gamma, golden,
                      label)
 from .registry import KERNELS, QUANT_SOURCES, KernelSpec, capabilities, compile_kernel, register
 from .weights import ENCODINGS, PART_NAMES, Weights
 
-UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4}   # weights one invocation step covers
+UNIT_ELEMENTS = {"q4": 32, "q8": 16, "f16": 8, "f32": 4,    # weights one invocation step covers
+                 "q5": 32, "q4k": 32, "q5k": 32, "q6k": 32}
+UNIT32 = ("q5", "q4k", "q5k", "q6k")      # the encodings that read x through matvec_unit32.wgsl
 WORKGROUP_SIZES = (32, 64, 128, 256)
 ROWS_PER_WORKGROUP = (1, 2, 4, 8, 16)
 UNITS_PER_INVOCATION = 4
 # Per encoding, its kernel variants besides the plain one ("": matvec_<enc>.wgsl): the file
 # matvec_<enc>_<variant>.wgsl replaces it, binding the same weight parts (module docstring).
-VARIANTS = {"q4": ("dot4",), "q8": ("dot4",), "f16": ("wide",), "f32": ()}
+VARIANTS = {"q4": ("dot4",), "q8": ("dot4",), "f16": ("wide",), "f32": (), "q5": (), "q4k": (), "q5k": (),
+            "q6k": ()}
 DOT4_FEATURE = "packed_4x8_integer_dot_product"     # the WGSL language feature dot4 needs
 INPUTS = {"plain": 0, "norm": 1, "swiglu": 2}               # input mode -> INPUT number (docs)
 # The activation bindings of each input mode, after the weight parts (y follows them).
@@ -112,9 +117,9 @@ def _specs():
             for variant in ("", *VARIANTS[encoding]):
                 for subgroups in (False, True):
                     overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP, "ACCUMULATE": (0, 1)}
-                    if encoding in ("q4", "q8"):
+                    if encoding in ("q4", "q8", "q5"):
                         overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
-                    if encoding == "q4":
+                    if encoding in ("q4", "q5"):
                         overrides |= {"ZERO_MIN": (0, 1)}
                     if variant == "dot4":
                         overrides |= {"RESIDUAL": (0, 1)}
@@ -123,8 +128,9 @@ def _specs():
                     yield KernelSpec(
                         name=kernel_name(encoding, subgroups, input, variant),
                         sources=(("enable_subgroups.wgsl",) if subgroups else ())
-                        + ("common_quant.wgsl", "matvec_main.wgsl", weights_file,
-                           f"matvec_input_{input}.wgsl", reduce)
+                        + ("common_quant.wgsl", "matvec_main.wgsl", weights_file)
+                        + (("matvec_unit32.wgsl",) if encoding in UNIT32 else ())
+                        + (f"matvec_input_{input}.wgsl", reduce)
                         + (("matvec_int8_x.wgsl",) if variant == "dot4" else ())
                         + (("silu.wgsl",) if input == "swiglu" else ())
                         + QUANT_SOURCES.get(encoding, ()),
@@ -145,7 +151,7 @@ register(*_specs())
 
 def units(weights: Weights) -> int:
     """Steps of UNIT_ELEMENTS weights per row, padding included."""
-    if weights.encoding in ("q4", "q8"):
+    if weights.block:
         return weights.blocks * weights.block // UNIT_ELEMENTS[weights.encoding]
     return -(-weights.cols // UNIT_ELEMENTS[weights.encoding])
 
@@ -423,8 +429,12 @@ def _magnitudes(weights: Weights) -> tuple[np.ndarray, np.ndarray, int, str, np.
     """(W exactly decoded [N, K] float64, the per-weight magnitude of its elementary terms,
     n for gamma(n), the rule's words, |s c| [N, K]: the magnitude of the code part alone,
     the part the int8 variants multiply by quantized activations). See `oracle`."""
-    w = weights.dequantize().astype(np.float64)
     padded = units(weights) * UNIT_ELEMENTS[weights.encoding]
+    if weights.encoding in kquant.ENCODINGS:      # exact float64 terms (the f32 decode rounds q4k/q5k)
+        t = kquant.terms(weights)
+        return (t.w, np.abs(t.code) + np.abs(t.zero), 2 * padded + 2,
+                "gamma(2 K_padded + 2) * sum(|s c| + |zero part|) |x|", np.abs(t.code))
+    w = weights.dequantize().astype(np.float64)
     if weights.encoding == "q4":
         codes = quant.unpack_nibbles(_as_array(weights.parts["codes"]).reshape(weights.rows, -1))
         codes = codes[:, :weights.cols].astype(np.float64)
@@ -485,8 +495,8 @@ def oracle(weights: Weights, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, str
     for "offset"). Each elementary term (s c_k x_k, m x_k, 8 s x_k) is rounded at most
     once as a product, once by its scale, and once per addition on its path, and no path
     has more additions than there are terms, so |y - exact| <= gamma(n) * sum |terms| with
-    n = terms + 2 (Higham 3.1 / 4.2). Terms are 2 per weight for q4 (code and zero part),
-    1 otherwise; padding weights count (they are multiplied by masked zeros)."""
+    n = terms + 2 (Higham 3.1 / 4.2). Terms are 2 per weight for q4, q5 and the super-block
+    encodings (code and zero part: kquant.terms, exact), 1 otherwise; padding weights count (they are multiplied by masked zeros)."""
     x64 = np.atleast_2d(x).astype(np.float64)
     w, magnitude_w, n, rule, _ = _magnitudes(weights)
     return x64 @ w.T, gamma(n) * (np.abs(x64) @ magnitude_w.T), rule
@@ -633,11 +643,64 @@ def _cases(ctx: GoldenContext):
             w = _extreme_codes(Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min"),
                                rng, which)
             yield f"{which} codes {rows}x{cols} {encoding}/{zero}", w, rng.standard_normal((1, cols)).astype(np.float32)
+    yield from _packed_cases(ctx)
     if ctx.model is not None:
         for name in ("blk.0.ffn_up", "blk.0.attn_k", "token_embd"):
             if name in ctx.model.artifact.manifest.tensors:
                 w = Weights.from_model(ctx.model, name)
                 yield f"real {name} {w.rows}x{w.cols} {w.encoding}", w, rng.standard_normal((1, w.cols)).astype(np.float32)
+
+
+# q5 and the super-block encodings (kquant.py): (encoding, block, zero, scale type) of every form.
+PACKED_FORMS = [("q5", 32, "offset", "f16"), ("q5", 64, "min", "f32"), ("q5", 256, "min", "f16"),
+                ("q4k", 256, "scaled-min", "f16"), ("q5k", 256, "scaled-min", "f16"), ("q6k", 256, "offset", "f16")]
+
+
+def _packed(rng, form, rows: int, cols: int, **kwargs) -> Weights:
+    encoding, block, zero, scale_type = form
+    return kquant.random_weights(rng, encoding, rows, cols, block, zero, scale_type, **kwargs)
+
+
+def _packed_cases(ctx: GoldenContext):
+    """(label, weights, x) of q5 and the super-blocks: random shapes (rows hold whole blocks),
+    extreme codes and scales (f16 +-65504, subnormals, zeros) with sub-scales at their ends."""
+    rng = ctx.rng
+    shapes = [(9, 256)] if ctx.quick else [(1, 256), (7, 512), (65, 768), (300, 1024), (4, 4096)]
+    for rows, cols in shapes:
+        for form in PACKED_FORMS:
+            m = 3 if rows == 1 else 1
+            yield (f"random {rows}x{cols} {'/'.join(map(str, form))}", _packed(rng, form, rows, cols),
+                   rng.standard_normal((m, cols)).astype(np.float32))
+    rows, cols = (5, 256) if ctx.quick else (40, 512)
+    for codes, scales in ([("mixed", "extreme")] if ctx.quick else
+                          [("max", "normal"), ("min", "normal"), ("mixed", "extreme"), ("random", "extreme")]):
+        for form in PACKED_FORMS:
+            yield (f"{codes} codes {scales} scales {rows}x{cols} {'/'.join(map(str, form))}",
+                   _packed(rng, form, rows, cols, codes=codes, scales=scales),
+                   rng.standard_normal((2, cols)).astype(np.float32))
+
+
+def _packed_fused_cases(ctx: GoldenContext):
+    """FusedCase values of q5 and the super-blocks: each input mode, with and without y0."""
+    rng = ctx.rng
+    n = rng.standard_normal
+    for rows, cols in [(9, 256)] if ctx.quick else [(7, 256), (65, 512)]:
+        m = 2 if rows == 7 else 1
+        # quick (browser rows, admission): every encoding and zero in every mode, one q5 "min"
+        for form in PACKED_FORMS[:2] + PACKED_FORMS[3:] if ctx.quick else PACKED_FORMS:
+            w = _packed(rng, form, rows, cols, scales="extreme" if rows == 7 else "normal")
+            what = f"random {rows}x{cols} {'/'.join(map(str, form))}"
+            up_offset = cols + 4
+            x = (2 * n((m, cols))).astype(np.float32)
+            y0 = n((m, rows)).astype(np.float32)
+            yield FusedCase(f"{what} norm", w, "norm", x, _norm_weight(rng, cols), 1e-5)
+            yield FusedCase(f"{what} swiglu F'={up_offset} +y0", w, "swiglu",
+                            gate_up_row(3 * n((m, cols)), n((m, cols)), up_offset), up_offset=up_offset, y0=y0)
+            yield FusedCase(f"{what} plain +y0", w, "plain", x, y0=y0)
+            if rows == 7:
+                yield FusedCase(f"{what} norm +y0", w, "norm", x, _norm_weight(rng, cols), 1e-6, y0=y0)
+                yield FusedCase(f"{what} swiglu F'={up_offset}", w, "swiglu",
+                                gate_up_row(3 * n((m, cols)), n((m, cols)), up_offset), up_offset=up_offset)
 
 
 @golden("matvec", kernels=("matvec_",))
@@ -765,6 +828,7 @@ def _fused_cases(ctx: GoldenContext):
                 yield FusedCase(f"{what} swiglu +y0", w, "swiglu",
                                 gate_up_row(3 * n((1, cols)), n((1, cols)), _quads(cols)), up_offset=_quads(cols),
                                 y0=n((1, rows)).astype(np.float32))
+    yield from _packed_fused_cases(ctx)
     model = ctx.model
     if model is not None:
         tensors = model.artifact.manifest.tensors
@@ -836,7 +900,12 @@ BENCH_NAMES = ("q4", "q8", "f16", "f32", "q4/input=norm", "q4/input=swiglu/ACCUM
 
 def random_weights_fast(rng, encoding: str, rows: int, cols: int, block: int = 32,
                         zero: str = "min", scale_type: str = "f16") -> Weights:
-    """Random parts of the right sizes without quantizing (benchmarks on big shapes)."""
+    """Random parts of the right sizes without quantizing (benchmarks on big shapes); q5 and
+    the super-blocks by kquant.random_weights (q5: block 32, `zero` "min" or else "offset")."""
+    if encoding in kquant.ENCODINGS:
+        q5_zero = "min" if zero == "min" else "offset"
+        return kquant.random_weights(rng, encoding, rows, cols, block if encoding == "q5" else None,
+                                     q5_zero if encoding == "q5" else None, scale_type)
     blocks = blocks_per_row(cols, block)
     stride = row_stride(encoding, cols, block)
     codes = rng.integers(0, 256, rows * stride, dtype=np.uint8).tobytes()

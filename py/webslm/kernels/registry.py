@@ -76,8 +76,10 @@ def capabilities(device: Device) -> frozenset[str]:
 ENABLE_FILES = {"enable_subgroups.wgsl": "subgroups", "enable_f16.wgsl": "f16"}
 
 # Per quantized encoding, the files with its scale helpers: scale_at (quant_scales.wgsl) and,
-# for q4, min_at (quant_mins.wgsl). The kernel declares SCALE_F16 and the scales/mins bindings.
-QUANT_SOURCES = {"q4": ("quant_scales.wgsl", "quant_mins.wgsl"), "q8": ("quant_scales.wgsl",)}
+# for q4 and q5, min_at (quant_mins.wgsl). The kernel declares SCALE_F16 and the scales/mins
+# bindings. The super-block encodings (f16 scales only) read theirs with f16_element.
+QUANT_SOURCES = {"q4": ("quant_scales.wgsl", "quant_mins.wgsl"), "q8": ("quant_scales.wgsl",),
+                 "q5": ("quant_scales.wgsl", "quant_mins.wgsl")}
 
 KERNELS: dict[str, KernelSpec] = {}
 

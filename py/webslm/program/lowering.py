@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from ..kernels import attention, attention_rope, embed, gemm, logits, matvec, norm, rope_kv, swiglu
-from ..kernels.weights import PART_NAMES, Weights
+from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
 
@@ -61,13 +61,10 @@ class Launch:
 def weight_pieces(manifest, splits: list[dict], tensor: str) -> list[tuple[Weights, int]]:
     """(shape-only Weights, first row) of each row piece of a 2-D tensor (one without a split)."""
     info = manifest.tensors[tensor]
-    rows, cols = info.shape
-    q = info.quant
+    rows = info.shape[0]
     split = next((s for s in splits if s["tensor"] == tensor), None)
     step = rows if split is None else split["rows_per_piece"]
-    return [(Weights(info.encoding, min(a + step, rows) - a, cols, {}, q.block_elements if q else None,
-                     q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None), a)
-            for a in range(0, rows, step)]
+    return [(Weights.of_tensor(info, min(a + step, rows) - a), a) for a in range(0, rows, step)]
 
 
 def weight_of(manifest, splits: list[dict], ref: str, piece: int = 0) -> tuple[Weights, int]:
@@ -81,10 +78,8 @@ def weight_of(manifest, splits: list[dict], ref: str, piece: int = 0) -> tuple[W
 
 
 def part_names(weights: Weights) -> tuple[str, ...]:
-    """The kernels' weight bindings in order: q4 "offset" binds its scales in the mins slot."""
-    if weights.encoding == "q4" and weights.zero == "offset":
-        return ("codes", "scales", "scales")
-    return PART_NAMES[weights.encoding]
+    """The kernels' weight bindings in order: q4/q5 "offset" bind their scales in the mins slot."""
+    return weights.binding_names()
 
 
 class Lowering:
@@ -161,7 +156,7 @@ class Lowering:
 
     def _embed(self, op, schedule, tokens, start, readback, long_attention):
         p = embed.plan_embed(self.limits, np.zeros(tokens, np.uint32), self.embedding)
-        parts = [Binding(part, op.read("table"), part=part) for part in self.embedding.part_order]
+        parts = [Binding(part, op.read("table"), part=part) for part in self.embedding.binding_parts]
         return [self._launch(op, p, [Binding("ids", op.read("ids")), *parts], [Binding("x", op.write("x"))])]
 
     def _norm(self, op, schedule, tokens, start, readback, long_attention):

@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-from ...kernels.weights import PART_NAMES, Weights
+from ...kernels.weights import Weights
 from ...webgpu.interface import BufferBinding
 
 
@@ -53,18 +53,14 @@ class MatrixPiece:
 def matrix(regions: Regions, manifest, tensor: str) -> list[MatrixPiece]:
     """The pieces of a 2-D weight tensor: one, or the planner's row split (plan.splits)."""
     info = manifest.tensors[tensor]
-    rows, cols = info.shape
-    q = info.quant
+    rows = info.shape[0]
     split = next((s for s in regions.plan.splits if s["tensor"] == tensor), None)
     cuts = [(0, rows)] if split is None else [
         (a, min(a + split["rows_per_piece"], rows)) for a in range(0, rows, split["rows_per_piece"])]
     pieces = []
     for a, z in cuts:
-        weights = Weights(info.encoding, z - a, cols, {}, q.block_elements if q else None,
-                          q.zero if q and info.encoding == "q4" else None, q.scale_type if q else None)
-        names = PART_NAMES[info.encoding]
-        if info.encoding == "q4" and weights.zero == "offset":
-            names = ("codes", "scales", "scales")          # the kernels bind scales in the mins slot
+        weights = Weights.of_tensor(info, z - a)
+        names = weights.binding_names()          # q4/q5 "offset": scales again in the mins slot
         suffix = "" if split is None else f"[{a}:{z}]"
         parts = tuple(regions.bind(f"w.{tensor}.{name}{suffix}") for name in names)
         pieces.append(MatrixPiece(weights, a, parts))
