@@ -285,6 +285,6 @@ def test_model_switch_unloads_the_engine(booted):
     assert [(r["backend"], r["reason"]) for r in released] == ([("gpu", "unload")] if engine["backend"] == "gpu" else [])
     assert booted.request("engine-status")["state"] == "Empty"
     # admit again, as the page does after loading a model
-    result = booted.request("admit", {"featureLevel": "auto", "fault": None}, timeout_s=900)
+    result = booted.request("admit", {"featureLevel": "auto", "fault": None, "gpu": "force"}, timeout_s=900)
     assert result["engine"]["backend"] == engine["backend"], result["engine"]
     booted.wait_for(f"window.webslm.engine.state === {json.dumps(ready)}", timeout_s=30)

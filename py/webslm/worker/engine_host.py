@@ -65,17 +65,17 @@ class EngineHost:
 
     # -- admission: which engine answers ---------------------------------------------------------
     async def admit(self, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress,
-                    gpu: str = "measure") -> str:
+                    choice: str = "measure") -> str:
         """GPU admission of the model on this browser's adapter, then the engine for it. The
         engine held so far is unloaded first (its GPU buffers and device are destroyed before a
         second admission allocates); on success the new engine runs on the admitted session
         (start_engine: no second admission), otherwise on the CPU path with the failure as its
-        reason. gpu "measure": the admitted GPU is kept only if its decode step is not slower
+        reason. choice "measure": the admitted GPU is kept only if its decode step is not slower
         than the CPU path's (stage "speed"; engine/choice.py); "force": it is kept untimed.
         The reply is JSON: the tier and receipt, or the stage, code and sentence that failed,
         and the engine's summary (with the choice's numbers)."""
-        if gpu not in ("measure", "force"):
-            raise ValueError(f"gpu must be measure or force, not {gpu!r}")
+        if choice not in ("measure", "force"):
+            raise ValueError(f"choice must be measure or force, not {choice!r}")
         from ..admission.admit import AdmissionFailure, AdmissionPolicy
         from ..admission.admit import admit as run_admission
         from ..admission.receipt import render_text
@@ -108,9 +108,9 @@ class EngineHost:
         seconds = round(time.perf_counter() - started, 3)
         self.gpu_session = session
         engine_started = time.perf_counter()
-        if gpu == "measure":
+        if choice == "measure":
             on_stage("speed")                  # the page shows it; admission's own stages end at publish
-        await self.start_engine(gpu, session=session, measure=gpu == "measure")
+        await self.start_engine(gpu, session=session, measure=choice == "measure")
         return json.dumps({"admitted": True, "tier": session.tier, "features": list(session.features),
                            "feature_level": session.feature_level, "stages": stages,
                            "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
