@@ -6,6 +6,8 @@ too. No assertion depends on how fast this machine is: the timings are the test'
 """
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from test_engine import FakeGpuBackend, answer, reference, transitions
@@ -16,7 +18,7 @@ from webslm.backends.scores import BackendLost
 from webslm.cpu import CpuBackend
 from webslm.engine import Engine, State
 from webslm.engine import choice as choice_module
-from webslm.engine.choice import Choice, CpuStep, by_measurement, choose, estimate_cpu_step, weight_bytes
+from webslm.engine.choice import Choice, CpuStep, by_measurement, choose, estimate_cpu_step
 from webslm.generate import prompt_ids
 from webslm.semantic.sampler import SamplerSettings
 
@@ -37,17 +39,27 @@ class TimedFakeGpu(FakeGpuBackend):
     """FakeGpuBackend whose decode steps take step_s[i] seconds on `clock` (the last value
     repeats); lose_in_step: a step raises BackendLost instead."""
 
-    def __init__(self, model, clock: Clock, step_s, lose_in_step: bool = False):
+    def __init__(self, model, clock: Clock, step_s, lose_in_step: bool = False, hang: bool = False):
         super().__init__(model)
-        self.clock, self.step_s, self.lose_in_step = clock, list(step_s), lose_in_step
+        self.clock, self.step_s, self.lose_in_step, self.hang = clock, list(step_s), lose_in_step, hang
         self.decode_calls = 0
+        self.released = asyncio.Event()
+        self.hung_step_ended = False
 
     async def decode_one(self, token, want, epoch=0):
         self.clock.now += self.step_s[min(self.decode_calls, len(self.step_s) - 1)]
         self.decode_calls += 1
         if self.lose_in_step:
             raise BackendLost("device-lost", "fake gpu", "the fake device was lost")
+        if self.hang:                    # until released, as a destroyed device ends its work
+            await self.released.wait()
+            self.hung_step_ended = True
+            raise BackendLost("device-lost", "fake gpu", "destroyed while the step ran")
         return await super().decode_one(token, want, epoch)
+
+    def release(self) -> None:
+        self.released.set()
+        super().release()
 
 
 def cpu_taking(seconds: float, calls: list | None = None):
@@ -59,7 +71,8 @@ def cpu_taking(seconds: float, calls: list | None = None):
     return cpu_step
 
 
-def timed_engine(model, step_s, cpu_s, *, fallback=True, events=None, cpu_calls=None, lose_in_step=False):
+def timed_engine(model, step_s, cpu_s, *, fallback=True, events=None, cpu_calls=None, lose_in_step=False,
+                 hang=False):
     """An Engine whose GPU is a TimedFakeGpu and whose choice is by measurement, every timing
     injected. Returns (engine, the list the built fake lands in)."""
     clock, built = Clock(), []
@@ -67,7 +80,7 @@ def timed_engine(model, step_s, cpu_s, *, fallback=True, events=None, cpu_calls=
     async def build(gpu, model, policy, on_stage):
         for stage in STAGES:
             on_stage(stage)
-        backend = TimedFakeGpu(model, clock, step_s, lose_in_step)
+        backend = TimedFakeGpu(model, clock, step_s, lose_in_step, hang)
         built.append(backend)
         return backend, {"outcome_code": "admitted", "fallback_adapter": fallback}
     engine = Engine(model, gpu=object(), on_event=events.append if events is not None else None,
@@ -85,21 +98,15 @@ def ids(model):
     return prompt_ids(model, "hi", chat=True)
 
 
-@pytest.fixture(autouse=True)
-def no_floor(monkeypatch):
-    """The fixture model's weights are a few kilobytes: no GPU step is shorter than reading
-    them. The tests of the floor set it themselves."""
-    monkeypatch.setattr(choice_module, "CPU_READ_CEILING", float("inf"))
-
-
 # -- the rule --------------------------------------------------------------------------------
 
 def test_a_software_gpu_slower_than_the_cpu_is_released_and_the_cpu_answers(model, ids, run):
-    events = []
-    engine, built = timed_engine(model, step_s=[18.0], cpu_s=0.2, events=events)
+    events, cpu_calls = [], []
+    engine, built = timed_engine(model, step_s=[18.0], cpu_s=0.2, events=events, cpu_calls=cpu_calls)
     assert run(engine.load()) is State.CPU_READY
     fake = built[0]
     assert fake.decode_calls == 1 and fake.live_buffers == 0            # timed once, then released
+    assert len(cpu_calls) == 1
     assert engine.backend_kind == "cpu"
     assert transitions(events) == [("Empty", "Probing"), ("Probing", "Preparing"), ("Preparing", "CPUReady")]
     reason = engine.cpu_reason
@@ -153,19 +160,21 @@ def test_a_close_call_gets_a_second_gpu_step(model, run, steps, cpu_s, timed, ke
     assert engine.choice.gpu_step_s == pytest.approx(min(steps[:timed]))
 
 
-def test_the_cpu_is_not_timed_when_the_gpu_step_beats_reading_the_weights(model, run, monkeypatch):
-    """A GPU step shorter than the time to read the stored weights once at CPU_READ_CEILING
-    cannot lose to any CPU: the CPU step is never estimated."""
-    floor_s = 0.010
-    monkeypatch.setattr(choice_module, "CPU_READ_CEILING", weight_bytes(model) / floor_s)
-    calls = []
-    engine, _ = timed_engine(model, step_s=[0.004], cpu_s=0.001, cpu_calls=calls)
-    assert run(engine.load()) is State.GPU_READY
-    assert calls == [] and engine.choice.cpu_step_s is None
-    assert engine.choice.skipped.startswith("CPU step not timed: the GPU step is shorter than reading the weights")
-    # just past the floor, the CPU is timed (and here wins)
-    engine, _ = timed_engine(model, step_s=[0.011], cpu_s=0.001, cpu_calls=calls)
-    assert run(engine.load()) is State.CPU_READY and len(calls) == 1
+def test_a_gpu_step_still_running_after_give_up_cpu_steps_is_not_waited_for(model, run):
+    """The GPU step hangs (30 s have gone by on the clock when the wait gives up, after GIVE_UP
+    CPU steps of 1 ms): the CPU answers, the numbers say "more than", and releasing the GPU
+    ends the step that was left running."""
+    events = []
+    engine, built = timed_engine(model, step_s=[30.0], cpu_s=0.001, events=events, hang=True)
+    assert run(engine.load()) is State.CPU_READY
+    fake = built[0]
+    assert fake.live_buffers == 0 and fake.hung_step_ended        # released: the step it left ended
+    made = engine.choice
+    assert made.backend == "cpu" and made.gpu_step_finished is False and made.gpu_steps_timed == 1
+    assert engine.cpu_reason["sentence"] == ("the GPU here is a software renderer, more than 30000x slower than the "
+                                             "CPU path (one decode step: more than 30.0 s on the GPU, 1.00 ms on "
+                                             "the CPU): answering on the CPU")
+    assert transitions(events) == [("Empty", "Probing"), ("Probing", "Preparing"), ("Preparing", "CPUReady")]
 
 
 def test_without_a_choice_the_gpu_is_kept_untimed(model, run):
@@ -193,7 +202,8 @@ def test_choose_reports_what_it_measured(model, run):
     fake = TimedFakeGpu(model, clock, [2.0])
     made = run(choose(fake, model, cpu_taking(0.5), fallback_adapter=True, clock=clock))
     assert made.as_dict() == {"backend": "cpu", "rule": choice_module.RULE, "gpu_step_ms": 2000.0,
-                              "cpu_step_ms": 500.0, "gpu_steps_timed": 1, "ratio": 4.0, "skipped": None,
+                              "cpu_step_ms": 500.0, "gpu_steps_timed": 1, "gpu_step_finished": True,
+                              "ratio": 4.0, "skipped": None,
                               "fallback_adapter": True, "cpu_method": "injected", "cost_ms": 2000.0}
 
 

@@ -46,10 +46,11 @@ function lossReason(engine, detail) {
 const duration = (ms) => (ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : ms >= 10 ? `${Math.round(ms)} ms` : `${ms.toFixed(2)} ms`);
 
 // The decode steps timed when the engine was chosen (engine.choice), in a few words; "" untimed.
+// A GPU step given up on (gpu_step_finished false) took more than the time shown.
 function choiceText(choice) {
-  if (!choice?.gpu_step_ms) return "";
-  const cpu = choice.cpu_step_ms ? `, ${duration(choice.cpu_step_ms)} on the CPU` : " (the CPU not timed: it could not be faster)";
-  return `a decode step takes ${duration(choice.gpu_step_ms)} on the GPU${cpu}`;
+  if (!choice?.gpu_step_ms || !choice.cpu_step_ms) return "";
+  const more = choice.gpu_step_finished === false ? "more than " : "";
+  return `a decode step takes ${more}${duration(choice.gpu_step_ms)} on the GPU, ${duration(choice.cpu_step_ms)} on the CPU`;
 }
 
 // Why the CPU answers, and (cpuReason.advice) what the user can do about it.
