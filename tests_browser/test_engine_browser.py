@@ -1,6 +1,8 @@
 """The engine in every browser row, through the page.
 
-GPU rows (Chromium/SwiftShader tier C, Chromium compatibility mode tier A, Firefox tier B):
+GPU rows (Chromium/SwiftShader tier C, Chromium compatibility mode tier A, Firefox tier B;
+their page is opened with ?gpu=force, conftest.py: every GPU here is slower than the CPU path,
+so by default the CPU would answer, test_engine_choice_browser.py):
 the worker's engine runs on the admitted GPU session; the GPU executor agrees with the CPU
 oracle (conformance, teacher-forced); a cancel stops an answer at once; a GPU device destroyed in the
 middle of a greedy answer (at a seeded random token) hands the answer to the CPU path, which
