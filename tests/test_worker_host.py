@@ -90,7 +90,8 @@ def test_use_cpu_then_release(run, host):
     assert json.loads(host.engine_status())["backend"] == "cpu"
     assert host.cancel() is False                    # no answer in progress
     run(host.release())
-    assert json.loads(host.engine_status()) == {"state": "Empty", "backend": None, "cpu_reason": None, "tier": None}
+    assert json.loads(host.engine_status()) == {"state": "Empty", "backend": None, "cpu_reason": None, "tier": None,
+                                                "choice": None}
 
 
 def test_gpu_only_requests_fail_on_a_cpu_engine(run, host):

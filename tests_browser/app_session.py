@@ -23,16 +23,18 @@ SCREENSHOT_DIR = pathlib.Path(__file__).resolve().parent / "results" / "screensh
 
 
 @contextlib.contextmanager
-def static_site(root: pathlib.Path, where: pathlib.Path):
+def static_site(root: pathlib.Path, where: pathlib.Path, path: str = ""):
     """`serve.py --build` into `where`, served by plain `python -m http.server` (as users deploy
-    it) on a free loopback port: yields the port; the server is stopped on exit."""
-    site = where / "www"
+    it) on a free loopback port: yields the port; the server is stopped on exit. path ("app"):
+    the site is built into that folder of the served directory, so it lives at /app/."""
+    served = where / "www"
+    site = served / path if path else served
     subprocess.run([sys.executable, str(root / "serve.py"), "--build", str(site)], check=True, stdout=subprocess.DEVNULL)
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(site)],
+    process = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(served)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until_serving(f"http://127.0.0.1:{port}/")
+        wait_until_serving(f"http://127.0.0.1:{port}/{path}/" if path else f"http://127.0.0.1:{port}/")
         yield port
     finally:
         process.terminate()
@@ -73,11 +75,13 @@ class BootedRow:
     """A browser row with the app open and its worker booted.
 
     ``proxy`` is the OfflineProxy that ``url`` goes through, where there is one (the browser
-    tests' rows; see conftest.py): ``booted.proxy.offline = True`` takes this row offline."""
+    tests' rows; see conftest.py): ``booted.proxy.offline = True`` takes this row offline.
+    ``query`` ("?gpu=force") is added to ``url`` each time the page is opened here (boot, reload);
+    ``url`` stays the site's address."""
 
     def __init__(self, row: drivers.BrowserRow, url: str, results_dir: pathlib.Path | None = None,
-                 proxy: OfflineProxy | None = None):
-        self.row, self.url, self.results_dir, self.proxy = row, url, results_dir, proxy
+                 proxy: OfflineProxy | None = None, query: str = ""):
+        self.row, self.url, self.results_dir, self.proxy, self.query = row, url, results_dir, proxy, query
         self.results: dict = {"row": row.name, "launch_s": round(row.launch_s, 2)}
         self.status = self.boot("cold")
 
@@ -85,7 +89,7 @@ class BootedRow:
         """Open the URL, wait for the worker; record the timings as results["boot_<label>"] and
         return the worker's status."""
         started = time.monotonic()
-        self.row.open(self.url)
+        self.row.open(self.url + self.query)
         # the page sets window.webslm at once, and its client once the engine's worker exists
         self.wait_for("window.webslm && window.webslm.client", timeout_s=BOOT_TIMEOUT_S)
         self.row.eval("window.webslm.client.ready", timeout_s=BOOT_TIMEOUT_S)

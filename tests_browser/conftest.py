@@ -89,14 +89,30 @@ def built_site_url(site_port):
     return f"http://127.0.0.1:{site_port}/"
 
 
+@pytest.fixture(scope="session")
+def subpath_site_url(tmp_path_factory):
+    """`serve.py --build` output under a sub-path (/app/ of a plain `python -m http.server`), as
+    a static host serves a site that is not at its root: the page's URL."""
+    _require_assets()
+    with static_site(ROOT, tmp_path_factory.mktemp("subpath"), path="app") as port:
+        yield f"http://127.0.0.1:{port}/app/"
+
+
+# The GPU rows' page keeps the admitted GPU untimed (?gpu=force): every GPU here is a software
+# one, slower than the CPU path, so by default the page would answer on the CPU
+# (test_engine_choice_browser.py checks that default), and the GPU tests are about the GPU.
+GPU_ROW_QUERY = "?gpu=force"
+
+
 @pytest.fixture(scope="session", params=drivers.ROW_NAMES)
 def booted(request, site_port):
-    """One row's browser with the built site open, through the row's own OfflineProxy, and its
-    worker booted."""
+    """One row's browser with the built site open (GPU rows: with GPU_ROW_QUERY), through the
+    row's own OfflineProxy, and its worker booted."""
     row = drivers.launch_or_skip(request.param)
     proxy = OfflineProxy(site_port)
     try:
-        yield BootedRow(row, proxy.url, results_dir=HERE / "results", proxy=proxy)
+        query = GPU_ROW_QUERY if row.expects_webgpu is True else ""
+        yield BootedRow(row, proxy.url, results_dir=HERE / "results", proxy=proxy, query=query)
     finally:
         try:
             row.close()

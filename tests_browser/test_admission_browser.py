@@ -47,7 +47,7 @@ def test_fault_cases_in_chromium(booted, fault):
     if booted.row.name != "chromium":
         pytest.skip("fault injection runs in the Chromium row (natively too: tests/test_admission.py)")
     _admission(booted)                    # the page's own admission first: one at a time
-    result = booted.request("admit", {"featureLevel": "core", "fault": fault}, timeout_s=900)
+    result = booted.request("admit", {"featureLevel": "core", "fault": fault, "gpu": "force"}, timeout_s=900)
     assert not result["admitted"], result
     assert (result["stage"], result["code"]) == FAULTS[fault], result
     assert result["leaked_buffers"] == 0

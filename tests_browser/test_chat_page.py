@@ -2,8 +2,8 @@
 (`serve.py --build`, served by `python -m http.server` behind a switchable proxy: conftest.py).
 
 In order, in each row: the default model answers "What is the capital of France?" with a
-streamed answer that names Paris (on the admitted GPU in the GPU rows, on the CPU path in
-WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again;
+streamed answer that names Paris (on the admitted GPU in the GPU rows, whose page is opened
+with ?gpu=force (conftest.py), on the CPU path in WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again;
 the page in light and dark, desktop and phone width, is photographed (tests_browser/results/
 screenshots/); a corrupted model file, picked or dropped, is refused with the validator's
 error and the model that answered keeps answering; the JS API keeps OpenAI's shapes; after

@@ -1,6 +1,8 @@
 """The engine in every browser row, through the page.
 
-GPU rows (Chromium/SwiftShader tier C, Chromium compatibility mode tier A, Firefox tier B):
+GPU rows (Chromium/SwiftShader tier C, Chromium compatibility mode tier A, Firefox tier B;
+their page is opened with ?gpu=force, conftest.py: every GPU here is slower than the CPU path,
+so by default the CPU would answer, test_engine_choice_browser.py):
 the worker's engine runs on the admitted GPU session; the GPU executor agrees with the CPU
 oracle (conformance, teacher-forced); a cancel stops an answer at once; a GPU device destroyed in the
 middle of a greedy answer (at a seeded random token) hands the answer to the CPU path, which
@@ -286,7 +288,7 @@ def test_model_switch_unloads_the_engine(booted):
     assert [(r["backend"], r["reason"]) for r in released] == ([("gpu", "unload")] if engine["backend"] == "gpu" else [])
     assert booted.request("engine-status")["state"] == "Empty"
     # admit again, as the page does after loading a model
-    result = booted.request("admit", {"featureLevel": "auto", "fault": None}, timeout_s=900)
+    result = booted.request("admit", {"featureLevel": "auto", "fault": None, "gpu": "force"}, timeout_s=900)
     assert result["engine"]["backend"] == engine["backend"], result["engine"]
     booted.wait_for(f"window.webslm.engine.state === {json.dumps(ready)}", timeout_s=30)
     # nothing of the first engine is left: one admitted device (none on the CPU), holding the

@@ -3,8 +3,9 @@
 // (ui-chat.mjs), the model panel (ui-model.mjs), the engine badge and receipt (ui-engine.mjs)
 // and the settings (ui-settings.mjs). window.webslm is the page's surface for users and tests.
 //
-// URL parameters: ?gpu=0 keeps the GPU out (the CPU path answers); ?model=<url> loads that
-// .slm instead of the site's default model.
+// URL parameters: ?gpu=0 keeps the GPU out (the CPU path answers); ?gpu=force keeps an admitted
+// GPU even where it is slower than the CPU path (by default the engine times both and keeps
+// the faster); ?model=<url> loads that .slm instead of the site's default model.
 import * as chat from "./ui-chat.mjs";
 import * as engineView from "./ui-engine.mjs";
 import * as modelPanel from "./ui-model.mjs";
@@ -14,6 +15,7 @@ const $ = (id) => document.getElementById(id);
 
 const params = new URLSearchParams(location.search);
 const useGpu = params.get("gpu") !== "0";
+const gpuOption = params.get("gpu") === "force" ? "force" : useGpu;
 const firstModel = params.get("model") || "default";
 
 // Set before anything is awaited, so a test can find it at once and wait on its fields.
@@ -178,7 +180,7 @@ async function start() {
     // The worker's boot is reported before there is an engine to listen to: through
     // onProgress. Everything later comes as the engine's progress events (follow()).
     const onProgress = (detail) => { if (detail.phase === "boot") modelPanel.showProgress(detail); };
-    engine = await api.createEngine({ model: null, gpu: useGpu, onProgress });
+    engine = await api.createEngine({ model: null, gpu: gpuOption, onProgress });
   } catch (error) {
     failStart(error);
     return;

@@ -42,6 +42,17 @@ function lossReason(engine, detail) {
   return null;
 }
 
+// "17.2 s", "310 ms", "2.10 ms"
+const duration = (ms) => (ms >= 1000 ? `${(ms / 1000).toFixed(1)} s` : ms >= 10 ? `${Math.round(ms)} ms` : `${ms.toFixed(2)} ms`);
+
+// The decode steps timed when the engine was chosen (engine.choice), in a few words; "" untimed.
+// A GPU step given up on (gpu_step_finished false) took more than the time shown.
+function choiceText(choice) {
+  if (!choice?.gpu_step_ms || !choice.cpu_step_ms) return "";
+  const more = choice.gpu_step_finished === false ? "more than " : "";
+  return `a decode step takes ${more}${duration(choice.gpu_step_ms)} on the GPU, ${duration(choice.cpu_step_ms)} on the CPU`;
+}
+
 // Why the CPU answers, and (cpuReason.advice) what the user can do about it.
 function noteText(engine, detail) {
   const lost = lossReason(engine, detail);
@@ -52,7 +63,9 @@ function noteText(engine, detail) {
   const why = engine.cpuReason;
   if (!why) return "";
   const reason = sentence(why.sentence || why.reason || "the GPU is not in use");
-  return [`Answering on the CPU${why.code ? ` (${why.code})` : ""}: ${reason}`, why.advice].filter(Boolean).join(" ");
+  // a sentence that says it already ("...: answering on the CPU") is not prefixed with it again
+  const text = /answering on the CPU/i.test(reason) ? reason : `Answering on the CPU${why.code ? ` (${why.code})` : ""}: ${reason}`;
+  return [text, why.advice].filter(Boolean).join(" ");
 }
 
 function setBadge(text, kind, title = "") {
@@ -68,8 +81,13 @@ export function showEngine(engine, detail = null) {
   const title = `engine state: ${state}`;
   if (CHECKING_STATES.has(state)) setBadge("Checking the GPU…", "busy", title);
   else if (state === "Loading") setBadge("Loading…", "busy", title);
-  else if (backendOf(state) === "gpu") setBadge(gpuLabel(engine.features), "gpu", `${title} · tier ${engine.tier}`);
-  else if (backendOf(state) === "cpu") setBadge("CPU", "cpu", title);
+  else if (backendOf(state) === "gpu") {
+    setBadge(gpuLabel(engine.features), "gpu", [title, `tier ${engine.tier}`, choiceText(engine.choice)].filter(Boolean).join(" · "));
+  } else if (backendOf(state) === "cpu") {
+    // the tooltip says why, as the note does (a GPU slower than the CPU: by how much)
+    const why = engine.cpuReason?.sentence;
+    setBadge("CPU", "cpu", [title, why && sentence(why)].filter(Boolean).join(" · "));
+  }
   else if (NO_MODEL_STATES.has(state)) setBadge("No model", "off", title);
   const note = $("engine-note");
   note.textContent = noteText(engine, detail);
@@ -100,6 +118,12 @@ export function showAdmission(result) {
   if (result.admitted) {
     const cases = Number.isInteger(result.self_test_cases) ? `${result.self_test_cases} kernel self-tests agree` : "the kernel self-tests agree";
     text = `Admitted at tier ${result.tier} in ${result.seconds.toFixed(1)} s: ${cases} with the CPU oracle.`;
+    const choice = result.engine?.choice;
+    if (result.engine?.backend === "cpu" && choice?.backend === "cpu") {
+      text += ` Not used: ${choiceText(choice)}, so the CPU answers.`;
+    } else if (choice?.gpu_step_ms) {
+      text += ` Kept: ${choiceText(choice)}.`;
+    }
   } else {
     const where = [result.code, result.stage && `at ${result.stage}`].filter(Boolean).join(" ");
     text = `The GPU was not admitted${where ? ` (${where})` : ""}: ${sentence(result.sentence || "no reason given")} The CPU answers.`;
@@ -107,8 +131,10 @@ export function showAdmission(result) {
   $("admission-state").textContent = text;
 }
 
+const STAGE_WORDS = { speed: "timing a decode step against the CPU" };
+
 export function showAdmissionStage(stage) {
-  $("admission-state").textContent = `Checking the GPU: ${stage}…`;
+  $("admission-state").textContent = `Checking the GPU: ${STAGE_WORDS[stage] ?? stage}…`;
 }
 
 // After a load: the receipt of its admission, or why there is none.

@@ -58,7 +58,8 @@ const READ_LABELS = { network: "Download", cache: "Read from the cache", file: "
 export function showProgress({ phase, stage, done, total, source }) {
   if (phase === "boot" || phase === "admission") {
     const what = phase === "boot" ? "Starting Python in a worker" : "Checking the GPU";
-    $("header-status").textContent = stage ? `${what}: ${stage}…` : `${what}…`;
+    const words = stage === "speed" ? "timing a decode step against the CPU" : stage;   // the engine's choice
+    $("header-status").textContent = stage ? `${what}: ${words}…` : `${what}…`;
     return;
   }
   if (!PHASES.has(phase)) return;

@@ -5,8 +5,11 @@
 //   const engine = await createEngine({ model: "default" });
 //   const stream = await engine.chat.completions.create({ messages, stream: true });
 //   for await (const chunk of stream) show(chunk.choices[0].delta.content ?? "");
+//
+// Every URL is relative to this module, which the site serves at its root next to worker/ and
+// assets/, so the site works under any path (https://host/, https://host/app/).
 import { WorkerClient, WorkerError } from "./worker-client.mjs";
-import * as modelCache from "../worker/model-cache.mjs";
+import * as modelCache from "./worker/model-cache.mjs";
 
 // What the user can do about each kind of error: shown under its sentence.
 const ADVICE = {
@@ -26,6 +29,7 @@ const CPU_ADVICE = {
   "no-webgpu": "This browser has no WebGPU: a recent Chrome, Edge, Firefox or Safari answers faster on the GPU.",
   "no-adapter": "WebGPU is turned off or finds no usable GPU here: check the browser's GPU settings.",
   "gpu-disabled": "Turn the GPU back on (remove ?gpu=0) to try it.",
+  "gpu-slower": "To answer on the GPU anyway, open the page with ?gpu=force (createEngine({gpu: \"force\"}) in the API).",
   "out-of-memory": "The GPU has not enough free memory for this model: close other tabs or apps that use it, or pick a smaller model.",
   "allocation-failed": "The GPU refused the model's buffers: close other tabs or apps that use it, or pick a smaller model.",
   "limit-too-small": "This GPU's limits are too small for this model: a smaller model may fit.",
@@ -81,6 +85,7 @@ class Engine extends EventTarget {
 
   constructor({ gpu = true, featureLevel = "auto", cache = true, workerUrl, assetsUrl, onProgress } = {}) {
     super();
+    if (![true, false, "force"].includes(gpu)) throw new WebSlmError("bad-request", 'gpu is true, false or "force".');
     this.#gpu = gpu;
     this.#featureLevel = featureLevel;
     this.#cache = cache;
@@ -91,11 +96,12 @@ class Engine extends EventTarget {
     this.cpuReason = null;
     this.receipt = null;
     this.receiptText = null;
+    this.choice = null;           // the GPU/CPU decode-step timing behind the engine chosen, or null
     this.admission = null;
     this.model = null;
     this.worker = null;
     this.events = [];             // the recent statechange details, each with at_ms
-    this.protocol = new WorkerClient(new URL(workerUrl ?? "../worker/worker.mjs", import.meta.url));
+    this.protocol = new WorkerClient(new URL(workerUrl ?? "./worker/worker.mjs", import.meta.url));
     this.chat = { completions: { create: (request) => this.#create(request) } };
     this.models = { list: modelCache.list, remove: modelCache.remove, usage: modelCache.usage };
     this.#listen(onProgress);
@@ -108,8 +114,8 @@ class Engine extends EventTarget {
 
   // What JSON.stringify shows of an engine (the getter and the worker handle are not data).
   toJSON() {
-    const { backend, tier, features, cpuReason, receipt, model, worker, events } = this;
-    return { state: this.state, backend, tier, features, cpuReason, receipt, model, worker, events };
+    const { backend, tier, features, cpuReason, choice, receipt, model, worker, events } = this;
+    return { state: this.state, backend, tier, features, cpuReason, choice, receipt, model, worker, events };
   }
 
   // The worker's events, as the API's: progress (boot, download, validation, admission) and
@@ -216,12 +222,15 @@ class Engine extends EventTarget {
   }
 
   // GPU admission of the loaded model: the worker proves on this GPU that the model fits and
-  // computes correctly, or the engine answers on the CPU path with the reason.
+  // computes correctly, or the engine answers on the CPU path with the reason. An admitted GPU
+  // is then timed against the CPU path and kept only if it is not slower (gpu: "force" keeps
+  // it untimed): engine.choice has the numbers.
   async #admit() {
     let result;
     try {
       result = this.#gpu
-        ? await this.protocol.request("admit", { featureLevel: this.#featureLevel, fault: null })
+        ? await this.protocol.request("admit", { featureLevel: this.#featureLevel, fault: null,
+                                                 gpu: this.#gpu === "force" ? "force" : "measure" })
         : { admitted: false, ...(await this.protocol.request("use-cpu")) };
     } catch (error) {
       throw fromWorker(error);
@@ -229,8 +238,10 @@ class Engine extends EventTarget {
     this.admission = result;
     this.receipt = result.receipt ?? null;
     this.receiptText = result.receipt_text ?? null;
-    this.tier = result.admitted ? result.tier : null;
-    this.features = result.admitted ? result.features : [];
+    const onGpu = result.admitted && result.engine?.backend === "gpu";
+    this.tier = onGpu ? result.tier : null;
+    this.features = onGpu ? result.features : [];
+    this.choice = result.engine?.choice ?? null;
     if (result.engine) this.cpuReason = withAdvice(result.engine.cpu_reason);
     this.dispatchEvent(new CustomEvent("admission", { detail: result }));
   }

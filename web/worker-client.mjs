@@ -1,5 +1,6 @@
 // The page's side of the worker protocol: one Worker, request() -> Promise of the result.
-import { PROTOCOL } from "../worker/protocol.mjs";
+// Relative to this file, which the site serves at its root next to worker/ (any path: https://host/app/).
+import { PROTOCOL } from "./worker/protocol.mjs";
 
 export class WorkerError extends Error {
   constructor({ code, message, details }) {

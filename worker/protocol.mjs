@@ -63,10 +63,13 @@ export const REQUESTS = Object.freeze({
     withModel: (v) => typeof v === "boolean" || "must be a boolean",
   },
   // GPU admission of the loaded model (webslm.admission); fault: null, or a named fault case
-  // the tests inject (checked in Python against webslm.admission.tracked.NAMED_FAULTS)
+  // the tests inject (checked in Python against webslm.admission.tracked.NAMED_FAULTS); gpu:
+  // "measure" keeps the admitted GPU only if its decode step is not slower than the CPU path's
+  // (py/webslm/engine/choice.py), "force" keeps it untimed
   admit: {
     featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
+    gpu: (v) => ["measure", "force"].includes(v) || "must be measure or force",
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (py/webslm/worker/requests.py); here only their shape

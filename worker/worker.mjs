@@ -79,13 +79,13 @@ const HANDLERS = {
   },
   // Admission, then the engine for the loaded model (EngineHost.admit, py/webslm/worker/
   // engine_host.py): queued behind an answer in progress, which finishes on the engine it started on.
-  admit: ({ featureLevel, fault }, context) => enqueue(context, async () => {
+  admit: ({ featureLevel, fault, gpu }, context) => enqueue(context, async () => {
     const { model } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
     const onStage = (stage) => postMessage(event("admission-stage", { stage }));
     const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
     try {
-      return JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent, onStage, progress)));
+      return JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent, onStage, progress, gpu)));
     } finally {
       progress.flush();
     }

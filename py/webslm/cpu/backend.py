@@ -34,6 +34,7 @@ accumulates in f32.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Iterator
 
@@ -73,6 +74,13 @@ class _Layer:
         return [a for a in vars(self).values() if isinstance(a, np.ndarray)]
 
 
+def _output_norm(model) -> np.ndarray:
+    """The final norm's weight [D], with the format's offset added (gemma3: 1 + w)."""
+    a = model.architecture
+    weight = model.dequantize("output_norm")
+    return weight + np.float32(a.gemma3.norm_weight_offset) if a.gemma3 and a.gemma3.norm_weight_offset else weight
+
+
 class CpuBackend:
     KV_GROWTH = 256      # KV cache capacity grows in steps of this many positions
     # Tokens of a prompt per forward pass. Under Pyodide (numpy without BLAS: every row costs
@@ -84,16 +92,35 @@ class CpuBackend:
     PREFILL_CHUNK = 16 if sys.platform == "emscripten" else 64
 
     def __init__(self, model, prefill_chunk: int | None = None):
+        a = model.architecture
+        embedding = model.dequantize("token_embd")                             # [V, D]
+        head = embedding if a.tied_output else model.dequantize("output")
+        self._set_up(a, embedding, head, _output_norm(model), [_Layer(model, i, a) for i in range(a.n_layers)],
+                     prefill_chunk)
+
+    @classmethod
+    def for_timing(cls, model, head_rows: int = 4096, seed: int = 0) -> "CpuBackend":
+        """A CpuBackend that times what a decode step of `model` costs without dequantizing
+        all of it (engine/choice.py): layer 0 with its real weights, run by this class's own
+        code, and an embedding/LM head of head_rows random rows (the whole table would cost
+        its dequantization, ~1 s for SmolLM2; the values do not change the time). Its
+        architecture says one layer and a vocabulary of head_rows: time one layer and the
+        head, then scale by n_layers and vocab / head_rows."""
+        a = model.architecture
+        rows = min(int(head_rows), a.vocab)
+        table = np.random.default_rng(seed).standard_normal((rows, a.hidden), dtype=np.float32)   # [rows, D]
+        probe = cls.__new__(cls)
+        probe._set_up(dataclasses.replace(a, n_layers=1, vocab=rows), table, table, _output_norm(model),
+                      [_Layer(model, 0, a)], None)
+        return probe
+
+    def _set_up(self, a, embedding, head, output_norm, layers, prefill_chunk) -> None:
         self.prefill_chunk = int(prefill_chunk or self.PREFILL_CHUNK)
         if self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be at least 1, not {prefill_chunk!r}")
-        a = model.architecture
         self.arch = a
-        self.embedding = model.dequantize("token_embd")                        # [V, D]
-        self.head = self.embedding if a.tied_output else model.dequantize("output")
-        offset = np.float32(a.gemma3.norm_weight_offset) if a.gemma3 else np.float32(0)
-        self.output_norm = model.dequantize("output_norm") + offset if offset else model.dequantize("output_norm")
-        self.layers = [_Layer(model, i, a) for i in range(a.n_layers)]
+        self.embedding, self.head, self.output_norm = embedding, head, output_norm
+        self.layers = layers
         # gemma3: the embedding's scale, the attention scale (None: 1/sqrt(head_dim)), the FFN
         self.embedding_scale = np.float32(a.gemma3.embedding_scale) if a.gemma3 else None
         self.attention_scale = a.gemma3.attention_scale if a.gemma3 else None

@@ -27,6 +27,10 @@ things a GPU needs:
   the difference: they only ever see the prompt's ids.
 - Progress. While a prompt is read, on_progress (a generate() argument) is told
   {"phase": "prefill" | "replay", "done", "total", "cached"} in prompt tokens.
+- Which engine. Admission proves the GPU correct, not fast: with gpu_choice (choice.py) the
+  engine times a decode step on the built executor and on the CPU path and keeps the GPU
+  only when it is not slower; otherwise it releases it and settles on the CPU path, the
+  reason (and the numbers, in `choice`) kept for the page.
 - Device loss. When the backend raises BackendLost the GPU is released, the CPU path is
   rebuilt from the ledger (prompt + committed ids), the sampler's state is checked against
   the ledger's record, and the same loop carries on at the next position. The delivered
@@ -56,6 +60,7 @@ from ..errors import CodedError
 from ..request import InvalidRequest, prompt_ids, sampler_settings
 from ..semantic.ledger import Ledger
 from ..semantic.sampler import Sampler, SamplerSettings
+from .choice import Choice
 from .prompt_cache import PromptCache
 from .states import GENERATING, READY, State, StateMachine
 
@@ -125,11 +130,15 @@ class Engine:
     on_stage) -> (backend, receipt). cpu_backend, if given, is called (once, when the CPU path
     is first needed) for the webslm.cpu.CpuBackend to wrap, so that a caller that already
     dequantized the weights (the worker) does not hold them twice. reuse_kv=False makes every
-    answer prefill its whole prompt (the reference, and benchmarks)."""
+    answer prefill its whole prompt (the reference, and benchmarks). gpu_choice: async
+    (backend, model, fallback_adapter) -> choice.Choice, run once the executor is built
+    (choice.choose: the GPU kept only if its decode step is not slower than the CPU path's;
+    None: the GPU kept untimed, as callers that asked for it expect: tests, benchmarks, the
+    CLI's --backend native; the worker chooses unless the page forces the GPU)."""
 
     def __init__(self, model, gpu=None, policy=None, on_event: Callable[[dict], None] | None = None,
                  *, build_gpu_backend=None, cpu_backend: Callable[[], object] | None = None,
-                 reuse_kv: bool = True):
+                 reuse_kv: bool = True, gpu_choice=None):
         self.model, self.gpu, self.policy = model, gpu, policy
         self._on_event = on_event
         self._machine = StateMachine(self._event)
@@ -138,6 +147,8 @@ class Engine:
         self.ledger = Ledger()               # one per engine: epochs keep rising across answers
         self.cpu_reason: dict | None = None  # why the engine is on the CPU path
         self.receipt: dict | None = None     # the admission receipt (admitted or failed)
+        self._gpu_choice = gpu_choice
+        self.choice: Choice | None = None    # the GPU/CPU timing, when gpu_choice ran
         self.last_timings: Timings | None = None
         self._gpu = None                     # the GPU executor while it is usable
         self._cpu_path: CpuPath | None = None
@@ -186,6 +197,10 @@ class Engine:
                 self._go(S.PREPARING, "adapter/device admitted")
         try:
             backend, receipt = await self._build_gpu_backend(self.gpu, self.model, self.policy, on_stage)
+            self.receipt = receipt
+            if self.state is S.PROBING:
+                self._go(S.PREPARING, "adapter/device admitted")
+            choice = await self._choose(backend, receipt)
         except AdmissionFailure as failure:
             self.receipt = failure.receipt.as_dict() if failure.receipt is not None else None
             self._settle_on_cpu("admission failure", stage=failure.stage, code=failure.code,
@@ -198,13 +213,33 @@ class Engine:
             self._settle_on_cpu("GPU backend failed", stage="build", code=code,
                                 sentence=getattr(exc, "sentence", f"{type(exc).__name__}: {exc}"))
         else:
-            if self.state is S.PROBING:
-                self._go(S.PREPARING, "adapter/device admitted")
+            if choice is not None and choice.backend == "cpu":
+                backend.release()          # its buffers and device: the CPU path answers from now on
+                self._event({"event": "released", "backend": "gpu", "reason": "slower than the CPU path"})
+                numbers = choice.as_dict()
+                self._settle_on_cpu("GPU slower than the CPU path", stage="choice", code="gpu-slower",
+                                    sentence=choice.sentence(), gpu_step_ms=numbers["gpu_step_ms"],
+                                    cpu_step_ms=numbers["cpu_step_ms"])
+                return self.state
             self._gpu, self.receipt, self.cpu_reason = backend, receipt, None
             if hasattr(backend, "current_epoch"):  # lets the executor abandon stale work itself
                 backend.current_epoch = lambda: self.ledger.epoch
             self._go(S.GPU_READY, "all allocations, pipelines, tests pass")
         return self.state
+
+    async def _choose(self, backend, receipt) -> Choice | None:
+        """gpu_choice on the built executor (None without one). If it fails the executor is
+        released first (nothing outlives a failed load) and the failure is load()'s."""
+        if self._gpu_choice is None:
+            return None
+        try:
+            fallback = bool((receipt or {}).get("fallback_adapter", False))
+            self.choice = await self._gpu_choice(backend, self.model, fallback)
+        except BaseException:
+            backend.release()
+            raise
+        self._event({"event": "choice", **self.choice.as_dict()})
+        return self.choice
 
     def _settle_on_cpu(self, reason: str, **why) -> None:
         """CPUReady with the reason kept in cpu_reason. The CPU path is built here (the
@@ -258,7 +293,7 @@ class Engine:
     async def switch_model(self, model) -> State:
         """Unload this model (every buffer destroyed first), then load `model`."""
         await self.unload()
-        self.model, self.receipt, self.cpu_reason = model, None, None
+        self.model, self.receipt, self.cpu_reason, self.choice = model, None, None, None
         return await self.load()
 
     def acknowledge(self) -> None:

@@ -52,7 +52,7 @@ TRANSITIONS: dict[tuple[State, State], str] = {
     (S.PROBING, S.PREPARING): "adapter/device admitted",
     (S.PROBING, S.CPU_READY): "admission failure",
     (S.PREPARING, S.GPU_READY): "all allocations, pipelines, tests pass",
-    (S.PREPARING, S.CPU_READY): "validation/OOM/compile/loss",
+    (S.PREPARING, S.CPU_READY): "validation/OOM/compile/loss, or the GPU timed slower than the CPU path",
     (S.GPU_READY, S.GENERATING): "begin generation",
     (S.GENERATING, S.GPU_READY): "generation completes (or ends in an error)",
     (S.GENERATING, S.CANCEL_PENDING): "user/model/page cancellation",

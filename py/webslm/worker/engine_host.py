@@ -4,7 +4,9 @@ The worker (worker/worker.mjs) makes one EngineHost for each model the loader ac
 (loader.py) and calls its methods for the page's requests:
 
     admit(...)        GPU admission on this browser's adapter, then the engine on the admitted
-                      session, or on the CPU path with the failure as its reason
+                      session, or on the CPU path with the failure as its reason; unless the
+                      page forces the GPU, the engine keeps it only if a decode step there is
+                      not slower than on the CPU path (engine/choice.py)
     use_cpu()         the engine on the CPU path, the GPU not tried
     generate(...)     one answer, each committed text delta streamed to the page
     cancel()          stop the answer in progress: nothing commits after it returns
@@ -35,6 +37,7 @@ class EngineHost:
         self.gpu_session = None      # the admitted GPU session (webslm.admission), if any
         self.engine = None           # the Engine that answers (start_engine), once there is one
         self.gpu_backend = None      # the GPU executor the engine was built on, if any
+        self.forced = False          # the page kept the admitted GPU without timing it
         self.lost = None             # {code, sentence} once the GPU was lost
         self.destroyed_after = None  # lose-device: the committed tokens when it destroyed the device
         self._on_event = on_event    # called with each engine event as JSON (the worker posts it)
@@ -61,13 +64,18 @@ class EngineHost:
         return self.backend
 
     # -- admission: which engine answers ---------------------------------------------------------
-    async def admit(self, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress) -> str:
+    async def admit(self, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress,
+                    choice: str = "measure") -> str:
         """GPU admission of the model on this browser's adapter, then the engine for it. The
         engine held so far is unloaded first (its GPU buffers and device are destroyed before a
         second admission allocates); on success the new engine runs on the admitted session
         (start_engine: no second admission), otherwise on the CPU path with the failure as its
-        reason. The reply is JSON: the tier and receipt, or the stage, code and sentence that
-        failed, and the engine's summary."""
+        reason. choice "measure": the admitted GPU is kept only if its decode step is not slower
+        than the CPU path's (stage "speed"; engine/choice.py); "force": it is kept untimed.
+        The reply is JSON: the tier and receipt, or the stage, code and sentence that failed,
+        and the engine's summary (with the choice's numbers)."""
+        if choice not in ("measure", "force"):
+            raise ValueError(f"choice must be measure or force, not {choice!r}")
         from ..admission.admit import AdmissionFailure, AdmissionPolicy
         from ..admission.admit import admit as run_admission
         from ..admission.receipt import render_text
@@ -100,7 +108,9 @@ class EngineHost:
         seconds = round(time.perf_counter() - started, 3)
         self.gpu_session = session
         engine_started = time.perf_counter()
-        await self.start_engine(gpu, session=session)
+        if choice == "measure":
+            on_stage("speed")                  # the page shows it; admission's own stages end at publish
+        await self.start_engine(gpu, session=session, measure=choice == "measure")
         return json.dumps({"admitted": True, "tier": session.tier, "features": list(session.features),
                            "feature_level": session.feature_level, "stages": stages,
                            "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
@@ -119,13 +129,15 @@ class EngineHost:
         return json.dumps({"engine": self.engine_summary()})
 
     # -- the engine's lifetime -------------------------------------------------------------------
-    async def start_engine(self, gpu, session=None, failure=None) -> None:
+    async def start_engine(self, gpu, session=None, failure=None, measure: bool = False) -> None:
         """The engine for this model, given one of: an admitted `session` (the engine runs on
         the executor built on it, through Engine's build_gpu_backend seam: admission is not
         repeated; if the build fails, on the CPU path with that reason), or an AdmissionFailure
         (the engine settles on the CPU path with it as the reason). gpu is None where the
-        browser has no navigator.gpu: then the engine's own reason is the entry point's."""
+        browser has no navigator.gpu: then the engine's own reason is the entry point's.
+        measure: the engine times the GPU against the CPU path and keeps the faster."""
         from ..engine import Engine
+        from ..engine.choice import by_measurement
         if self.engine is not None:          # admit() dropped it before admitting; a second
             await self.engine.unload()       # engine never shares the GPU with the first
         model = self.semantic_model()
@@ -146,8 +158,11 @@ class EngineHost:
         # No navigator.gpu: an engine without a GPU (its reason is the entry point's, as
         # admission's was); otherwise the seam hands over the admitted session or the failure.
         self.engine = Engine(model, gpu=gpu, on_event=self._event, build_gpu_backend=build,
-                             cpu_backend=self.cpu_backend)
+                             cpu_backend=self.cpu_backend, gpu_choice=by_measurement() if measure else None)
         await self.engine.load()
+        self.forced = not measure and self.engine.backend_kind == "gpu"
+        if self.engine.backend_kind != "gpu":      # e.g. released: slower than the CPU path
+            self.gpu_backend, self.gpu_session = None, None
 
     async def ensure_engine(self):
         """The engine; a CPU engine when no admission was ever requested for this model."""
@@ -198,10 +213,13 @@ class EngineHost:
     def engine_summary(self) -> dict:
         engine = self.engine
         if engine is None:
-            return {"state": "Empty", "backend": None, "cpu_reason": None, "tier": None}
+            return {"state": "Empty", "backend": None, "cpu_reason": None, "tier": None, "choice": None}
+        from ..engine.choice import FORCED
+        choice = engine.choice.as_dict() if engine.choice is not None else FORCED.as_dict() if self.forced else None
         return {"state": str(engine.state), "backend": engine.backend_kind, "cpu_reason": self._cpu_reason(),
                 "tier": getattr(getattr(self.gpu_backend, "session", None), "tier", None)
-                if engine.backend_kind == "gpu" else None}
+                if engine.backend_kind == "gpu" else None,
+                "choice": choice}
 
     def engine_status(self) -> str:
         return json.dumps(self.engine_summary())

@@ -1,0 +1,96 @@
+"""The page as a first visit gets it, in one row each (the row does not change what they check):
+
+- Chromium (SwiftShader, a software adapter): by default the page admits the GPU, times one
+  decode step on it against the CPU path (py/webslm/engine/choice.py), finds it many times
+  slower and answers on the CPU; the badge, its tooltip, the note and the admission line say
+  why, with the numbers, and how to keep the GPU (?gpu=force, which the other tests' pages use).
+- chromium-compat: the built site served under a sub-path (https://host/app/) opens, boots,
+  loads the model, reaches a ready page and answers, every request staying under /app/.
+
+Both open the page anew (the row's other tests use the page opened with ?gpu=force), so they
+run last in their row (conftest.py, last_in_row). Numbers go to tests_browser/results/<row>.json
+under "choice".
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import GREEDY_PROMPT as PROMPT
+
+READY_TIMEOUT_S = 900
+ANSWER_TIMEOUT_S = 600
+SHORT = {"temperature": 0, "max_tokens": 6}
+
+
+def _record(booted, key: str, value) -> None:
+    booted.results.setdefault("choice", {})[key] = value
+    booted.record()
+
+
+def _open_and_wait(booted, url: str) -> dict:
+    booted.row.clear_requests()
+    booted.row.open(url)
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
+    return booted.row.eval("window.webslm.engine")
+
+
+def _text(booted, element_id: str, attribute: str = "textContent") -> str:
+    return booted.row.eval(f"document.getElementById({json.dumps(element_id)}).{attribute}")
+
+
+@pytest.mark.last_in_row(3)       # the page stays on the CPU path
+def test_by_default_swiftshader_is_timed_and_the_cpu_answers_with_the_reason_shown(booted):
+    if booted.row.name != "chromium":
+        pytest.skip("SwiftShader is Chromium's adapter (the other GPU rows are software too, and force the GPU)")
+    engine = _open_and_wait(booted, booted.url)            # no ?gpu=...: the page's default
+    admission = booted.row.eval("window.webslm.admission")
+    choice, reason = engine["choice"], engine["cpuReason"]
+    print(f"\n{booted.row.name}: {json.dumps(choice)}")
+    assert admission["admitted"] is True and admission["tier"] == "C", admission   # admission itself passed
+    assert engine["backend"] == "cpu" and engine["state"] == "CPUReady", engine
+    assert engine["tier"] is None and engine["features"] == []
+    assert choice["backend"] == "cpu" and choice["fallback_adapter"] is True, choice
+    assert choice["gpu_step_ms"] > choice["cpu_step_ms"] > 0 and choice["skipped"] is None, choice
+    assert reason["code"] == "gpu-slower" and reason["stage"] == "choice", reason
+    assert reason["sentence"].startswith("the GPU here is a software renderer, "), reason
+    assert "slower than the CPU path" in reason["sentence"] and "?gpu=force" in reason["advice"], reason
+    # what the user sees: the badge says CPU, its tooltip and the note say why, the admission line the numbers
+    assert _text(booted, "engine-badge") == "CPU"
+    assert "software renderer" in _text(booted, "engine-badge", "title")
+    note = _text(booted, "engine-note")
+    assert note.startswith("The GPU here is a software renderer, ") and "?gpu=force" in note, note
+    assert "Not used: a decode step takes" in _text(booted, "admission-state")
+    # and it answers, on the CPU
+    answer = booted.row.eval("window.webslm.newChat(), window.webslm.ask(%s, %s)" % (json.dumps(PROMPT), json.dumps(SHORT)),
+                             timeout_s=ANSWER_TIMEOUT_S)
+    assert answer["backends"] == ["cpu"] and answer["usage"]["completion_tokens"] >= 1, answer
+    _record(booted, "default", {"choice": choice, "admission_seconds": admission["seconds"],
+                                "engine_seconds": admission["engine_seconds"],
+                                "page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
+                                "cpu_decode_tokens_per_s": answer["timings"]["decode_tokens_per_s"]})
+
+
+@pytest.mark.last_in_row(3)       # the row's page is left on another site
+def test_the_built_site_works_under_a_sub_path(booted, subpath_site_url):
+    if booted.row.name != "chromium-compat":
+        pytest.skip("one row is enough for the site's URLs: chromium-compat (fast)")
+    engine = _open_and_wait(booted, subpath_site_url)
+    answer = booted.row.eval("window.webslm.newChat(), window.webslm.ask(%s, %s)" % (json.dumps(PROMPT), json.dumps(SHORT)),
+                             timeout_s=ANSWER_TIMEOUT_S)
+    worker_urls = booted.request("resource-log")["urls"]
+    page_urls = booted.row.requests() or []
+    print(f"\n{booted.row.name}: {subpath_site_url} ready on the {engine['backend']}; "
+          f"{len(page_urls)} page and {len(worker_urls)} worker requests; {answer['text']!r}")
+    assert engine["choice"]["gpu_steps_timed"] >= 1, engine["choice"]       # the default: the GPU timed
+    assert engine["model"]["source"] == "network", engine["model"]           # a new origin: nothing cached
+    assert engine["model"]["url"].startswith(subpath_site_url), engine["model"]
+    assert answer["usage"]["completion_tokens"] >= 1 and answer["text"], answer
+    assert answer["finish_reason"] in ("stop", "length"), answer
+    outside = [u for u in [*page_urls, *worker_urls] if u.startswith("http") and not u.startswith(subpath_site_url)]
+    assert outside == [], outside
+    assert any(u.endswith("worker/worker.mjs") for u in [*page_urls, *worker_urls]), page_urls
+    _record(booted, "sub_path", {"url": subpath_site_url, "backend": engine["backend"], "choice": engine["choice"],
+                                 "page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
+                                 "completion_tokens": answer["usage"]["completion_tokens"],
+                                 "decode_tokens_per_s": answer["timings"]["decode_tokens_per_s"]})
