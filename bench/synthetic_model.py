@@ -14,6 +14,7 @@ Shapes (`SHAPES`):
     stacked   2 layers, hidden 128, ffn 256, 4 heads / 2 KV heads, head_dim 32, vocab 384, context
               320: the smallest test shape the planner stacks (q|k|v and gate|up one matrix each),
               so the fully fused decode step runs; past 256 positions attention takes two passes
+    qwen2     stacked with q/k/v projection biases (Qwen2-style; f32, normal with std 0.5)
 
 Encodings, those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every layer matrix
 q4 (block 32, zero "min", f16 scales and mins), token_embd q8 (block 32, f16 scales), norm
@@ -85,6 +86,9 @@ SHAPES = {
                 "notes": ["a tiny shape for tests that the planner stacks: every q/k/v and gate/up part "
                           "is a whole number of 256-byte units and the decode outputs lie back to back"]},
 }
+# Qwen2-style: the stacked shape with q/k/v projection biases (f32, random normal).
+SHAPES["qwen2"] = {**SHAPES["stacked"], "qkv_bias": True,
+                   "notes": ["the stacked test shape with Qwen2's q/k/v projection biases"]}
 
 
 def architecture(shape: str, context_length: int | None = None) -> dict:
@@ -94,7 +98,7 @@ def architecture(shape: str, context_length: int | None = None) -> dict:
         "n_layers": s["n_layers"], "n_heads": s["n_heads"], "n_kv_heads": s["n_kv_heads"],
         "head_dim": s["head_dim"], "hidden": s["hidden"], "ffn": s["ffn"], "vocab": s["vocab"],
         "context_length": context_length or s["context_length"],
-        "norm_eps": 1e-05, "tied_output": True, "qkv_bias": False,
+        "norm_eps": 1e-05, "tied_output": True, "qkv_bias": s.get("qkv_bias", False),
         "rope": {"base": s["rope_base"], "rotary_dim": s["head_dim"], "convention": "rotate-half",
                  "position_offset": 0, "scaling": None},
     }
@@ -132,7 +136,7 @@ def encoding(name: str) -> tuple[str, str | None]:
     """(encoding, q4 zero) of a tensor: the SmolLM2 artifact's choices."""
     if name == "token_embd":
         return "q8", None
-    if name.endswith("_norm"):
+    if name.endswith("_norm") or name.endswith(".bias"):
         return "f32", None
     return "q4", "min"
 
@@ -151,6 +155,9 @@ def make_parts(name: str, shape: tuple[int, ...], seed: int) -> dict[str, memory
     """A tensor's encoded parts, generated directly (see the module docstring)."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     enc, zero = encoding(name)
+    if enc == "f32" and name.endswith(".bias"):          # Qwen2's biases: large next to q, k, v
+        w = (0.5 * rng.standard_normal(shape[0])).astype("<f4")
+        return {"data": memoryview(w.view(np.uint8))}
     if enc == "f32":
         w = (1.0 + 0.05 * rng.standard_normal(shape[0])).astype("<f4")
         return {"data": memoryview(w.view(np.uint8))}

@@ -30,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from ...kernels.rope import rope_table
+from ...plan.memory import uses_local_rope
 from ...webgpu.interface import BufferUsage, Copy
 from ..scores import BackendCancelled, BackendLost, Scores, Want
 from .forward import Forward
@@ -64,7 +65,7 @@ class GpuBackend:
     # -- building ------------------------------------------------------------------------------
     @classmethod
     async def build(cls, session, model) -> "GpuBackend":
-        """Compile what admission did not, upload the RoPE table, record the decode steps.
+        """Compile what admission did not, upload the RoPE table(s), record the decode steps.
         A GPU error on the way is BackendLost("build-failed"); the session is then destroyed."""
         device = session.device
         device.push_error_scope("validation")
@@ -73,9 +74,12 @@ class GpuBackend:
             backend = cls(session, model, forward)
             backend._watch_lost()
             a = model.architecture
-            table = rope_table(forward.capacity, a.rope.rotary_dim, a.rope.base, a.rope.position_offset)
-            device.write_buffer(forward.regions.buffer("rope_table"), forward.regions.offset("rope_table"),
-                                table.reshape(-1))
+            tables = {"rope_table": a.rope.base}
+            if uses_local_rope(a):
+                tables["rope_table_local"] = a.gemma3.local_rope_base
+            for name, rope_base in tables.items():
+                table = rope_table(forward.capacity, a.rope.rotary_dim, rope_base, a.rope.position_offset)
+                device.write_buffer(forward.regions.buffer(name), forward.regions.offset(name), table.reshape(-1))
             forward.set_params("decode", 1, 0)
             device.write_buffer(*forward.tables["decode"].write())    # the static slots, once
             for op, k in (("argmax", 1), ("top-k", forward.top_k), ("full", 0)):
