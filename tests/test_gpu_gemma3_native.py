@@ -22,6 +22,7 @@ import webslm
 from conftest import synthetic_slm
 from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.admission.pipelines import unsupported
+from webslm.admission.tracked import Faults
 from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
@@ -60,10 +61,11 @@ def prompt(model, n: int, seed: int = 5) -> list[int]:
     return [int(t) for t in rng.integers(0, model.architecture.vocab, n)]
 
 
-async def _compare(gpu, model, policy) -> tuple[list[float], int, int]:
+async def _compare(gpu, model, policy, faults=Faults()) -> tuple[list[float], int, int, list[str]]:
     """Relative logit errors after each prefill length and each decode step; dispatches a
-    decode layer, and how many of them are projections (q|k|v and gate|up stacked or not)."""
-    session = await admit(gpu, model, policy)
+    decode layer, how many of them are projections (q|k|v and gate|up stacked or not), and the
+    kinds of the ops before the layers."""
+    session = await admit(gpu, model, policy, faults=faults)
     backend = await GpuBackend.build(session, model)
     cpu = CpuBackend(model)
     errors = []
@@ -84,7 +86,7 @@ async def _compare(gpu, model, policy) -> tuple[list[float], int, int]:
             errors.append(error(got, want))
         decode = backend.forward.programs["decode"]
         projections = sum(1 for op in decode.layer(0) if op.kind == "matmul" and op.label not in ("o", "down"))
-        return errors, decode.dispatches_per_layer(), projections
+        return errors, decode.dispatches_per_layer(), projections, [op.kind for op in decode.before]
     finally:
         backend.release()
 
@@ -92,7 +94,8 @@ async def _compare(gpu, model, policy) -> tuple[list[float], int, int]:
 def test_gemma3_logits_follow_the_cpu_path_through_prefill_and_decode(native_gpu, gemma_path, run):
     model = webslm.open_model(gemma_path)
     assert unsupported(model.manifest) is None
-    errors, per_layer, projections = run(_compare(native_gpu, model, POLICY))
+    errors, per_layer, projections, before = run(_compare(native_gpu, model, POLICY))
+    assert before == ["embed", "scale"]
     print(f"{gemma_path.name}: max relative logit error {max(errors):.2e}, {per_layer} dispatches a decode layer")
     assert max(errors) <= LOGIT_TOLERANCE, errors
     # a layer: attn_norm, the projections (q|k|v and gate|up stacked where the planner could lay
@@ -100,6 +103,21 @@ def test_gemma3_logits_follow_the_cpu_path_through_prefill_and_decode(native_gpu
     # whole alignment units), head_norm, rope_kv, attention, o, post_attention_norm, ffn_norm,
     # geglu, down, post_ffw_norm
     assert per_layer == 10 + projections and projections in (2, 3)
+
+
+def test_gemma3_with_a_split_embedding_gathers_it_on_the_host(native_gpu, tmp_path, run):
+    """The real Gemma 3's 262k-row tied embedding does not fit one 128 MiB binding: the planner
+    cuts it into row pieces, the head multiplies piece by piece and the host gathers the
+    embedding rows (program/ops.py host_embed). The same here at a scale lavapipe runs: the
+    adapter reports an 8 KiB binding limit, so the q8 table (300 x 64) splits in three."""
+    path = tmp_path / "gemma3-q8.slm"
+    gemma3_model.write(path, matrices="q8")
+    model = webslm.open_model(path)
+    small = Faults(limit_overrides={"maxStorageBufferBindingSize": 8192})
+    errors, _, _, before = run(_compare(native_gpu, model, POLICY, small))
+    assert before == ["host_embed", "scale"]
+    print(f"split embedding: max relative logit error {max(errors):.2e}")
+    assert max(errors) <= LOGIT_TOLERANCE, errors
 
 
 def test_gemma3_conformance_is_100_percent_top1(native_gpu, gemma_path, run):
@@ -120,7 +138,7 @@ def test_gemma3_conformance_is_100_percent_top1(native_gpu, gemma_path, run):
 def test_qwen2_biases_on_the_gpu_follow_the_cpu_path(native_gpu, qwen2_path, run, fusions):
     model = webslm.open_model(qwen2_path)
     assert model.architecture.qkv_bias and unsupported(model.manifest) is None
-    errors, per_layer, _ = run(_compare(native_gpu, model, AdmissionPolicy(fusions=fusions, prefill_chunk=PREFILL_CHUNK,
+    errors, per_layer, _, _ = run(_compare(native_gpu, model, AdmissionPolicy(fusions=fusions, prefill_chunk=PREFILL_CHUNK,
                                                                            self_test_size="full")))
     print(f"qwen2 {fusions or 'reference'}: max relative logit error {max(errors):.2e}, {per_layer} a layer")
     assert max(errors) <= LOGIT_TOLERANCE, errors

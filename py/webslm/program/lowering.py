@@ -104,7 +104,7 @@ class Lowering:
         self.s_align = plan.required_limits["minStorageBufferOffsetAlignment"]
         self.f_pad = ffn_padded(a, self.s_align)
         self.shape = attention.AttentionShape(a.n_heads, a.n_kv_heads, a.head_dim, self.capacity, plan.kv["dtype"])
-        self.embedding = embed.model_embedding(model)
+        self.embedding = embed.model_embedding(model)     # (unused by a host_embed program)
         # Decode attention: one head grouping and grid for every position (those of a full
         # cache), so the pipeline and grid stay fixed; workgroups past a position's chunks exit.
         # Up to single_pass keys take one pass with the whole context as one chunk.
@@ -156,6 +156,9 @@ class Lowering:
 
     def _copy(self, op, schedule, tokens, start, readback, long_attention):
         return []
+
+    def _host_embed(self, op, schedule, tokens, start, readback, long_attention):
+        return []            # the host writes x (backends/gpu/host_embedding.py)
 
     def _launch(self, op: Op, planned, inputs, outputs) -> Launch:
         return Launch(planned.kernel, dict(planned.overrides), planned.params, tuple(planned.grid),

@@ -3,7 +3,8 @@
 One step of T tokens at positions start .. start + T - 1 (x is the residual stream [T, D]),
 the CPU oracle's steps (cpu/backend.py `_forward`) one for one:
 
-    embed        token_ids [T]               -> x [T, D]
+    embed        token_ids [T]               -> x [T, D]   (host_embed when the plan split the
+                                                             table: the host writes x's rows)
     per layer i (ops named "L{i}.<label>"):
       attn_norm  x (+= delta from layer 1)   -> attn_in [T, D]              RMSNorm
       q, k, v    attn_in                     -> qkv: q [T, H E] | k [T, K E] | v [T, K E]
@@ -54,6 +55,8 @@ from typing import Any, Mapping
 SCHEDULES = ("decode", "prefill")
 # Ops whose params depend on the position: their slots come first, a decode step rewrites them.
 POSITIONAL_KINDS = ("rope_kv", "attention", "attention_rope")
+# Ops that are not dispatches: a buffer copy inside the step, the host's write of x before it.
+NO_DISPATCH = ("copy", "host_embed")
 # What a step may read back: the reduce op has one params slot per reduction ("full" has none).
 READBACKS = ("argmax", "top-k", "full")
 # Decode attention scratch (kernels/attention.py plan_decode): up to SINGLE_PASS_MAX keys take one
@@ -150,11 +153,11 @@ class Program:
         return list(self.ops[last + 1:])
 
     def dispatch_ops(self) -> list[Op]:
-        """Ops that run as dispatches (a copy is a buffer copy)."""
-        return [op for op in self.ops if op.kind != "copy"]
+        """Ops that run as dispatches (a copy is a buffer copy, host_embed a buffer write)."""
+        return [op for op in self.ops if op.kind not in NO_DISPATCH]
 
     def dispatches_per_layer(self) -> int:
-        return sum(1 for op in self.layer(0) if op.kind != "copy")
+        return sum(1 for op in self.layer(0) if op.kind not in NO_DISPATCH)
 
     # -- what the planner derives -------------------------------------------------------------
     def steps(self) -> list[str]:
@@ -171,7 +174,7 @@ class Program:
     def slots(self) -> list[str]:
         """Params slots, one per label; the position-dependent ones first (a decode step
         rewrites one contiguous range)."""
-        labels = list(dict.fromkeys(op.slot for op in self.ops if op.kind not in ("copy", "reduce")))
+        labels = list(dict.fromkeys(op.slot for op in self.ops if op.kind not in NO_DISPATCH + ("reduce",)))
         kinds = {op.slot: op.kind for op in self.ops}
         reductions = [f"reduce:{r}" for r in READBACKS[:2]] if any(op.kind == "reduce" for op in self.ops) else []
         return [s for s in labels if kinds[s] in POSITIONAL_KINDS] + \
@@ -193,7 +196,7 @@ class Program:
                        if name in {base(r) for r in op.refs() if is_activation(r)}]
             written = [steps.index(op.step) for op in self.ops if name in {base(r) for _, r in op.writes}]
             first, last = min(touched), max(touched)
-            if name == "token_ids":
+            if name == "token_ids" or any(op.kind == "host_embed" and op.write("x") == name for op in self.ops):
                 first = 0                                   # uploaded before the step
             if name in ("logits", "logits_result"):
                 last = len(steps) - 1                       # read back after it
@@ -279,7 +282,10 @@ def reference(arch, schedule: str, tokens: int, layout: Layout = Layout(), tied_
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
     gemma = getattr(arch, "gemma3", None)
     head = "token_embd" if (arch.tied_output if tied_output is None else tied_output) else "output"
-    ops = [Op("embed", "embed", (("ids", "token_ids"), ("table", "w:token_embd")), (("x", "x"),))]
+    # A table split into row pieces cannot be bound whole by the gather kernel: the host
+    # gathers its rows (backends/gpu/host_embedding.py) and writes them into x before the step.
+    embed_kind = "host_embed" if layout.pieces.get("token_embd", 1) > 1 else "embed"
+    ops = [Op("embed", embed_kind, (("ids", "token_ids"), ("table", "w:token_embd")), (("x", "x"),))]
     if gemma:
         ops.append(Op("embed_scale", "scale", (), (("x", "x"),), (("scale", float(gemma.embedding_scale)),)))
     sublayer_out = "proj" if gemma else "delta"          # gemma3 norms it into delta

@@ -160,9 +160,7 @@ class GpuBackend:
                 body, head = await self._prefill_recordings(len(chunk), self.position, last, op, k)
                 forward.set_params("prefill", len(chunk), self.position)
                 self._check_epoch(epoch)                   # before submit
-                r = forward.regions
-                writes = [forward.tables["prefill"].write(),
-                          (r.buffer("prefill.token_ids"), r.offset("prefill.token_ids"), np.asarray(chunk, np.uint32))]
+                writes = [forward.tables["prefill"].write(), *forward.input_writes("prefill", chunk)]
                 await self._run(body, writes)
                 self.position += len(chunk)
                 if not last:
@@ -210,9 +208,8 @@ class GpuBackend:
         forward.set_params("decode", 1, position, positional=True)
         long_attention = not forward.single_pass_at(position)
         recording = await self._decode_recording(long_attention, op, k)
-        r = forward.regions
         writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
-                  (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
+                  *forward.input_writes("decode", [token])]
         self._check_epoch(epoch)                           # before submit
         submitted = time.perf_counter()
         raw = await self._run(recording, writes, self._read(op, k))
