@@ -14,6 +14,8 @@ to past the window several times over; then teacher-forced conformance, 100% top
 """
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -27,6 +29,7 @@ from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
 from webslm.engine.conformance import conformance
+from webslm.generate import prompt_ids
 from webslm.program.fusion import ALL
 
 # |GPU - CPU| per logit relative to the row's largest |logit| (test_gpu_engine_native's bound):
@@ -158,4 +161,36 @@ def test_qwen2_conformance_is_100_percent_top1(native_gpu, qwen2_path, run):
         finally:
             backend.release()
     report = run(go())
+    assert report["top1_agreement"] == 1.0, report["disagreements"]
+
+
+# -- the real Gemma 3 270M, its K-quant tensors requantized to q8 --------------------------------
+
+GEMMA_GGUF = pathlib.Path(__file__).resolve().parents[1] / ".assets/cache/gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.mark.skipif(not GEMMA_GGUF.is_file(), reason="set-up did not fetch gemma-3-270m-q4_k_m.gguf")
+def test_real_gemma3_270m_requantized_to_q8_on_the_gpu(native_gpu, tmp_path, run):
+    """Weights nobody here wrote: the GGUF converted with --quant q8 (its Q4_K/Q5_0/Q6_K
+    matrices requantized; the K-quant GPU kernels are another branch's). On lavapipe's 128 MiB
+    bindings the 262,144-row tied embedding (168 MB in q8) is split: host-gathered rows, a head
+    of two pieces. Teacher-forced conformance with the CPU path: 100% top-1."""
+    from webslm.convert.gguf import convert_gguf
+    path = tmp_path / "gemma3-270m-q8.slm"
+    convert_gguf(GEMMA_GGUF, path, quant="q8")
+    model = webslm.open_model(path)
+    assert model.architecture.vocab == 262144 and unsupported(model.manifest) is None
+
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(context=64, self_test_size="full"))
+        backend = await GpuBackend.build(session, model)
+        try:
+            assert [op.kind for op in backend.forward.programs["decode"].before] == ["host_embed", "scale"]
+            ids = prompt_ids(model, "The capital of France is", chat=False)     # BOS first
+            return await conformance(model, backend, ids, tokens=16)
+        finally:
+            backend.release()
+    report = run(go())
+    print(f"real Gemma 3 270M (q8): top-1 {report['top1_agreement']}, max |logit error| "
+          f"{report['max_abs_logit_error']:.3g}")
     assert report["top1_agreement"] == 1.0, report["disagreements"]
