@@ -15,6 +15,8 @@ Shapes (`SHAPES`):
               320: the smallest test shape the planner stacks (q|k|v and gate|up one matrix each),
               so the fully fused decode step runs; past 256 positions attention takes two passes
     qwen2     stacked with q/k/v projection biases (Qwen2-style; f32, normal with std 0.5)
+    gemma3_270m  Gemma 3 270M: 18 layers (sliding window 512, every 6th global), hidden 640, ffn 2048,
+              4 heads / 1 KV head, head_dim 256, vocab 262144, context 32768, family gemma3
 
 Encodings, those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every layer matrix
 q4 (block 32, zero "min", f16 scales and mins), token_embd q8 (block 32, f16 scales), norm
@@ -86,6 +88,17 @@ SHAPES = {
                 "notes": ["a tiny shape for tests that the planner stacks: every q/k/v and gate/up part "
                           "is a whole number of 256-byte units and the decode outputs lie back to back"]},
 }
+# Gemma 3 270M's shape (family gemma3: sliding window 512 with every 6th layer global, local
+# RoPE base 1e4, GeGLU, q/k norms, post norms, 262k-row tied embedding); norm_weight_offset 0,
+# as the GGUF converter writes it (llama.cpp stores 1 + w).
+SHAPES["gemma3_270m"] = {
+    "n_layers": 18, "n_heads": 4, "n_kv_heads": 1, "head_dim": 256, "hidden": 640, "ffn": 2048,
+    "vocab": 262144, "context_length": 32768, "rope_base": 1000000.0,
+    "gemma3": {"embedding_scale": 640 ** 0.5, "norm_weight_offset": 0.0, "activation": "gelu-tanh",
+               "attention_scale": 256 ** -0.5, "sliding_window": 512,
+               "layer_types": ["full" if (i + 1) % 6 == 0 else "sliding" for i in range(18)],
+               "local_rope_base": 10000.0},
+    "notes": ["Gemma 3 270M's shape and layer pattern, q4/q8 encodings like the other shapes"]}
 # Qwen2-style: the stacked shape with q/k/v projection biases (f32, random normal).
 SHAPES["qwen2"] = {**SHAPES["stacked"], "qkv_bias": True,
                    "notes": ["the stacked test shape with Qwen2's q/k/v projection biases"]}
@@ -93,8 +106,9 @@ SHAPES["qwen2"] = {**SHAPES["stacked"], "qkv_bias": True,
 
 def architecture(shape: str, context_length: int | None = None) -> dict:
     s = SHAPES[shape]
+    gemma = {"gemma3": s["gemma3"]} if "gemma3" in s else {}
     return {
-        "family": "llama",
+        "family": "gemma3" if gemma else "llama", **gemma,
         "n_layers": s["n_layers"], "n_heads": s["n_heads"], "n_kv_heads": s["n_kv_heads"],
         "head_dim": s["head_dim"], "hidden": s["hidden"], "ffn": s["ffn"], "vocab": s["vocab"],
         "context_length": context_length or s["context_length"],

@@ -31,6 +31,7 @@ from webslm.cpu import CpuBackend
 from webslm.engine.conformance import conformance
 from webslm.generate import prompt_ids
 from webslm.program.fusion import ALL
+from webslm.semantic.sampler import canonical_top_k
 
 # |GPU - CPU| per logit relative to the row's largest |logit| (test_gpu_engine_native's bound):
 # the GPU sums in other orders; f16 and q8 weights are dequantized the same way on both sides.
@@ -187,7 +188,15 @@ def test_real_gemma3_270m_requantized_to_q8_on_the_gpu(native_gpu, tmp_path, run
         try:
             assert [op.kind for op in backend.forward.programs["decode"].before] == ["host_embed", "scale"]
             ids = prompt_ids(model, "The capital of France is", chat=False)     # BOS first
-            return await conformance(model, backend, ids, tokens=16)
+            report = await conformance(model, backend, ids, tokens=16)
+            # The 262,144-logit reductions on the GPU against the full row of the same step.
+            full = (await backend.decode_one(ids[-1], Want("full"))).logits
+            for asked in (Want("top-k", 8), Want("argmax")):
+                backend.position -= 1                                  # the same step again
+                top = await backend.decode_one(ids[-1], asked)
+                assert list(top.ids) == list(canonical_top_k(full, top.ids.size))
+                assert top.values.tobytes() == full[top.ids].tobytes()
+            return report
         finally:
             backend.release()
     report = run(go())
