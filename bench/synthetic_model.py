@@ -17,6 +17,9 @@ Shapes (`SHAPES`):
               so the fully fused decode step runs; past 256 positions attention takes two passes
     kquant    2 layers, hidden 256, ffn 512, 4 heads / 2 KV heads, head_dim 64, vocab 384, context
               64: the smallest test shape whose rows hold whole 256-element super-blocks
+    qwen2     stacked with q/k/v projection biases (Qwen2-style; f32, normal with std 0.5)
+    gemma3_270m  Gemma 3 270M: 18 layers (sliding window 512, every 6th global), hidden 640, ffn 2048,
+              4 heads / 1 KV head, head_dim 256, vocab 262144, context 32768, family gemma3
 
 Encodings (`--encoding`, SCHEMES):
     q4      (default) those of the converted SmolLM2-135M-Instruct (Q4_1 GGUF) artifact: every
@@ -103,16 +106,31 @@ SHAPES = {
                 "notes": ["a tiny shape for tests that the planner stacks: every q/k/v and gate/up part "
                           "is a whole number of 256-byte units and the decode outputs lie back to back"]},
 }
+# Gemma 3 270M's shape (family gemma3: sliding window 512 with every 6th layer global, local
+# RoPE base 1e4, GeGLU, q/k norms, post norms, 262k-row tied embedding); norm_weight_offset 0,
+# as the GGUF converter writes it (llama.cpp stores 1 + w).
+SHAPES["gemma3_270m"] = {
+    "n_layers": 18, "n_heads": 4, "n_kv_heads": 1, "head_dim": 256, "hidden": 640, "ffn": 2048,
+    "vocab": 262144, "context_length": 32768, "rope_base": 1000000.0,
+    "gemma3": {"embedding_scale": 640 ** 0.5, "norm_weight_offset": 0.0, "activation": "gelu-tanh",
+               "attention_scale": 256 ** -0.5, "sliding_window": 512,
+               "layer_types": ["full" if (i + 1) % 6 == 0 else "sliding" for i in range(18)],
+               "local_rope_base": 10000.0},
+    "notes": ["Gemma 3 270M's shape and layer pattern, q4/q8 encodings like the other shapes"]}
+# Qwen2-style: the stacked shape with q/k/v projection biases (f32, random normal).
+SHAPES["qwen2"] = {**SHAPES["stacked"], "qkv_bias": True,
+                   "notes": ["the stacked test shape with Qwen2's q/k/v projection biases"]}
 
 
 def architecture(shape: str, context_length: int | None = None) -> dict:
     s = SHAPES[shape]
+    gemma = {"gemma3": s["gemma3"]} if "gemma3" in s else {}
     return {
-        "family": "llama",
+        "family": "gemma3" if gemma else "llama", **gemma,
         "n_layers": s["n_layers"], "n_heads": s["n_heads"], "n_kv_heads": s["n_kv_heads"],
         "head_dim": s["head_dim"], "hidden": s["hidden"], "ffn": s["ffn"], "vocab": s["vocab"],
         "context_length": context_length or s["context_length"],
-        "norm_eps": 1e-05, "tied_output": True, "qkv_bias": False,
+        "norm_eps": 1e-05, "tied_output": True, "qkv_bias": s.get("qkv_bias", False),
         "rope": {"base": s["rope_base"], "rotary_dim": s["head_dim"], "convention": "rotate-half",
                  "position_offset": 0, "scaling": None},
     }
@@ -166,7 +184,7 @@ def more_bits(layer: int, n_layers: int) -> bool:
 
 def encoding(name: str, scheme: str = "q4", n_layers: int = 1) -> Form:
     """A tensor's Form under `scheme` (the module docstring)."""
-    if name.endswith("_norm"):
+    if name.endswith("_norm") or name.endswith(".bias"):
         return F32
     if scheme == "q4":
         return Q8 if name == "token_embd" else Q4
@@ -236,6 +254,9 @@ def make_parts(name: str, shape: tuple[int, ...], seed: int, scheme: str = "q4",
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     form = encoding(name, scheme, n_layers)
     enc, zero = form.encoding, form.zero
+    if enc == "f32" and name.endswith(".bias"):          # Qwen2's biases: large next to q, k, v
+        w = (0.5 * rng.standard_normal(shape[0])).astype("<f4")
+        return {"data": memoryview(w.view(np.uint8))}
     if enc == "f32":
         w = (1.0 + 0.05 * rng.standard_normal(shape[0])).astype("<f4")
         return {"data": memoryview(w.view(np.uint8))}

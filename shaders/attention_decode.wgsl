@@ -1,6 +1,9 @@
-// Decode attention: one new token at position p attends to cache positions 0..p.
+// Decode attention: one new token at position p attends to cache positions first_key..p.
 //
-//   out[h, :] = sum_j softmax_j(scale * q[h] . K[kv(h), j]) * V[kv(h), j]     j = 0..p
+//   out[h, :] = sum_j softmax_j(scale * q[h] . K[kv(h), j]) * V[kv(h), j]     j = first_key..p
+//
+// first_key is 0, or for a sliding-window layer (Gemma 3) max(0, p + 1 - window): the host
+// sets it with n_keys = p + 1 - first_key, so the chunks cover exactly the window.
 //   kv(h) = h / G, G = n_heads / n_kv_heads (grouped-query attention)
 //
 // Split-K ("flash decoding"): the p + 1 positions are cut into chunks of `chunk`
@@ -38,6 +41,7 @@ struct Params {
     head_blocks: u32,   // ceil(G / GW)
     n_groups: u32,      // K * head_blocks * n_chunks: workgroups with work
     scale: f32,         // usually 1 / sqrt(head_dim)
+    first_key: u32,     // position of key 0 (a sliding window's start; 0 without a window)
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -46,6 +50,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v_cache: array<kv4>;        // [K][capacity][E / 4]
 // Bindings 4..6 (out, part_acc, part_ml), the overrides WG, GW, HD4, the workgroup memory and
 // the phases are in attention_decode_core.wgsl.
+
+fn first_key() -> u32 {
+    return params.first_key;
+}
 
 fn cached_key(at: u32) -> vec4<f32> {
     return vec4<f32>(k_cache[at]);
@@ -98,7 +106,9 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>,
            @builtin(num_workgroups) groups: vec3<u32>) {
     let e4 = HD4;
     let item = gid.x + gid.y * groups.x * WG;
-    if (item >= params.n_heads * e4) {
+    // One chunk: the chunk pass wrote the output itself (a sliding-window layer's few keys in
+    // a step whose other layers need two passes).
+    if (item >= params.n_heads * e4 || params.n_chunks == 1u) {
         return;
     }
     let head = item / e4;

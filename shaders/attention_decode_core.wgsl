@@ -7,6 +7,8 @@
 //   cached_key(at), cached_value(at) -> vec4<f32>
 //                          the cache's vec4 at index `at` ((kv_head * capacity + pos) * HD4 + c),
 //                          widened exactly to f32
+//   first_key() -> u32     the position of key 0 of the chunks: 0, or where a sliding window
+//                          starts (the n_keys keys are positions first_key() .. first_key() + n_keys - 1)
 // The algorithm (phases 2..5 of one chunk: scores, exact max, weights, weighted V sum, write)
 // is described in attention_decode.wgsl. The functions here hold no barriers: the entry
 // points call them between their workgroupBarrier()s, so barriers stay in uniform control flow.
@@ -46,9 +48,9 @@ struct ChunkWork {
     kv_head: u32,
     head0: u32,          // first query head of this workgroup
     n_heads_here: u32,   // GW, or fewer in the last block
-    key0: u32,           // first position of the chunk
+    key0: u32,           // first key of the chunk, counted from first_key()
     n_here: u32,         // positions in the chunk, >= 1: chunks are never empty
-    row0: u32,           // cache row of position key0
+    row0: u32,           // cache row of key key0 (position first_key() + key0)
 }
 
 fn chunk_work(wid: u32) -> ChunkWork {
@@ -61,7 +63,7 @@ fn chunk_work(wid: u32) -> ChunkWork {
     w.n_heads_here = min(GW, g_size - w.block * GW);
     w.key0 = w.chunk_id * params.chunk;
     w.n_here = min(params.chunk, params.n_keys - w.key0);
-    w.row0 = w.kv_head * params.capacity + w.key0;
+    w.row0 = w.kv_head * params.capacity + first_key() + w.key0;
     return w;
 }
 

@@ -66,6 +66,11 @@ struct Params {
 var<workgroup> new_k: array<vec4<f32>, 64>;
 var<workgroup> new_v: array<vec4<f32>, 64>;
 
+// No sliding window here: keys start at position 0 (attention_decode_core.wgsl).
+fn first_key() -> u32 {
+    return 0u;
+}
+
 fn cached_key(at: u32) -> vec4<f32> {
     return kv_widen(k_cache[at]);
 }

@@ -16,9 +16,15 @@
 //      meanwhile everyone loads the V tile into the buffer K used
 //   4. acc = acc * alpha + sum_c P[r, c] V[c]        (the tile's sum is formed first, so
 //      every weight meets few roundings: see the error rule in attention.py)
-// Masked keys (j > start + t) get weight exactly 0; the first tile always holds key 0, which
-// every row sees, so the running max is finite from the first tile on. Exponents are always
-// <= 0: no overflow at any score range. Accumulation is f32; `kv4` comes from the prelude.
+// Masked keys (j > start + t) get weight exactly 0; a row's running max starts at the first
+// tile where it sees a key (without a window: the first tile, which holds key 0). Exponents
+// are always <= 0: no overflow at any score range. Accumulation is f32; `kv4` comes from the
+// prelude.
+//
+// Sliding window (Gemma 3's local layers; window 0: none): token t sees keys
+// start + t - window + 1 .. start + t only (cpu/layers.attention). The block's walk starts at
+// the tile holding the first key its first row sees, and a row's keys before its own window
+// get weight exactly 0, like keys past its causal end.
 //
 // Workgroup memory: q block 8.3 KiB + K/V tile 4.3 KiB + weights 2 KiB + row stats: fits
 // the 16 KiB of compatibility devices. Rows of the q block and the K/V tile are padded by one
@@ -47,6 +53,7 @@ struct Params {
     row_blocks: u32,    // ceil(T * G / rows)
     n_groups: u32,      // K * row_blocks
     scale: f32,
+    window: u32,        // a sliding window's length; 0: every earlier key is visible
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -60,6 +67,14 @@ var<workgroup> kv_tile: array<vec4<f32>, KV_SLOTS>; // [tile][STRIDE]: K, then V
 var<workgroup> weights: array<f32, P_WORDS>;        // [rows][tile]: scores, then exp(s - m)
 var<workgroup> alpha: array<f32, MAX_ROWS>;         // per row: rescale of the running sums
 var<workgroup> row_sum: array<f32, MAX_ROWS>;       // per row: final l
+
+// The first key the query at position `last` sees (its own position is its last key).
+fn first_visible(last: u32) -> u32 {
+    if (params.window == 0u || last < params.window) {
+        return 0u;
+    }
+    return last + 1u - params.window;
+}
 
 @compute @workgroup_size(WG)
 fn prefill(@builtin(workgroup_id) group: vec3<u32>,
@@ -78,6 +93,7 @@ fn prefill(@builtin(workgroup_id) group: vec3<u32>,
     // Keys 0..last_key are visible to some row of the block (rows are token-major).
     let last_key = params.start + (row0 + rows_here - 1u) / g_size;
     let n_tiles = last_key / params.tile + 1u;
+    let first_tile = first_visible(params.start + row0 / g_size) / params.tile;   // the block's first row
     let kv_base = kv_head * params.capacity;                // cache row of position 0
 
     // The query block, scaled once; rows past the end are zeros (never written out).
@@ -94,15 +110,17 @@ fn prefill(@builtin(workgroup_id) group: vec3<u32>,
     // Row state, owned by invocation `lane` for row `lane` (lane < rows).
     var m = 0.0;
     var l = 0.0;
+    var started = false;                                    // has row `lane` seen a key yet
     let my_row = row0 + lane;
     let my_last_key = params.start + my_row / g_size;       // causal limit of row `lane`
+    let my_first_key = first_visible(my_last_key);          // its window's start
     // Output accumulators: invocation owns vec4 slots lane, lane + WG, ... of [rows][E / 4].
     var acc: array<vec4<f32>, ACC_SLOTS>;
     for (var s = 0u; s < ACC_SLOTS; s++) {
         acc[s] = vec4<f32>(0.0);
     }
 
-    for (var t = 0u; t < n_tiles; t++) {
+    for (var t = first_tile; t < n_tiles; t++) {
         let key0 = t * params.tile;
         let keys_here = min(params.tile, last_key + 1u - key0);
 
@@ -132,23 +150,28 @@ fn prefill(@builtin(workgroup_id) group: vec3<u32>,
 
         // 3a. Online softmax, one invocation per row.
         if (lane < rows_here) {
+            // Keys lo .. visible - 1 of the tile are this row's (window start, causal end).
             let visible = min(keys_here, select(0u, my_last_key + 1u - key0, my_last_key >= key0));
+            let lo = select(0u, my_first_key - key0, my_first_key > key0);
             var tile_max = -3.402823e38;
-            for (var c = 0u; c < visible; c++) {
+            for (var c = lo; c < visible; c++) {
                 tile_max = max(tile_max, weights[lane * params.tile + c]);
             }
             var a = 1.0;                       // exact 1 when the max does not move
-            if (t == 0u) {
-                m = tile_max;                  // key 0 is visible to every row
-                a = 0.0;
-            } else if (visible > 0u && tile_max > m) {
+            if (!started) {
+                a = 0.0;                       // acc and l are still 0
+                if (lo < visible) {
+                    m = tile_max;              // the row's first visible key is in this tile
+                    started = true;
+                }
+            } else if (lo < visible && tile_max > m) {
                 a = exp(m - tile_max);
                 m = tile_max;
             }
             var tile_l = 0.0;
             for (var c = 0u; c < params.tile; c++) {
                 var p = 0.0;
-                if (c < visible) {
+                if (c >= lo && c < visible) {
                     p = exp(weights[lane * params.tile + c] - m);
                 }
                 weights[lane * params.tile + c] = p;

@@ -19,6 +19,8 @@
 // tile. Blocks run longest first (the last rows see the most keys), so the short ones fill
 // the tail. Masked keys (past a row's causal end) get weight exactly 0; keys past the block's
 // last visible key are never read (the cache rows past the context may hold anything).
+// Sliding window (window > 0) as in attention_prefill.wgsl: the walk starts at the tile of the
+// block's first visible key, and keys before a row's window get weight exactly 0.
 //
 // Workgroup memory: 2 stages x (K + V) x TILE x HD4 vec4s = 16 KiB at head_dim 64.
 
@@ -41,6 +43,7 @@ struct Params {
     row_blocks: u32,    // ceil(T * G / ROWS)
     n_groups: u32,      // K * row_blocks
     scale: f32,
+    window: u32,        // a sliding window's length; 0: every earlier key is visible
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -51,6 +54,14 @@ struct Params {
 
 var<workgroup> k_tile: array<vec4<f32>, 2u * TILE * HD4>;   // [stage][key][HD4]
 var<workgroup> v_tile: array<vec4<f32>, 2u * TILE * HD4>;
+
+// The first key the query at position `last` sees (its own position is its last key).
+fn first_visible(last: u32) -> u32 {
+    if (params.window == 0u || last < params.window) {
+        return 0u;
+    }
+    return last + 1u - params.window;
+}
 
 fn fetch_items() -> u32 {
     return (TILE * HD4 + ROWS - 1u) / ROWS;
@@ -98,6 +109,7 @@ fn prefill_rows(@builtin(workgroup_id) group: vec3<u32>,
     let rows_here = min(ROWS, n_rows - row0);
     let last_key = params.start + (row0 + rows_here - 1u) / g_size;   // the block's last visible key
     let n_tiles = last_key / TILE + 1u;
+    let first_tile = first_visible(params.start + row0 / g_size) / TILE;   // the block's first row
     let kv_base = kv_head * params.capacity;
 
     let my_row = row0 + lane;
@@ -106,6 +118,7 @@ fn prefill_rows(@builtin(workgroup_id) group: vec3<u32>,
     let head = kv_head * g_size + row % g_size;
     let out_base = ((row / g_size) * params.n_heads + head) * HD4;
     let my_last_key = params.start + row / g_size;       // causal limit of this row
+    let my_first_key = first_visible(my_last_key);       // its window's start
 
     var qr: array<vec4<f32>, HD4_MAX>;
     var o: array<vec4<f32>, HD4_MAX>;
@@ -113,19 +126,20 @@ fn prefill_rows(@builtin(workgroup_id) group: vec3<u32>,
         qr[d] = q[out_base + d] * params.scale;
     }
 
-    for (var r = 0u; r < fetch_items(); r++) {           // tile 0 straight into stage 0
-        let index = cache_index(kv_base, 0u, last_key, lane, r);
+    for (var r = 0u; r < fetch_items(); r++) {           // the first tile straight into stage 0
+        let index = cache_index(kv_base, first_tile * TILE, last_key, lane, r);
         store_kv(0u, lane, r, fetch_k(index), fetch_v(index));
     }
     workgroupBarrier();
 
     var m = 0.0;
     var l = 0.0;
+    var started = false;                                 // has this row seen a key yet
     var k_next: array<vec4<f32>, FETCH_MAX>;
     var v_next: array<vec4<f32>, FETCH_MAX>;
-    for (var t = 0u; t < n_tiles; t++) {
+    for (var t = first_tile; t < n_tiles; t++) {
         let key0 = t * TILE;
-        let base = (t % 2u) * TILE * HD4;
+        let base = ((t - first_tile) % 2u) * TILE * HD4;
         let more = t + 1u < n_tiles;
         if (more) {   // the next tile's loads land while this one is computed
             for (var r = 0u; r < fetch_items(); r++) {
@@ -142,24 +156,29 @@ fn prefill_rows(@builtin(workgroup_id) group: vec3<u32>,
                 s[c] += dot(qd, k_tile[base + c * HD4 + d]);
             }
         }
+        // Keys lo .. visible - 1 of the tile are this row's (window start, causal end).
         let visible = select(0u, min(TILE, my_last_key + 1u - key0), my_last_key >= key0);
+        let lo = select(0u, my_first_key - key0, my_first_key > key0);
         var tile_max = -3.402823e38;
         for (var c = 0u; c < TILE; c++) {
-            if (c < visible) {
+            if (c >= lo && c < visible) {
                 tile_max = max(tile_max, s[c]);
             }
         }
         var a = 1.0;                       // exact 1 when the max does not move
-        if (t == 0u) {
-            m = tile_max;                  // key 0 is visible to every row
-            a = 0.0;
-        } else if (visible > 0u && tile_max > m) {
+        if (!started) {
+            a = 0.0;                       // o and l are still 0
+            if (lo < visible) {
+                m = tile_max;              // the row's first visible key is in this tile
+                started = true;
+            }
+        } else if (lo < visible && tile_max > m) {
             a = exp(m - tile_max);
             m = tile_max;
         }
         var tile_l = 0.0;
         for (var c = 0u; c < TILE; c++) {
-            s[c] = select(0.0, exp(s[c] - m), c < visible);   // now the weight p_c
+            s[c] = select(0.0, exp(s[c] - m), c >= lo && c < visible);   // now the weight p_c
             tile_l += s[c];
         }
         l = l * a + tile_l;
@@ -173,7 +192,7 @@ fn prefill_rows(@builtin(workgroup_id) group: vec3<u32>,
 
         if (more) {
             for (var r = 0u; r < fetch_items(); r++) {
-                store_kv((t + 1u) % 2u, lane, r, k_next[r], v_next[r]);
+                store_kv((t + 1u - first_tile) % 2u, lane, r, k_next[r], v_next[r]);
             }
         }
         workgroupBarrier();   // the next tile is complete; this one may be overwritten after it

@@ -1,6 +1,7 @@
 """A tiny Gemma 3 artifact for tests: its architecture, a small "gemma" SentencePiece tokenizer
 (specials, Gemma-style added tokens, the 256 byte tokens, a few merged pieces) and a writer
-taking weights (transformers' in tests/test_gemma3_cpu.py; seeded normals by default)."""
+taking weights (transformers' in tests/test_gemma3_cpu.py; seeded normals by default), with the
+matrices stored as f32, f16 or q8 (tests/test_gpu_gemma3_native.py runs each on the GPU)."""
 from __future__ import annotations
 
 import hashlib
@@ -8,8 +9,8 @@ import hashlib
 import numpy as np
 
 from webslm.artifact import format as fmt
-from webslm.artifact.quant import encode_f32
-from webslm.artifact.writer import TensorRecord, write_slm
+from webslm.artifact.quant import encode_f16, encode_f32, quantize_q8
+from webslm.artifact.writer import TensorRecord, quant_descriptor, write_slm
 from webslm.convert.gguf_tokenizer import GEMMA3_CHAT_TEMPLATE, merges_from_vocabulary
 
 LAYER_TYPES = ["sliding", "full", "sliding"]
@@ -64,9 +65,23 @@ def random_weights(seed: int = 3) -> dict[str, np.ndarray]:
             for name, shape in fmt.required_tensors(ARCHITECTURE).items()}
 
 
-def write(path, weights: dict[str, np.ndarray] | None = None) -> str:
-    """The artifact, every tensor f32; returns its sha256."""
+MATRIX_ENCODINGS = ("f32", "f16", "q8")      # what the GPU reads (the K-quants are another branch's)
+
+
+def write(path, weights: dict[str, np.ndarray] | None = None, matrices: str = "f32") -> str:
+    """The artifact, matrices (the embedding included) stored as `matrices` (f32, f16 or q8,
+    block 32), vectors f32; returns its sha256."""
     weights = random_weights() if weights is None else weights
-    records = [TensorRecord(name, shape, "f32", None, encode_f32(weights[name].reshape(-1, shape[-1])))
-               for name, shape in fmt.required_tensors(ARCHITECTURE).items()]
+    records = []
+    for name, shape in fmt.required_tensors(ARCHITECTURE).items():
+        w = weights[name].reshape(-1, shape[-1]).astype(np.float32)
+        if len(shape) == 1 or matrices == "f32":
+            records.append(TensorRecord(name, shape, "f32", None, encode_f32(w)))
+        elif matrices == "f16":
+            records.append(TensorRecord(name, shape, "f16", None, encode_f16(w)))
+        elif matrices == "q8":
+            records.append(TensorRecord(name, shape, "q8", quant_descriptor("q8", shape[1], 32, "none"),
+                                        quantize_q8(w, 32)))
+        else:
+            raise ValueError(f"matrices must be one of {MATRIX_ENCODINGS}, not {matrices!r}")
     return write_slm(path, manifest(), records)

@@ -25,22 +25,30 @@ KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocations
 GPU_ENCODINGS = ("f32", "f16", "q8", "q4", "q5", "q4k", "q5k", "q6k")
 
 
+# The families the step program (program/ops.py) expresses.
+GPU_FAMILIES = ("llama", "gemma3")
+
+
 def unsupported(manifest) -> str | None:
     """Why the GPU forward pass (backends/gpu/forward.py) cannot run this model, or None.
-    It computes the llama block from GPU_ENCODINGS, with f32 norm weights and no projection
-    biases; any other model is served by the CPU path, which supports the whole format."""
+    It computes the llama block (with q/k/v biases when the model has them) and the gemma3
+    block from GPU_ENCODINGS, with f32 norm and bias vectors; any other model is served by the
+    CPU path, which supports the whole format."""
     a = manifest.architecture
-    if a.family != "llama":
-        return f"the GPU forward pass computes the llama block only, not {a.family!r}"
+    if a.family not in GPU_FAMILIES:
+        return f"the GPU forward pass computes the {' and '.join(GPU_FAMILIES)} blocks only, not {a.family!r}"
     for name, info in manifest.tensors.items():
         if info.encoding not in GPU_ENCODINGS:
             return (f"{name} is stored as {info.encoding}, which has no GPU kernels yet "
                     f"(the GPU reads {', '.join(GPU_ENCODINGS)})")
-    if a.qkv_bias:
-        return "the model has q/k/v projection biases, which the GPU forward pass does not add"
+    if a.qkv_bias and a.rope.rotary_dim != a.head_dim:
+        return (f"the GPU adds q/k/v biases inside RoPE, which needs rotary_dim == head_dim "
+                f"({a.rope.rotary_dim} != {a.head_dim})")
+    if a.gemma3 is not None and a.gemma3.activation != "gelu-tanh":
+        return f"the GPU computes GeGLU with gelu-tanh only, not {a.gemma3.activation!r}"
     for name, info in manifest.tensors.items():
-        if name.endswith("norm") and info.encoding != "f32":
-            return f"{name} is stored as {info.encoding}; the GPU norm kernels read f32 weights"
+        if (name.endswith("norm") or name.endswith(".bias")) and info.encoding != "f32":
+            return f"{name} is stored as {info.encoding}; the GPU norm and bias kernels read f32 vectors"
     if a.hidden % 4 or a.ffn % 4:
         return f"hidden {a.hidden} and ffn {a.ffn} must be multiples of 4 (vec4 activation rows)"
     return mixed_geometry(manifest)
@@ -132,7 +140,7 @@ def contents_chunks(model, regions: list, chunk: int) -> Iterator[tuple[int, np.
         source = region.source
         info = manifest.tensors[source["tensor"]]
         part_offset = next(offset for part, offset, _ in info.parts if part == source["part"])
-        view = model.tensor_parts(source["tensor"])[source["part"]]
+        view = uploaded_part(model, source["tensor"], source["part"])
         start = source["file_offset"] - part_offset
         data = np.frombuffer(view, np.uint8)[start:start + source["length"]]
         for begin in range(0, data.size, chunk):
@@ -140,3 +148,25 @@ def contents_chunks(model, regions: list, chunk: int) -> Iterator[tuple[int, np.
             if piece.size % 4:
                 piece = np.concatenate([piece, np.zeros(4 - piece.size % 4, np.uint8)])
             yield region.offset + begin, piece
+
+
+def norm_offset(model, tensor: str) -> float:
+    """What the GPU adds to a stored vector before upload: Gemma 3's RMSNorm multiplies by
+    (norm_weight_offset + w) (docs/slm-format.md), every norm vector of the model."""
+    gemma = model.architecture.gemma3
+    if gemma is None or not gemma.norm_weight_offset or not tensor.endswith("norm"):
+        return 0.0
+    return float(gemma.norm_weight_offset)
+
+
+def uploaded_part(model, tensor: str, part: str):
+    """The bytes the GPU receives for a tensor part: the artifact's, except a Gemma 3 norm
+    vector, uploaded as the f32 sum w + offset. That sum is the one the CPU path computes
+    (cpu/backend.py adds the offset to the dequantized f32 vector, one f32 add per element),
+    so the GPU norm kernels multiply by bit-identical weights and need no offset of their own."""
+    view = model.tensor_parts(tensor)[part]
+    offset = norm_offset(model, tensor)
+    if not offset:
+        return view
+    stored = np.frombuffer(view, "<f4")
+    return (stored + np.float32(offset)).astype("<f4").view(np.uint8)

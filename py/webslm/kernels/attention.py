@@ -127,6 +127,7 @@ class DecodePlan:
     slices: int                      # most slices any workgroup splits its positions into
     scratch_acc: int                 # f32 elements of part_acc (>= 4: bound as one vec4)
     scratch_ml: int                  # f32 elements of part_ml (>= 2)
+    window: int | None = None        # a sliding window: the token sees its last `window` positions
 
     @property
     def summation_depth(self) -> int:
@@ -141,31 +142,49 @@ class DecodePlan:
         """The params for another position (and chunk), with this plan's heads, workgroups and
         scale: what a decode step rewrites, without planning again. Words 4..6 and 8 (keys,
         chunk, chunks, workgroups) follow the position; the rest was validated by plan_decode.
-        The grid stays this plan's: workgroups past the position's chunks exit."""
+        The grid stays this plan's: workgroups past the position's chunks exit. With a window,
+        word 10 (the first key) follows the position too."""
         words = self.chunk_pass.params.copy()
         n_heads, n_kv_heads, head_dim, capacity, blocks = (int(w) for w in words[[0, 1, 2, 3, 7]])
         if not 0 <= position < capacity:
             raise KvShapeError("position", f"position {position} is outside the cache (capacity {capacity})")
         if not 1 <= chunk <= SCORE_WORDS // self.chunk_pass.overrides["GW"]:
             raise KvShapeError("shape", f"chunk {chunk} does not fit this plan's workgroup memory")
-        n_chunks = -(-(position + 1) // chunk)
+        n_keys, first_key = window_keys(position, self.window)
+        n_chunks = -(-n_keys // chunk)
         if n_heads * n_chunks * head_dim >= runner.U32_LIMIT:
             raise KvShapeError("offset-overflow", "split-K scratch offsets overflow u32")
-        words[4:7] = (position + 1, chunk, n_chunks)
+        words[4:7] = (n_keys, chunk, n_chunks)
         words[8] = n_kv_heads * blocks * n_chunks
+        if self.window is not None:
+            words[10] = first_key
         return words
+
+
+def window_keys(position: int, window: int | None) -> tuple[int, int]:
+    """(keys, first key position) the token at `position` attends to: 0..position, or its last
+    `window` positions (cpu/layers.attention's window: position - window + 1 .. position)."""
+    n_keys = position + 1 if window is None else min(position + 1, window)
+    return n_keys, position + 1 - n_keys
+
+
+def _check_window(window: int | None) -> None:
+    if window is not None and not (isinstance(window, int) and 1 <= window < runner.U32_LIMIT):
+        raise KvShapeError("shape", f"window {window!r} must be a positive integer or None")
 
 
 def plan_decode(limits: dict, shape: AttentionShape, position: int, scale: float | None = None,
                 chunk: int | None = None, workgroup: int | None = None,
-                heads_per_workgroup: int | None = None) -> DecodePlan:
-    """Validate and plan decode attention for the token at `position` (keys 0..position)."""
+                heads_per_workgroup: int | None = None, window: int | None = None) -> DecodePlan:
+    """Validate and plan decode attention for the token at `position` (keys 0..position, or
+    with a sliding window its last `window` positions)."""
     if not 0 <= position < shape.capacity:
         raise KvShapeError("position", f"position {position} is outside the cache (capacity {shape.capacity})")
+    _check_window(window)
     shape.layout.check_device(limits)
     wg = check_workgroup(limits, workgroup, 256, DECODE_STORAGE)
     e4 = shape.head_dim // 4
-    n_keys = position + 1
+    n_keys, first_key = window_keys(position, window)
     if heads_per_workgroup is None:
         kv_bytes = 2 * shape.n_kv_heads * n_keys * shape.head_dim * DTYPES[shape.dtype].itemsize
         heads_per_workgroup = 2 if kv_bytes > SHARED_HEADS_BYTES else 1
@@ -187,7 +206,7 @@ def plan_decode(limits: dict, shape: AttentionShape, position: int, scale: float
         raise KvShapeError("offset-overflow", "split-K scratch offsets overflow u32")
     groups = shape.n_kv_heads * blocks * n_chunks
     params = runner.params_words(shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.capacity,
-                                 n_keys, chunk, n_chunks, blocks, groups, _scale(shape, scale))
+                                 n_keys, chunk, n_chunks, blocks, groups, _scale(shape, scale), first_key)
     max_dim = limits.get("maxComputeWorkgroupsPerDimension", 65535)
     first = DispatchPlan(f"attention_decode_{shape.dtype}", {"WG": wg, "GW": gw, "HD4": e4}, params,
                          runner.workgroup_grid(groups, max_dim))
@@ -199,7 +218,7 @@ def plan_decode(limits: dict, shape: AttentionShape, position: int, scale: float
     split = n_chunks > 1
     return DecodePlan(first, second, chunk, n_chunks, max(1, wg // (smallest * e4)),
                       shape.n_heads * n_chunks * shape.head_dim if split else 4,
-                      shape.n_heads * n_chunks * 2 if split else 2)
+                      shape.n_heads * n_chunks * 2 if split else 2, window)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,12 +240,14 @@ class PrefillPlan:
 
 def plan_prefill(limits: dict, shape: AttentionShape, start: int, n_tokens: int,
                  scale: float | None = None, workgroup: int | None = None,
-                 variant: str | None = None) -> PrefillPlan:
-    """Validate and plan prefill attention for tokens at start..start+n_tokens-1. Variant "rows"
+                 variant: str | None = None, window: int | None = None) -> PrefillPlan:
+    """Validate and plan prefill attention for tokens at start..start+n_tokens-1 (with a sliding
+    window, token t sees only its last `window` positions). Variant "rows"
     (attention_prefill_rows: a query row per invocation, head_dim <= 64) where it fits, else
     "tiles" (attention_prefill: rows x keys tiles in workgroup memory, any head_dim)."""
     if n_tokens < 1 or start < 0:
         raise KvShapeError("shape", f"need n_tokens >= 1 and start >= 0, got {n_tokens}, {start}")
+    _check_window(window)
     if start + n_tokens > shape.capacity:
         raise KvShapeError("position", f"positions {start}..{start + n_tokens - 1} exceed the "
                                        f"capacity {shape.capacity}")
@@ -244,7 +265,7 @@ def plan_prefill(limits: dict, shape: AttentionShape, start: int, n_tokens: int,
         groups = shape.n_kv_heads * row_blocks
         params = runner.params_words(shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.capacity, start,
                                      n_tokens, ROWS_KERNEL_ROWS, ROWS_KERNEL_TILE, row_blocks, groups,
-                                     _scale(shape, scale))
+                                     _scale(shape, scale), window or 0)
         grid = runner.workgroup_grid(groups, limits.get("maxComputeWorkgroupsPerDimension", 65535))
         dispatch = DispatchPlan(f"attention_prefill_rows_{shape.dtype}", {"HD4": shape.head_dim // 4}, params, grid)
         return PrefillPlan(dispatch, ROWS_KERNEL_ROWS, ROWS_KERNEL_TILE, -(-(start + n_tokens) // ROWS_KERNEL_TILE))
@@ -254,7 +275,7 @@ def plan_prefill(limits: dict, shape: AttentionShape, start: int, n_tokens: int,
     row_blocks = -(-n_tokens * shape.group // rows)
     groups = shape.n_kv_heads * row_blocks
     params = runner.params_words(shape.n_heads, shape.n_kv_heads, shape.head_dim, shape.capacity,
-                                 start, n_tokens, rows, tile, row_blocks, groups, _scale(shape, scale))
+                                 start, n_tokens, rows, tile, row_blocks, groups, _scale(shape, scale), window or 0)
     grid = runner.workgroup_grid(groups, limits.get("maxComputeWorkgroupsPerDimension", 65535))
     dispatch = DispatchPlan(f"attention_prefill_{shape.dtype}", {"WG": wg, "HD4": shape.head_dim // 4},
                             params, grid)
@@ -320,7 +341,7 @@ def _gamma(n: int | np.ndarray) -> float | np.ndarray:
 
 def error_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: float,
                 depth: int, exps: int, q_magnitude: np.ndarray | None = None,
-                score_roundings: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                score_roundings: int | None = None, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(exact, bound), both [T, H * E]: the float64 oracle (cpu/layers.attention) and the
     elementwise bound of RULE for a kernel whose weights each pass through `exps` exp()
     calls and whose sums give each term at most `depth` roundings.
@@ -339,17 +360,21 @@ def error_bound(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, scale: 
     A kernel that computes q itself (attention_rope.py: RoPE in the kernel) passes the exact q,
     q_magnitude [T, H, E] (the sum of |term| that make up each q element, e.g. |a cos| + |b sin|)
     and score_roundings (the most roundings one of those terms meets in a score, E + 1 when q
-    is read as is): d_j = gamma(score_roundings) scale sum_e q_magnitude_e |k_je|."""
+    is read as is): d_j = gamma(score_roundings) scale sum_e q_magnitude_e |k_je|.
+    With a sliding window, the keys outside a token's window count as masked, as in the oracle."""
     t, heads, e = q.shape
     n, kv_heads, _ = k.shape
-    exact = layers.attention(q, k, v, start)                                  # [T, H * E]
+    exact = layers.attention(q, k, v, start, scale, window)                   # [T, H * E]
     g = heads // kv_heads
     qg = q.reshape(t, kv_heads, g, e).transpose(1, 2, 0, 3)                  # [K, G, T, E]
     kt = k.transpose(1, 2, 0)                                                 # [K, E, n]
     s = (qg @ kt[:, None]) * scale                                            # [K, G, T, n]
     mg = qg if q_magnitude is None else q_magnitude.reshape(t, kv_heads, g, e).transpose(1, 2, 0, 3)
     d = _gamma(e + 1 if score_roundings is None else score_roundings) * abs(scale) * (np.abs(mg) @ np.abs(kt)[:, None])
-    visible = np.arange(n)[None, :] <= (start + np.arange(t))[:, None]        # [T, n]
+    positions = (start + np.arange(t))[:, None]
+    visible = np.arange(n)[None, :] <= positions                              # [T, n]
+    if window is not None:
+        visible &= np.arange(n)[None, :] > positions - window
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
     p = np.exp(s - m)
@@ -437,6 +462,76 @@ PREFILL_CASES = [  # (label, H, K, E, start, T, data)
     ("identical keys", 32, 8, 128, 150, 6, "identical"),
     ("many row blocks", 9, 3, 64, 0, 130, "random"),
 ]
+# Sliding windows (Gemma 3's local layers): (label, H, K, E, n_keys or start, T, window, chunk).
+# Decode: keys before the window are NaN (a kernel that reads one cannot pass); prefill: they
+# are large (scores ~1e3 above the rest: any weight not exactly 0 moves the output).
+WINDOW_DECODE_CASES = [
+    ("window 8 at position 40", 4, 2, 32, 41, 1, 8, None),
+    ("Gemma 3 270M: 4/1 d256, window 512 at 3000, split", 4, 1, 256, 3001, 1, 512, None),
+    ("window 512 past the position", 9, 3, 64, 300, 1, 512, None),
+    ("window 100, chunks of 37", 9, 3, 64, 1000, 1, 100, 37),
+    ("window 1", 4, 1, 64, 77, 1, 1, None),
+]
+WINDOW_PREFILL_CASES = [
+    ("window 8, prompt of 24", 4, 2, 32, 0, 24, 8),
+    ("Gemma 3 270M: 4/1 d256, window 512, chunk at 600", 4, 1, 256, 600, 40, 512),
+    ("window 20, chunk at 50", 9, 3, 64, 50, 33, 20),
+    ("window 1", 4, 4, 64, 3, 17, 1),
+    ("window longer than the context", 6, 2, 40, 10, 20, 1000),
+]
+QUICK_WINDOW_DECODE = WINDOW_DECODE_CASES[:1]
+QUICK_WINDOW_PREFILL = WINDOW_PREFILL_CASES[:1]
+
+
+def poison_before_window(shape: AttentionShape, cache: np.ndarray, first: int, value: float) -> np.ndarray:
+    """The cache with positions 0..first-1 set to `value`."""
+    out = cache.copy().reshape(shape.n_kv_heads, shape.capacity, shape.head_dim)
+    out[:, :first] = value
+    return out.reshape(-1)
+
+
+async def golden_window(ctx: GoldenContext, dtype: str) -> list[GoldenResult]:
+    """Decode and prefill attention with a sliding window against the windowed oracle."""
+    limits, results = ctx.device.limits, []
+    decode = QUICK_WINDOW_DECODE if ctx.quick else WINDOW_DECODE_CASES
+    for label, h, kv, e, n, _, window, chunk in decode if ctx.variants(f"attention_decode_{dtype}") else []:
+        shape = AttentionShape(h, kv, e, n + 2, dtype)
+        plan = plan_decode(limits, shape, n - 1, chunk=chunk, window=window)
+        kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
+                   await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
+        q, k_cache, v_cache = make_case(ctx.rng, shape, 1, n - 1, "random")
+        exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, n), n - 1, default_scale(e),
+                                   plan.summation_depth, plan.exp_chain, window=window)
+        first = window_keys(n - 1, window)[1]
+        k_cache, v_cache = (poison_before_window(shape, c, first, np.nan) for c in (k_cache, v_cache))
+        got = await run_decode(ctx.device, kernels, plan, shape, q, k_cache, v_cache)
+        results.append(checked(compare_bound(
+            "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides)
+            + (f" + {plan.combine.kernel}" if plan.combine else ""),
+            f"{label}: H={h} K={kv} E={e} keys={n} window={window}, chunk {plan.chunk} x {plan.n_chunks}",
+            got, exact, bound, RULE), bound))
+    prefill = [(case, variant) for case in (QUICK_WINDOW_PREFILL if ctx.quick else WINDOW_PREFILL_CASES)
+               for variant in PREFILL_VARIANTS if variant == "tiles" or case[3] <= 4 * ROWS_KERNEL_MAX_HD4]
+    for (label, h, kv, e, start, t, window), variant in prefill:
+        if not ctx.variants(f"attention_prefill_{'rows_' if variant == 'rows' else ''}{dtype}"):
+            continue
+        shape = AttentionShape(h, kv, e, start + t + 3, dtype)
+        plan = plan_prefill(limits, shape, start, t, variant=variant, window=window)
+        kernel = await ctx.kernel(plan.dispatch.kernel, **plan.dispatch.overrides)
+        q, k_cache, v_cache = make_case(ctx.rng, shape, t, start, "random")
+        first = window_keys(start, window)[1]        # the first token's window: every token's starts later
+        k_cache = poison_before_window(shape, k_cache.astype(np.float32), first, 1e3 / np.sqrt(e))
+        k_cache = k_cache.astype(DTYPES[dtype])
+        got = await run_prefill(ctx.device, kernel, plan, shape, q, k_cache, v_cache)
+        exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, start + t), start, default_scale(e),
+                                   plan.summation_depth, plan.exp_chain, window=window)
+        results.append(checked(compare_bound(
+            "attention", variant_label(KERNELS[plan.dispatch.kernel], plan.dispatch.overrides),
+            f"{label}: H={h} K={kv} E={e} start={start} T={t} window={window}, tile {plan.tile}",
+            got, exact, bound, RULE), bound))
+    return results
+
+
 QUICK_PREFILL = [("prompt", 9, 3, 64, 20, 5, "random"),   # 25 keys: two tiles
                  ("huge scores", 9, 3, 64, 0, 9, "huge"),
                  ("one position", 4, 4, 64, 0, 1, "random")]
@@ -483,6 +578,7 @@ async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
                 "attention", variant_label(KERNELS[plan.dispatch.kernel], plan.dispatch.overrides),
                 f"{label}: H={h} K={kv} E={e} start={start} T={t} {data}, tile {plan.tile}",
                 got, exact, bound, RULE), bound))
+        results += await golden_window(ctx, dtype)
     return results
 
 

@@ -118,7 +118,8 @@ def plan_decode_rope(limits: dict, shape: AttentionShape, position: int, rotary_
         # needs 16 bytes each: a split context has >= 2 positions of >= 4 elements, so it holds.
         second = DispatchPlan(COMBINE_KERNEL, dict(base.combine.overrides), words, base.combine.grid)
     return DecodeRopePlan(first, second, base.chunk, base.n_chunks, base.slices, base.scratch_acc, base.scratch_ml,
-                          rope.q_at, rope.k_at, rope.v_at, rope.qkv_elements, rotary_dim)
+                          q_at=rope.q_at, k_at=rope.k_at, v_at=rope.v_at, qkv_elements=rope.qkv_elements,
+                          rotary_dim=rotary_dim)
 
 
 def pack_qkv(plan: DecodeRopePlan, q: np.ndarray, k: np.ndarray, v: np.ndarray, fill: float = np.nan) -> np.ndarray:

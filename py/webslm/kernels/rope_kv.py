@@ -2,6 +2,8 @@
 entries, host side, golden tests.
 
     rope_kv_append_f32, rope_kv_append_f16   (overrides WG 64|128|256, ADJACENT 0|1)
+    rope_kv_append_bias_f32, _bias_f16       the same adding the q, k, v projection biases
+                                             (Qwen2) first: rot(q + bq), rot(k + bk), v + bv
 
 For T tokens at positions start..start+T-1 it rotates q [T, heads, head_dim] in place and
 writes the rotated k rows and the v rows into one layer's K and V caches (kv_cache.KvLayout:
@@ -18,6 +20,9 @@ Bindings (index order; runner.prepare and the executor bind in this order):
                (offsets in f32 elements from the binding's start; sections disjoint)
     3 k_cache  (storage) the layer's K cache
     4 v_cache  (storage) the layer's V cache
+    5 bias_q, 6 bias_k, 7 bias_v  (read-only, the _bias variants) [heads*head_dim], [kv_heads*head_dim] x 2
+The bias variants need rotary_dim == head_dim (every q element is rotated, so every one gets
+its bias in the rotation; Qwen2 rotates whole heads): the host refuses other shapes.
 Neither variant needs shader-f16: the caches are written as u32 words, f16 rounded to nearest
 even in integer arithmetic (f16_round.wgsl, the same code as kv_append_f16).
 
@@ -44,9 +49,10 @@ from .rope import CONVENTIONS, rope_oracle, rope_table
 
 WORKGROUPS = (64, 128, 256)
 BINDINGS = ("uniform", "read-only-storage", "storage", "storage", "storage")
-register(*(KernelSpec(f"rope_kv_append_{dtype}", ("f16_round.wgsl", "rope_kv_append.wgsl"),
-                      f"rope_kv_append_{dtype}", BINDINGS, {"WG": WORKGROUPS, "ADJACENT": (0, 1)})
-           for dtype in ("f32", "f16")))
+BIAS_BINDINGS = BINDINGS + ("read-only-storage",) * 3
+register(*(KernelSpec(f"rope_kv_append_{kind}{dtype}", ("f16_round.wgsl", "rope_kv_append.wgsl"),
+                      f"rope_kv_append_{kind}{dtype}", bindings, {"WG": WORKGROUPS, "ADJACENT": (0, 1)})
+           for dtype in ("f32", "f16") for kind, bindings in (("", BINDINGS), ("bias_", BIAS_BINDINGS))))
 
 
 # -- host side ------------------------------------------------------------------------------
@@ -83,15 +89,19 @@ def sections(tokens: int, heads: int, layout: KvLayout) -> tuple[int, int, int]:
 def plan_rope_kv_append(limits: dict, layout: KvLayout, tokens: int, heads: int, rotary_dim: int, start: int,
                         table_rows: int, convention: str, q_at: int | None = None, k_at: int | None = None,
                         v_at: int | None = None, qkv_elements: int | None = None,
-                        workgroup: int | None = None) -> RopeKvPlan:
+                        workgroup: int | None = None, bias: bool = False) -> RopeKvPlan:
     """Validate one launch and build it (KvShapeError, a ValueError, before any GPU work).
-    Offsets default to `sections`; `qkv_elements`, when given, is the qkv binding's length."""
+    Offsets default to `sections`; `qkv_elements`, when given, is the qkv binding's length;
+    bias: the variant that adds the q, k, v biases (needs rotary_dim == head_dim)."""
     if convention not in CONVENTIONS:
         raise KvShapeError("shape", f"rope convention must be one of {sorted(CONVENTIONS)}, not {convention!r}")
     if tokens < 1 or heads < 1 or start < 0:
         raise KvShapeError("shape", f"need tokens >= 1, heads >= 1 and start >= 0, got {tokens}, {heads}, {start}")
     if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > layout.head_dim:
         raise KvShapeError("shape", f"rotary_dim {rotary_dim} must be even, >= 2 and <= head_dim {layout.head_dim}")
+    if bias and rotary_dim != layout.head_dim:
+        raise KvShapeError("shape", f"the bias variant adds q's bias in the rotation, so it needs rotary_dim "
+                                    f"{rotary_dim} == head_dim {layout.head_dim}")
     if start + tokens > layout.capacity:
         raise KvShapeError("position", f"positions {start}..{start + tokens - 1} exceed the capacity {layout.capacity}")
     if start + tokens > table_rows:
@@ -134,7 +144,8 @@ def plan_rope_kv_append(limits: dict, layout: KvLayout, tokens: int, heads: int,
         raise KvShapeError("shape", str(exc)) from None
     params = runner.params_words(tokens, heads, layout.n_kv_heads, layout.head_dim, half, start,
                                  layout.capacity, q_at, k_at, v_at)
-    return RopeKvPlan(f"rope_kv_append_{layout.dtype}", {"WG": wg, "ADJACENT": CONVENTIONS[convention]},
+    return RopeKvPlan(f"rope_kv_append_{'bias_' if bias else ''}{layout.dtype}",
+                      {"WG": wg, "ADJACENT": CONVENTIONS[convention]},
                       params, grid, q_at, k_at, v_at, end)
 
 
@@ -150,10 +161,12 @@ def pack_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, plan: RopeKvPlan, fill
 async def rope_kv_append(device: Device, q: np.ndarray, k: np.ndarray, v: np.ndarray, table: np.ndarray,
                          start: int, convention: str, layout: KvLayout, k_cache: np.ndarray, v_cache: np.ndarray,
                          q_at: int | None = None, k_at: int | None = None, v_at: int | None = None,
-                         kernel: CompiledKernel | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, RopeKvPlan]:
+                         kernel: CompiledKernel | None = None, biases: tuple | None = None
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, RopeKvPlan]:
     """Run once on fresh buffers. q [T, heads, head_dim], k and v [T, kv_heads, head_dim] f32;
-    table from rope.rope_table; caches as KvLayout arrays (their prior content). Returns
-    (the qkv binding afterwards (f32), K cache, V cache, the plan) for the golden checks."""
+    table from rope.rope_table; caches as KvLayout arrays (their prior content); biases
+    (bq, bk, bv) for the bias variant. Returns (the qkv binding afterwards (f32), K cache,
+    V cache, the plan) for the golden checks."""
     if q.ndim != 3 or q.shape[2] != layout.head_dim:
         raise KvShapeError("shape", f"q must be [T, heads, {layout.head_dim}], got {q.shape}")
     tokens, heads = q.shape[:2]
@@ -166,14 +179,16 @@ async def rope_kv_append(device: Device, q: np.ndarray, k: np.ndarray, v: np.nda
     layout.check_array("k_cache", k_cache)
     layout.check_array("v_cache", v_cache)
     plan = plan_rope_kv_append(device.limits, layout, tokens, heads, 2 * table.shape[1], start, table.shape[0],
-                               convention, q_at, k_at, v_at, workgroup=kernel.overrides.get("WG") if kernel else None)
+                               convention, q_at, k_at, v_at, workgroup=kernel.overrides.get("WG") if kernel else None,
+                               bias=biases is not None)
     if kernel is None:
         kernel = await compile_kernel(device, plan.kernel, **plan.overrides)
     elif kernel.spec.name != plan.kernel or kernel.overrides.get("ADJACENT", 0) != plan.overrides["ADJACENT"]:
         raise KvShapeError("shape", f"kernel {kernel.spec.name}{kernel.overrides} does not match "
                                     f"{plan.kernel} with the {convention} convention")
+    inputs = [np.asarray(table, np.float32)] + [np.asarray(b, np.float32).reshape(-1) for b in biases or ()]
     qkv, k_out, v_out = await runner.run_once(
-        device, kernel, plan.params, [np.asarray(table, np.float32)],
+        device, kernel, plan.params, inputs,
         [pack_qkv(q, k, v, plan), k_cache.reshape(-1).copy(), v_cache.reshape(-1).copy()], plan.grid)
     return qkv, k_out, v_out, plan
 
@@ -342,6 +357,10 @@ async def golden_rope_kv(ctx: GoldenContext) -> list[GoldenResult]:
         q, k, v = case_arrays(ctx.rng, case)
         for spec in ctx.variants("rope_kv_append_"):
             dtype = spec.name.rsplit("_", 1)[1]
+            if spec.name.startswith("rope_kv_append_bias_"):
+                if case.rotary_dim == case.head_dim:
+                    results += await _golden_bias(ctx, spec, dtype, case, table, q, k, v)
+                continue
             layout = KvLayout(case.kv_heads, case.capacity, case.head_dim, dtype)
             k_prior = prior_cache(ctx.rng, layout, case.start, case.tokens)
             v_prior = prior_cache(ctx.rng, layout, case.start, case.tokens)
@@ -361,6 +380,34 @@ async def golden_rope_kv(ctx: GoldenContext) -> list[GoldenResult]:
                                              q, k, v, table, case.start, convention, k_prior, v_prior,
                                              pack_qkv(q, k, v, plan), plan, qkv, k_cache.view(DTYPES[dtype]),
                                              v_cache.view(DTYPES[dtype]))
+    return results
+
+
+async def _golden_bias(ctx: GoldenContext, spec, dtype: str, case: RopeKvCase, table: np.ndarray,
+                       q: np.ndarray, k: np.ndarray, v: np.ndarray) -> list[GoldenResult]:
+    """The bias variant: the checks of the plain kernel on the biased values (q + bq, k + bk,
+    v + bv, each one f32 add, as the kernel and the CPU path compute them), both conventions.
+    Biases are random, and on adversarial cases 1e4 times larger than the values (the add
+    dominates: a bias added twice or not at all is off by orders of the bound)."""
+    rng = ctx.rng
+    size = 1e4 * case.scale if case.adversarial else case.scale
+    biases = tuple((size * rng.standard_normal(n * case.head_dim)).astype(np.float32)
+                   for n in (case.heads, case.kv_heads, case.kv_heads))
+    biased = [(x + b.reshape(x.shape[1:])).astype(np.float32) for x, b in zip((q, k, v), biases)]
+    layout = KvLayout(case.kv_heads, case.capacity, case.head_dim, dtype)
+    results = []
+    for convention in CONVENTIONS:
+        k_prior = prior_cache(rng, layout, case.start, case.tokens)
+        v_prior = prior_cache(rng, layout, case.start, case.tokens)
+        plan = plan_rope_kv_append(ctx.device.limits, layout, case.tokens, case.heads, case.rotary_dim, case.start,
+                                   table.shape[0], convention, bias=True)
+        kernel = await ctx.kernel(plan.kernel, **plan.overrides)
+        qkv, k_cache, v_cache, plan = await rope_kv_append(ctx.device, q, k, v, table, case.start, convention,
+                                                           layout, k_prior, v_prior, kernel=kernel, biases=biases)
+        results += check_rope_kv(label(spec, plan.overrides), f"{case.name} + biases x{size:g} [{dtype} cache]",
+                                 layout, *biased, table, case.start, convention, k_prior, v_prior,
+                                 pack_qkv(q, k, v, plan), plan, qkv, k_cache.view(DTYPES[dtype]),
+                                 v_cache.view(DTYPES[dtype]))
     return results
 
 

@@ -2,6 +2,7 @@
 
     swiglu       h [T, 2F] f32 (gate | up) -> out [T, F] = silu(gate) * up, any F
     swiglu_vec4  the same with vec4 loads and stores, for F % 4 == 0 (the host picks it then)
+    geglu, geglu_vec4   the same with gelu_tanh(gate) (Gemma 3; shaders/gelu.wgsl, geglu.wgsl)
 """
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ register(
                {"WG": WORKGROUP_SIZES}),
     KernelSpec("swiglu_vec4", ("silu.wgsl", "swiglu.wgsl"), "swiglu_vec4", ("uniform", "read-only-storage", "storage"),
                {"WG": WORKGROUP_SIZES}),
+    KernelSpec("geglu", ("gelu.wgsl", "geglu.wgsl"), "geglu", ("uniform", "read-only-storage", "storage"),
+               {"WG": WORKGROUP_SIZES}),
+    KernelSpec("geglu_vec4", ("gelu.wgsl", "geglu.wgsl"), "geglu_vec4", ("uniform", "read-only-storage", "storage"),
+               {"WG": WORKGROUP_SIZES}),
 )
+ACTIVATIONS = {"silu": "swiglu", "gelu-tanh": "geglu"}     # the gate's activation -> kernel family
 
 
 # -- host side ------------------------------------------------------------------------------
@@ -35,30 +41,35 @@ class SwigluPlan(NamedTuple):
 
 
 def plan_swiglu(limits: dict[str, int], tokens: int, ffn: int, kernel: str | None = None,
-                workgroup: int | None = None) -> SwigluPlan:
-    """Validate a [tokens, 2*ffn] -> [tokens, ffn] SwiGLU and build its launch."""
+                workgroup: int | None = None, activation: str = "silu") -> SwigluPlan:
+    """Validate a [tokens, 2*ffn] -> [tokens, ffn] gated activation (SwiGLU, or GeGLU with
+    activation "gelu-tanh") and build its launch."""
     if tokens < 1 or ffn < 1:
         raise ValueError(f"swiglu needs tokens >= 1 and ffn >= 1, got tokens={tokens}, ffn={ffn}")
-    kernel = kernel or ("swiglu_vec4" if ffn % 4 == 0 else "swiglu")
-    if kernel == "swiglu_vec4" and ffn % 4:
-        raise ValueError(f"swiglu_vec4 needs ffn % 4 == 0 (vec4 rows), got ffn={ffn}")
-    if kernel not in ("swiglu", "swiglu_vec4"):
-        raise ValueError(f"no swiglu kernel named {kernel!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, not {activation!r}")
+    family = ACTIVATIONS[activation]
+    kernel = kernel or (family + "_vec4" if ffn % 4 == 0 else family)
+    if kernel.endswith("_vec4") and ffn % 4:
+        raise ValueError(f"{kernel} needs ffn % 4 == 0 (vec4 rows), got ffn={ffn}")
+    if kernel not in (family, family + "_vec4"):
+        raise ValueError(f"no {family} kernel named {kernel!r}")
     runner.check_binding_size(limits, f"h [{tokens}, {2 * ffn}] f32", tokens * 2 * ffn * 4)
-    per_invocation = 4 if kernel == "swiglu_vec4" else 1
+    per_invocation = 4 if kernel.endswith("_vec4") else 1
     wg = runner.layer_workgroup(limits, workgroup, 256)
     groups = -(-tokens * ffn // (per_invocation * wg))
     grid = runner.workgroup_grid(groups, limits["maxComputeWorkgroupsPerDimension"])
     return SwigluPlan(kernel, {"WG": wg}, runner.params_words(tokens, ffn), grid)
 
 
-async def swiglu(device: Device, h: np.ndarray, kernel: CompiledKernel | None = None) -> np.ndarray:
+async def swiglu(device: Device, h: np.ndarray, kernel: CompiledKernel | None = None,
+                 activation: str = "silu") -> np.ndarray:
     """out [T, F] for h [T, 2F] on fresh buffers."""
     if h.ndim != 2 or h.shape[1] % 2:
         raise ValueError(f"h must be [T, 2F] (gate | up), got shape {h.shape}")
     tokens, ffn = h.shape[0], h.shape[1] // 2
     plan = plan_swiglu(device.limits, tokens, ffn, kernel.spec.name if kernel else None,
-                       kernel.overrides.get("WG") if kernel else None)
+                       kernel.overrides.get("WG") if kernel else None, activation)
     kernel = kernel or await compile_kernel(device, plan.kernel, **plan.overrides)
     out, = await runner.run_once(device, kernel, plan.params, [h.astype(np.float32)],
                                  [(tokens * ffn, np.float32)], plan.grid)
@@ -90,6 +101,33 @@ def swiglu_oracle(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     exact = g * sigmoid * up
     k = np.where(g < 0, 1.5, e)
     relative = k * (3 + 2 * np.abs(g)) * 2 * U + 12 * U
+    bound = relative * np.abs(exact) + 2.0 ** -125 * np.abs(g * up) + F32_TINY
+    return exact, bound
+
+
+GEGLU_RULE = ("|err| <= (k(z) (3 + 2|z|) 2u + 8u |z| + 16u) |exact| + 2^-125 |g up| + 2^-126, "
+              "z = 2c (g + 0.044715 g^3) with f32 constants, k as SWIGLU_RULE; exact = float64 g up sigmoid(z)")
+
+
+def geglu_oracle(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float64 gelu_tanh(gate) * up of f32 inputs (the f32 constants of gelu.wgsl, which equal
+    cpu/layers.gelu_tanh's: 0.5 (1 + tanh(y)) = sigmoid(2y)), and the elementwise bound.
+
+    Derivation (u = 2^-24): z is g^3 (2 roundings), * k, + g (same signs: no cancellation),
+    * 2c: relative error <= 5u, rounded up to 8u |z| absolute after the factor that carries it
+    into sigmoid (d sigmoid / sigmoid = (1 - s) dz <= |dz|). The rest is silu's derivation on z
+    (SWIGLU_RULE's terms with z for g), plus 2u for the two final products."""
+    h64 = h.astype(np.float64)
+    ffn = h.shape[1] // 2
+    g, up = h64[:, :ffn], h64[:, ffn:]
+    c2, k = float(np.float32(1.5957691216057308)), float(np.float32(0.044715))
+    z = c2 * (g + k * g ** 3)
+    with np.errstate(over="ignore"):
+        e = np.exp(-np.abs(z))
+    sigmoid = np.where(z >= 0, 1 / (1 + e), e / (1 + e))
+    exact = g * sigmoid * up
+    kz = np.where(z < 0, 1.5, e)
+    relative = kz * (3 + 2 * np.abs(z)) * 2 * U + 8 * U * np.abs(z) + 16 * U
     bound = relative * np.abs(exact) + 2.0 ** -125 * np.abs(g * up) + F32_TINY
     return exact, bound
 
@@ -139,19 +177,26 @@ def swiglu_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list
     return cases
 
 
-@golden("swiglu", kernels=("swiglu", "swiglu_vec4"))
+@golden("swiglu", kernels=("swiglu", "swiglu_vec4", "geglu", "geglu_vec4"))
 async def golden_swiglu(ctx: GoldenContext) -> list[GoldenResult]:
+    """Both activations on the same cases (GeGLU's gates past |g| ~ 10 saturate like SiLU's)."""
     results = []
     sizes = ctx.workgroups()
     for case, h in swiglu_cases(ctx.rng, ctx.quick, ctx.model):
         ffn = h.shape[1] // 2
-        for spec in ctx.variants("swiglu"):
-            if spec.name == "swiglu_vec4" and ffn % 4:
-                continue
-            for wg in sizes:
-                kernel = await ctx.kernel(spec.name, WG=wg)
-                got = await swiglu(ctx.device, h, kernel)
-                results.append(check_swiglu(label(spec, kernel.overrides), case, h, got))
+        for activation, family in ACTIVATIONS.items():
+            for spec in ctx.variants(family):
+                if spec.name.endswith("_vec4") and ffn % 4:
+                    continue
+                for wg in sizes:
+                    kernel = await ctx.kernel(spec.name, WG=wg)
+                    got = await swiglu(ctx.device, h, kernel, activation)
+                    if activation == "silu":
+                        results.append(check_swiglu(label(spec, kernel.overrides), case, h, got))
+                    else:
+                        exact, bound = geglu_oracle(h)
+                        results.append(compare_bound("swiglu", label(spec, kernel.overrides), case, got, exact,
+                                                     bound, GEGLU_RULE))
     return results
 
 

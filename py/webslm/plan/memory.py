@@ -30,7 +30,7 @@ What a plan holds (MemoryPlan; `as_dict()` is its JSON):
 The parts. weights: every tensor part as the artifact stores it (q4/q8 codes, scales and mins,
 f16/f32 data), each at a 256-aligned offset, bound as its own range, packed in file order into
 buffers of at most maxBufferSize. metadata: the params uniforms (one slot per dispatch of each
-schedule) and the RoPE (cos, sin) table. kv: per layer a K and a V region
+schedule) and the RoPE (cos, sin) table (two for Gemma 3: its sliding layers' own base). kv: per layer a K and a V region
 [n_kv_heads][capacity][head_dim] (docs/kernels.md, kv_cache.py), so the KV bytes are exactly
 L x C x H_kv x D_h x 2 x B (design report formula, batch 1); alignment gaps between regions are
 counted in the part's buffer bytes, not hidden in the formula. arena: the activations of one
@@ -520,6 +520,8 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     table = resolved["context_capacity"] * (arch.rope.rotary_dim // 2) * 8
     _check_bound("rope_table", max(4, table), binding, "a smaller context capacity")
     rope.add("rope_table", max(4, table), s_align, "read-only-storage")
+    if uses_local_rope(arch):          # gemma3's sliding layers rotate with their own base
+        rope.add("rope_table_local", max(4, table), s_align, "read-only-storage")
 
     # arena, scratch, logits: the temporaries of both schedules, placed with liveness.
     tokens = {"decode": 1, "prefill": resolved["prefill_chunk"]}
@@ -613,6 +615,12 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     }
     data["hash"] = plan_hash(data)
     return MemoryPlan(data)
+
+
+def uses_local_rope(arch) -> bool:
+    """Whether some layer reads the second RoPE table (program/ops.py: "rope_table_local")."""
+    gemma = getattr(arch, "gemma3", None)
+    return gemma is not None and "sliding" in gemma.layer_types
 
 
 def _check_bound(name: str, size: int, limit: int, remedy: str) -> None:

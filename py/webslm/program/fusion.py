@@ -78,7 +78,7 @@ def residual_into_accumulate(ops: list[Op], layout: Layout) -> list[Op]:
     (ACCUMULATE: y += W x), and the norm becomes a plain RMSNorm of x. No delta at all."""
     out, writers = list(ops), []          # writers: ops that wrote delta since the last residual norm
     for i, op in enumerate(out):
-        if any(base(r) == "delta" for _, r in op.writes) and not (op.kind == "norm"):
+        if any(base(r) == "delta" for _, r in op.writes):     # a norm writing delta (gemma3) blocks it
             writers.append(i)
         if op.kind != "norm" or not op.option("residual"):
             continue
@@ -138,7 +138,12 @@ def swiglu_into_down(ops: list[Op], layout: Layout) -> list[Op]:
 
 def rope_kv_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
     """RoPE + KV append, then attention of the same layer: attention rotates q and the new k
-    itself and writes the new cache row (kernels/attention_rope.py)."""
+    itself and writes the new cache row (kernels/attention_rope.py). That kernel adds no
+    biases, reads one RoPE table and has no window or scale of its own: a program with any of
+    them (Qwen2, Gemma 3) is left alone, in every layer (the layers keep one shape)."""
+    if any(op.kind == "rope_kv" and (op.mode or op.read("table") != "rope_table") for op in ops) \
+            or any(op.kind == "attention" and op.mode for op in ops):
+        return list(ops)
     out = []
     for op in ops:
         if op.kind == "attention" and out and out[-1].kind == "rope_kv" and out[-1].layer == op.layer:

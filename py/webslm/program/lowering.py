@@ -12,10 +12,12 @@ own plan functions, before any GPU work.
     norm             rms_norm[_residual]                  weight, x (or delta)           out (and x)
     matmul decode    matvec[_norm|_swiglu]_<enc>          weight parts, x (+ norm weight)  y
     matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
-    rope_kv          rope_kv_append_<kv dtype>            rope_table                     qkv, k_cache, v_cache
+    rope_kv          rope_kv_append[_bias]_<kv dtype>     rope_table (+ q, k, v biases)  qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
     attention_rope   attention_decode_rope                qkv, rope_table                k_cache, v_cache, out, acc, ml
-    swiglu           swiglu                               h (gate | up)                  out
+    swiglu, geglu    swiglu / geglu                       h (gate | up)                  out
+    scale            scale_rows (gemma3 embedding scale)  -                              x (in place)
+    head_norm        head_norm (gemma3 q/k norms)         q_weight, k_weight             qkv (in place)
     reduce           logits argmax / top-k (two passes)   logits (+ partials)            partials / result
 
 The head always multiplies one row (the mat-vec, in both schedules). Decode attention has one
@@ -28,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from ..kernels import attention, attention_rope, embed, gemm, logits, matvec, norm, rope_kv, swiglu
+from ..kernels import attention, attention_rope, embed, gemm, head_norm, logits, matvec, norm, rope_kv, scale, swiglu
 from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -97,7 +99,7 @@ class Lowering:
         self.s_align = plan.required_limits["minStorageBufferOffsetAlignment"]
         self.f_pad = ffn_padded(a, self.s_align)
         self.shape = attention.AttentionShape(a.n_heads, a.n_kv_heads, a.head_dim, self.capacity, plan.kv["dtype"])
-        self.embedding = embed.model_embedding(model)
+        self.embedding = embed.model_embedding(model)     # (unused by a host_embed program)
         # Decode attention: one head grouping and grid for every position (those of a full
         # cache), so the pipeline and grid stay fixed; workgroups past a position's chunks exit.
         # Up to single_pass keys take one pass with the whole context as one chunk.
@@ -150,6 +152,9 @@ class Lowering:
     def _copy(self, op, schedule, tokens, start, readback, long_attention):
         return []
 
+    def _host_embed(self, op, schedule, tokens, start, readback, long_attention):
+        return []            # the host writes x (backends/gpu/host_embedding.py)
+
     def _launch(self, op: Op, planned, inputs, outputs) -> Launch:
         return Launch(planned.kernel, dict(planned.overrides), planned.params, tuple(planned.grid),
                       tuple(inputs), tuple(outputs), op.label.split("#")[0])
@@ -166,9 +171,25 @@ class Lowering:
         outputs = [Binding("out", op.write("out"))] + ([Binding("x", op.write("x"))] if residual else [])
         return [self._launch(op, p, [Binding("weight", op.read("weight")), Binding(source, op.read(source))], outputs)]
 
-    def _swiglu(self, op, schedule, tokens, start, readback, long_attention):
-        p = swiglu.plan_swiglu(self.limits, tokens, self.f_pad)
+    def _swiglu(self, op, schedule, tokens, start, readback, long_attention, activation="silu"):
+        p = swiglu.plan_swiglu(self.limits, tokens, self.f_pad, activation=activation)
         return [self._launch(op, p, [Binding("h", op.read("h"))], [Binding("out", op.write("out"))])]
+
+    def _geglu(self, op, schedule, tokens, start, readback, long_attention):
+        return self._swiglu(op, schedule, tokens, start, readback, long_attention, activation="gelu-tanh")
+
+    def _scale(self, op, schedule, tokens, start, readback, long_attention):
+        p = scale.plan_scale(self.limits, tokens * self.arch.hidden, op.option("scale"))
+        return [self._launch(op, p, [], [Binding("x", op.write("x"))])]
+
+    def _head_norm(self, op, schedule, tokens, start, readback, long_attention):
+        a = self.arch
+        t = self.planned_tokens(schedule)
+        q_at, k_at, v_at = qkv_offsets(a, t, self.s_align)
+        p = head_norm.plan_head_norm(self.limits, tokens, a.n_heads, a.n_kv_heads, a.head_dim, a.norm_eps,
+                                     q_at // 4, k_at // 4, (v_at + 4 * t * a.n_kv_heads * a.head_dim) // 4)
+        inputs = [Binding("q_weight", op.read("q_weight")), Binding("k_weight", op.read("k_weight"))]
+        return [self._launch(op, p, inputs, [Binding("qkv", op.write("qkv"))])]
 
     def _strides(self, op: Op, weights: Weights) -> tuple[int, int]:
         """(x_stride, y_stride) in floats: the input row and the whole output row."""
@@ -218,18 +239,23 @@ class Lowering:
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
-        p = self._plan_rope_kv(schedule, tokens, start)
+        bias = bool(op.option("bias"))
+        p = self._plan_rope_kv(schedule, tokens, start, bias)
         outputs = [Binding("qkv", op.write("qkv")), Binding("k_cache", op.write("k_cache")),
                    Binding("v_cache", op.write("v_cache"))]
-        return [self._launch(op, p, [Binding("table", op.read("table"))], outputs)]
+        inputs = [Binding("table", op.read("table"))]
+        if bias:
+            inputs += [Binding(role, op.read(role)) for role in ("bias_q", "bias_k", "bias_v")]
+        return [self._launch(op, p, inputs, outputs)]
 
     def _attention(self, op, schedule, tokens, start, readback, long_attention):
         inputs = [Binding("q", op.read("q")), Binding("k_cache", op.read("k_cache")),
                   Binding("v_cache", op.read("v_cache"))]
         if schedule == "prefill":
-            p = attention.plan_prefill(self.limits, self.shape, start, tokens).dispatch
+            p = attention.plan_prefill(self.limits, self.shape, start, tokens, op.option("scale"),
+                                       window=op.option("window")).dispatch
             return [self._launch(op, p, inputs, [Binding("out", op.write("out"))])]
-        d = self._plan_attention(start)
+        d = self._plan_attention(start, window=op.option("window"), scale=op.option("scale"))
         outputs = [Binding("out", op.write("out")), Binding("acc", op.write("acc")), Binding("ml", op.write("ml"))]
         chunk_pass = dataclasses.replace(self._launch(op, d.chunk_pass, inputs, outputs), grid=tuple(self.decode_grid))
         if not long_attention:
@@ -260,18 +286,19 @@ class Lowering:
     def _chunk_at(self, start: int) -> int:
         return start + 1 if self.single_pass_at(start) else self.decode_chunk
 
-    def _plan_rope_kv(self, schedule: str, tokens: int, start: int) -> rope_kv.RopeKvPlan:
+    def _plan_rope_kv(self, schedule: str, tokens: int, start: int, bias: bool = False) -> rope_kv.RopeKvPlan:
         a = self.arch
         t = self.planned_tokens(schedule)
         q_at, k_at, v_at = qkv_offsets(a, t, self.s_align)
         qkv_bytes = v_at + 4 * t * a.n_kv_heads * a.head_dim
         return rope_kv.plan_rope_kv_append(self.limits, self.shape.layout, tokens, a.n_heads, a.rope.rotary_dim,
                                            start, self.capacity, a.rope.convention, q_at // 4, k_at // 4, v_at // 4,
-                                           qkv_bytes // 4)
+                                           qkv_bytes // 4, bias=bias)
 
-    def _plan_attention(self, start: int, chunk: int | None = None) -> attention.DecodePlan:
-        return attention.plan_decode(self.limits, self.shape, start, heads_per_workgroup=self.decode_heads,
-                                     chunk=chunk or self._chunk_at(start))
+    def _plan_attention(self, start: int, chunk: int | None = None, window: int | None = None,
+                        scale: float | None = None) -> attention.DecodePlan:
+        return attention.plan_decode(self.limits, self.shape, start, scale, heads_per_workgroup=self.decode_heads,
+                                     chunk=chunk or self._chunk_at(start), window=window)
 
     def _plan_attention_rope(self, start: int, chunk: int | None = None) -> attention_rope.DecodeRopePlan:
         a = self.arch
@@ -291,8 +318,9 @@ class Lowering:
         plan = self._decode_plans.get(op.slot)
         if plan is None:
             last = self.capacity - 1
-            plan = {"rope_kv": lambda: self._plan_rope_kv("decode", 1, last),
-                    "attention": lambda: self._plan_attention(last, self.decode_chunk),
+            plan = {"rope_kv": lambda: self._plan_rope_kv("decode", 1, last, bool(op.option("bias"))),
+                    "attention": lambda: self._plan_attention(last, self.decode_chunk, op.option("window"),
+                                                              op.option("scale")),
                     "attention_rope": lambda: self._plan_attention_rope(last, self.decode_chunk)}[op.kind]()
             self._decode_plans[op.slot] = plan
         if op.kind == "rope_kv":

@@ -3,7 +3,8 @@
 One step of T tokens at positions start .. start + T - 1 (x is the residual stream [T, D]),
 the CPU oracle's steps (cpu/backend.py `_forward`) one for one:
 
-    embed        token_ids [T]               -> x [T, D]
+    embed        token_ids [T]               -> x [T, D]   (host_embed when the plan split the
+                                                             table: the host writes x's rows)
     per layer i (ops named "L{i}.<label>"):
       attn_norm  x (+= delta from layer 1)   -> attn_in [T, D]              RMSNorm
       q, k, v    attn_in                     -> qkv: q [T, H E] | k [T, K E] | v [T, K E]
@@ -18,6 +19,20 @@ the CPU oracle's steps (cpu/backend.py `_forward`) one for one:
     (prefill)    last_row = final_in[T - 1]  (a copy: the head sees one row)
     head         final_in (decode) / last_row -> logits [V]
     reduce       logits -> argmax / top-k words (or the full row is read back)
+
+Architectures add ops where their block differs, and only there (the llama program above is
+unchanged by them):
+    qkv_bias (Qwen2)   rope_kv reads the layer's q/k/v biases and adds them as it reads q, k, v
+                       (mode bias): no extra dispatch (kernels/rope_kv.py)
+    family "gemma3"    embed_scale  x *= embedding_scale                    after embed
+                       head_norm    q and k RMS-normed per head in qkv      after q, k, v
+                       rope_kv      reads "rope_table_local" on sliding layers (their RoPE base)
+                       attention    mode scale (attention_scale) and, on sliding layers, window
+                                    (a slot of its own: "attention@window")
+                       o, down      write "proj"; post_attention_norm / post_ffw_norm: proj -> delta
+                       geglu        instead of swiglu (gelu_tanh gate)
+                     RMSNorm's (1 + w) is not an op: admission uploads the norm vectors with the
+                     offset added (admission/pipelines.py uploaded_part), the CPU path's f32 sum.
 
 fusion.py rewrites this list; the planner, admission and the executor all read the rewritten
 list, so a fusion is one rule there and nothing else.
@@ -40,6 +55,8 @@ from typing import Any, Mapping
 SCHEDULES = ("decode", "prefill")
 # Ops whose params depend on the position: their slots come first, a decode step rewrites them.
 POSITIONAL_KINDS = ("rope_kv", "attention", "attention_rope")
+# Ops that are not dispatches: a buffer copy inside the step, the host's write of x before it.
+NO_DISPATCH = ("copy", "host_embed")
 # What a step may read back: the reduce op has one params slot per reduction ("full" has none).
 READBACKS = ("argmax", "top-k", "full")
 # Decode attention scratch (kernels/attention.py plan_decode): up to SINGLE_PASS_MAX keys take one
@@ -58,7 +75,7 @@ def align(n: int, a: int) -> int:
 class Op:
     name: str                                  # unique in its program: "embed", "L3.qkv", "head#1"
     kind: str                                  # embed, norm, matmul, rope_kv, attention, attention_rope,
-                                               # swiglu, copy, reduce
+                                               # swiglu, copy, reduce; gemma3: scale, head_norm, geglu
     reads: tuple[tuple[str, str], ...]         # (role, ref), in no particular order
     writes: tuple[tuple[str, str], ...]
     mode: tuple[tuple[str, Any], ...] = ()     # the kind's options: input, accumulate, residual, piece
@@ -71,7 +88,9 @@ class Op:
 
     @property
     def slot(self) -> str:
-        return self.label
+        """The params slot: one per label, but a sliding-window attention (Gemma 3) has params
+        of its own (the window moves its first key), so its layers share a second slot."""
+        return f"{self.label}@window" if self.option("window") else self.label
 
     @property
     def step(self) -> str:
@@ -100,7 +119,7 @@ def base(ref: str) -> str:
 
 
 def is_activation(ref: str) -> bool:
-    return ":" not in ref and ref != "rope_table"
+    return ":" not in ref and not ref.startswith("rope_table")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +153,11 @@ class Program:
         return list(self.ops[last + 1:])
 
     def dispatch_ops(self) -> list[Op]:
-        """Ops that run as dispatches (a copy is a buffer copy)."""
-        return [op for op in self.ops if op.kind != "copy"]
+        """Ops that run as dispatches (a copy is a buffer copy, host_embed a buffer write)."""
+        return [op for op in self.ops if op.kind not in NO_DISPATCH]
 
     def dispatches_per_layer(self) -> int:
-        return sum(1 for op in self.layer(0) if op.kind != "copy")
+        return sum(1 for op in self.layer(0) if op.kind not in NO_DISPATCH)
 
     # -- what the planner derives -------------------------------------------------------------
     def steps(self) -> list[str]:
@@ -155,7 +174,7 @@ class Program:
     def slots(self) -> list[str]:
         """Params slots, one per label; the position-dependent ones first (a decode step
         rewrites one contiguous range)."""
-        labels = list(dict.fromkeys(op.slot for op in self.ops if op.kind not in ("copy", "reduce")))
+        labels = list(dict.fromkeys(op.slot for op in self.ops if op.kind not in NO_DISPATCH + ("reduce",)))
         kinds = {op.slot: op.kind for op in self.ops}
         reductions = [f"reduce:{r}" for r in READBACKS[:2]] if any(op.kind == "reduce" for op in self.ops) else []
         return [s for s in labels if kinds[s] in POSITIONAL_KINDS] + \
@@ -177,7 +196,7 @@ class Program:
                        if name in {base(r) for r in op.refs() if is_activation(r)}]
             written = [steps.index(op.step) for op in self.ops if name in {base(r) for _, r in op.writes}]
             first, last = min(touched), max(touched)
-            if name == "token_ids":
+            if name == "token_ids" or any(op.kind == "host_embed" and op.write("x") == name for op in self.ops):
                 first = 0                                   # uploaded before the step
             if name in ("logits", "logits_result"):
                 last = len(steps) - 1                       # read back after it
@@ -228,7 +247,7 @@ def activation_bytes(arch, schedule: str, tokens: int, capacity: int, k: int, s_
         "attn_in": ("arena", 4 * t * d), "qkv": ("arena", v_at + 4 * t * kv * e),
         "attn_out": ("arena", 4 * t * h * e), "ffn_in": ("arena", 4 * t * d),
         "gate_up": ("arena", 4 * t * 2 * f_pad), "ffn_act": ("arena", 4 * t * f_pad),
-        "final_in": ("arena", 4 * t * d), "last_row": ("arena", 4 * d),
+        "final_in": ("arena", 4 * t * d), "last_row": ("arena", 4 * d), "proj": ("arena", 4 * t * d),
         "attn_acc": ("scratch", 4 * max(4, h * chunks * e)), "attn_ml": ("scratch", 4 * max(2, h * chunks * 2)),
         "logits_partials": ("scratch", 4 * logits_partials_words(v, k)),
         "logits": ("logits", 4 * v), "logits_result": ("logits", 4 * (2 * k + 1)),
@@ -252,28 +271,58 @@ def _norm(name: str, layer: int | None, weight: str, out: str, residual: bool) -
     return Op(name, "norm", reads, writes, (("residual", residual),), layer)
 
 
+def _post_norm(name: str, layer: int, weight: str) -> Op:
+    """Gemma 3's norm of a sub-layer's output before the residual add: proj -> delta."""
+    return Op(name, "norm", (("x", "proj"), ("weight", weight)), (("out", "delta"),), (("residual", False),), layer)
+
+
 def reference(arch, schedule: str, tokens: int, layout: Layout = Layout(), tied_output: bool | None = None) -> Program:
     """The unfused program of one step: the readable reference every fusion rewrites."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, not {schedule!r}")
+    gemma = getattr(arch, "gemma3", None)
     head = "token_embd" if (arch.tied_output if tied_output is None else tied_output) else "output"
-    ops = [Op("embed", "embed", (("ids", "token_ids"), ("table", "w:token_embd")), (("x", "x"),))]
+    # A table split into row pieces cannot be bound whole by the gather kernel: the host
+    # gathers its rows (backends/gpu/host_embedding.py) and writes them into x before the step.
+    embed_kind = "host_embed" if layout.pieces.get("token_embd", 1) > 1 else "embed"
+    ops = [Op("embed", embed_kind, (("ids", "token_ids"), ("table", "w:token_embd")), (("x", "x"),))]
+    if gemma:
+        ops.append(Op("embed_scale", "scale", (), (("x", "x"),), (("scale", float(gemma.embedding_scale)),)))
+    sublayer_out = "proj" if gemma else "delta"          # gemma3 norms it into delta
     for i in range(arch.n_layers):
         b, p = f"blk.{i}.", f"L{i}."
         ops.append(_norm(p + "attn_norm", i, f"v:{b}attn_norm", "attn_in", residual=i > 0))
         for label, section in (("q", "qkv.q"), ("k", "qkv.k"), ("v", "qkv.v")):
             ops += _matmul(label, i, f"{b}attn_{label}", "attn_in", section, layout)
+        if gemma:
+            ops.append(Op(p + "head_norm", "head_norm", (("q_weight", f"v:{b}attn_q_norm"),
+                                                          ("k_weight", f"v:{b}attn_k_norm")), (("qkv", "qkv"),), (), i))
+        sliding = bool(gemma) and gemma.layer_types[i] == "sliding"
         caches = (("k_cache", f"kv:L{i}.k"), ("v_cache", f"kv:L{i}.v"))
-        ops.append(Op(p + "rope_kv", "rope_kv", (("table", "rope_table"),), (("qkv", "qkv"),) + caches, (), i))
+        rope_reads = (("table", "rope_table_local" if sliding else "rope_table"),)
+        rope_mode = ()
+        if arch.qkv_bias:
+            rope_reads += tuple((f"bias_{x}", f"v:{b}attn_{x}.bias") for x in "qkv")
+            rope_mode = (("bias", True),)
+        ops.append(Op(p + "rope_kv", "rope_kv", rope_reads, (("qkv", "qkv"),) + caches, rope_mode, i))
         scratch = (("acc", "attn_acc"), ("ml", "attn_ml")) if schedule == "decode" else ()
+        attention_mode = ()
+        if gemma:
+            attention_mode = (("scale", float(gemma.attention_scale)),) + ((("window", gemma.sliding_window),)
+                                                                          if sliding else ())
         ops.append(Op(p + "attention", "attention", (("q", "qkv.q"),) + caches, (("out", "attn_out"),) + scratch,
-                      (), i))
-        ops += _matmul("o", i, f"{b}attn_output", "attn_out", "delta", layout)
+                      attention_mode, i))
+        ops += _matmul("o", i, f"{b}attn_output", "attn_out", sublayer_out, layout)
+        if gemma:
+            ops.append(_post_norm(p + "post_attention_norm", i, f"v:{b}post_attention_norm"))
         ops.append(_norm(p + "ffn_norm", i, f"v:{b}ffn_norm", "ffn_in", residual=True))
         ops += _matmul("gate", i, f"{b}ffn_gate", "ffn_in", "gate_up.gate", layout)
         ops += _matmul("up", i, f"{b}ffn_up", "ffn_in", "gate_up.up", layout)
-        ops.append(Op(p + "swiglu", "swiglu", (("h", "gate_up"),), (("out", "ffn_act"),), (), i))
-        ops += _matmul("down", i, f"{b}ffn_down", "ffn_act", "delta", layout)
+        activation = "geglu" if gemma else "swiglu"
+        ops.append(Op(p + activation, activation, (("h", "gate_up"),), (("out", "ffn_act"),), (), i))
+        ops += _matmul("down", i, f"{b}ffn_down", "ffn_act", sublayer_out, layout)
+        if gemma:
+            ops.append(_post_norm(p + "post_ffw_norm", i, f"v:{b}post_ffw_norm"))
     ops.append(_norm("final_norm", None, "v:output_norm", "final_in", residual=True))
     row = "final_in"
     if schedule == "prefill":        # the head multiplies one row: the chunk's last

@@ -38,6 +38,7 @@ from typing import Callable
 import numpy as np
 
 from ...kernels.rope import rope_table
+from ...plan.memory import uses_local_rope
 from ...webgpu.interface import BufferUsage, Copy
 from ..scores import BackendCancelled, BackendLost, Scores, Want
 from .forward import Forward
@@ -92,7 +93,7 @@ class GpuBackend:
     # -- building ------------------------------------------------------------------------------
     @classmethod
     async def build(cls, session, model) -> "GpuBackend":
-        """Compile what admission did not, upload the RoPE table, record the decode steps.
+        """Compile what admission did not, upload the RoPE table(s), record the decode steps.
         A GPU error on the way is BackendLost("build-failed"); the session is then destroyed."""
         device = session.device
         device.push_error_scope("validation")
@@ -101,9 +102,12 @@ class GpuBackend:
             backend = cls(session, model, forward)
             backend._watch_lost()
             a = model.architecture
-            table = rope_table(forward.capacity, a.rope.rotary_dim, a.rope.base, a.rope.position_offset)
-            device.write_buffer(forward.regions.buffer("rope_table"), forward.regions.offset("rope_table"),
-                                table.reshape(-1))
+            tables = {"rope_table": a.rope.base}
+            if uses_local_rope(a):
+                tables["rope_table_local"] = a.gemma3.local_rope_base
+            for name, rope_base in tables.items():
+                table = rope_table(forward.capacity, a.rope.rotary_dim, rope_base, a.rope.position_offset)
+                device.write_buffer(forward.regions.buffer(name), forward.regions.offset(name), table.reshape(-1))
             forward.set_params("decode", 1, 0)
             device.write_buffer(*forward.tables["decode"].write())    # the static slots, once
             for op, k in (("argmax", 1), ("top-k", forward.top_k), ("full", 0)):
@@ -141,7 +145,9 @@ class GpuBackend:
         shared = [r.name for r in regions.plan.regions if r.name != mine.name and r.buffer == mine.buffer
                   and r.offset < mine.offset + mine.size and mine.offset < r.offset + r.size
                   and not r.name.startswith("prefill.")]
-        if shared:                     # a plan that reuses those bytes: no chaining (never seen)
+        # No chaining for a plan that reuses those bytes (never seen), nor when the host
+        # gathers the embedding rows (host_embed: the token must be known on the host).
+        if shared or self.forward.host_embedding is not None:
             self.chaining = False
             return
         self._chain_reads = [
@@ -218,9 +224,7 @@ class GpuBackend:
                 body, head = await self._prefill_recordings(len(chunk), self.position, last, op, k)
                 forward.set_params("prefill", len(chunk), self.position)
                 self._check_epoch(epoch)                   # before submit
-                r = forward.regions
-                writes = [forward.tables["prefill"].write(),
-                          (r.buffer("prefill.token_ids"), r.offset("prefill.token_ids"), np.asarray(chunk, np.uint32))]
+                writes = [forward.tables["prefill"].write(), *forward.input_writes("prefill", chunk)]
                 await self._run(body, writes)
                 self.position += len(chunk)
                 if not last:
@@ -272,9 +276,8 @@ class GpuBackend:
         if ahead is None:                        # the step, submitted now with its token id
             forward.set_params("decode", 1, position, positional=True)
             recording = await self._decode_recording(not forward.single_pass_at(position), op, k)
-            r = forward.regions
             writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
-                      (r.buffer("decode.token_ids"), r.offset("decode.token_ids"), np.array([token], np.uint32))]
+                      *forward.input_writes("decode", [token])]
             self._check_epoch(epoch)                       # before submit
             read = self._read(op, k)
             if not self._chains(op, position):

@@ -11,11 +11,14 @@ so a decode step rewrites only them (`set_params(..., positional=True)`).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...kernels.registry import KERNELS, compile_kernel
 from ...plan.memory import plan_programs
 from ...program.lowering import Binding, Launch, Lowering, part_names, weight_of
-from ...program.ops import POSITIONAL_KINDS, Op, base, is_activation
+from ...program.ops import NO_DISPATCH, POSITIONAL_KINDS, Op, base, is_activation
 from ...webgpu.interface import BufferBinding, Copy, Dispatch
+from .host_embedding import HostEmbedding
 from .regions import ParamsTable, Regions, stacked
 
 
@@ -33,10 +36,13 @@ class Forward:
         self.capacity, self.chunk, self.top_k = lowering.capacity, lowering.chunk, lowering.top_k
         self.tables = {s: ParamsTable(self.regions, s, p.slots()) for s, p in self.programs.items()}
         # The first op of each slot, positional ones first: all a params refresh needs to lower.
-        self._slot_ops = {s: sorted({op.slot: op for op in reversed(p.ops) if op.kind != "copy"}.values(),
+        self._slot_ops = {s: sorted({op.slot: op for op in reversed(p.ops) if op.kind not in NO_DISPATCH}.values(),
                                     key=lambda op: op.kind not in POSITIONAL_KINDS) for s, p in self.programs.items()}
         self._positional = {s: sum(1 for op in ops if op.kind in POSITIONAL_KINDS) for s, ops in self._slot_ops.items()}
         self._compiled = dict(session.kernels)      # admission's pipelines, reused
+        # A split table's rows come from the host (program/ops.py "host_embed").
+        self.host_embedding = (HostEmbedding(model) if any(op.kind == "host_embed" for op in self.programs["decode"].ops)
+                               else None)
         self.labels: dict[int, str] = {}            # id(Dispatch) -> what it computes (benchmarks)
 
     def positional_slots(self, schedule: str) -> int:
@@ -147,6 +153,16 @@ class Forward:
         src = self.resolve(schedule, Binding("src", op.read("src"), offset=(tokens - 1) * row_bytes, size=row_bytes))
         dst = self.resolve(schedule, Binding("dst", op.write("dst"), size=row_bytes))
         return Copy(src.buffer, src.offset, dst.buffer, dst.offset, row_bytes)
+
+    def input_writes(self, schedule: str, ids) -> list[tuple]:
+        """The writes that give a step its input: the token ids, and for a host_embed program
+        the embedding rows into x (device.run's (buffer, offset, data) writes)."""
+        r = self.regions
+        writes = [(r.buffer(f"{schedule}.token_ids"), r.offset(f"{schedule}.token_ids"), np.asarray(ids, np.uint32))]
+        if self.host_embedding is not None:
+            rows = self.host_embedding.rows_of(ids)
+            writes.append((r.buffer(f"{schedule}.x"), r.offset(f"{schedule}.x"), rows.reshape(-1)))
+        return writes
 
     def prefill_parts(self, last: bool) -> tuple[list[Op], list[Op]]:
         """(body, head) ops of a prefill chunk: the layers (and, for the last chunk, the final
