@@ -477,8 +477,8 @@ def test_reference_run_is_pinned():
     """The browser worker compares reference_run() with CPython's; this pins CPython's."""
     result = reference_run()
     assert result["exp_scalar_equal"] is True
-    assert result["digest"] == "e563f2fa277c9185f6de617c7185c9a4f85f8cb265334a2b9088a5dc47b13c6d"
-    assert sum(case["via_candidates"] for case in result["cases"]) == 80
+    assert result["digest"] == "9328047957eb120bb89ad9efbfc74e03093250c4426e507d035933cf86a6e8ab"
+    assert sum(case["via_candidates"] for case in result["cases"]) == 109
 
 
 # -- settings ------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ ledger, the sampler's commit, stop sequences, max_tokens) is the same `Answer.ac
 things a GPU needs:
 
 - What to read back (`want_for`): only the argmax for greedy decoding without penalties,
-  a canonical top-64 when the sampler can prove that is enough, else the full row.
+  logit bias or logprobs, a canonical top-64 when the sampler can prove that is enough,
+  else the full row (always with logprobs: their softmax runs over every token).
 - Epochs. Every submission carries the ledger's epoch for this answer and every result
   comes back tagged with it. cancel() closes the ledger at once, so nothing commits after
   it returns; the loop checks the epoch before submitting each step and after each result,
@@ -89,7 +90,7 @@ class EngineError(CodedError):
 def want_for(sampler: Sampler) -> Want:
     """The least the sampler needs to choose the token at its next position."""
     settings = sampler.settings
-    if settings.greedy and not settings.penalties_active:
+    if settings.greedy and not (settings.penalties_active or settings.logit_bias or settings.logprobs):
         return Want("argmax")
     if not sampler.needs_full_logits(TOP_K_CANDIDATES):
         return Want("top-k", TOP_K_CANDIDATES)
@@ -342,7 +343,7 @@ class Engine:
                     return
                 token = scores.choose(run.sampler)
                 # The epoch the scores were computed in: the ledger refuses a stale one.
-                delta = run.accept(token, scores.epoch)
+                delta = run.accept(token, scores.epoch, scores.logits)
                 if delta.finish_reason:
                     yield self._end(run, delta.finish_reason, delta.text)
                     return
