@@ -90,7 +90,7 @@ export class Engine extends EventTarget {
   #loads = 0;                  // unload() moves it on: a load in progress then ends "cancelled"
   #defaults = {};              // request fields every request gets unless it sets them (reload's chatOpts)
   #init;                       // WebLLM's initProgressCallback, fed from the progress events
-  #keepWorker; #appModels;
+  #reloadable; #appModels; #workerUrl; #onProgressOption; #workerEnded = false;
 
   constructor({ gpu = true, featureLevel = "auto", cache = true, workerUrl, assetsUrl, onProgress,
                 initProgressCallback = null, unloadKeepsWorker = false, appModels = [] } = {}) {
@@ -98,7 +98,7 @@ export class Engine extends EventTarget {
     this.#gpu = gpu;
     this.#featureLevel = featureLevel;
     this.#cache = cache;
-    this.#keepWorker = unloadKeepsWorker;
+    this.#reloadable = unloadKeepsWorker;
     this.#appModels = appModels;
     this.#init = new InitProgress(initProgressCallback);
     this.#assets = new URL(assetsUrl ?? "./assets/", import.meta.url);
@@ -112,13 +112,21 @@ export class Engine extends EventTarget {
     this.model = null;
     this.worker = null;
     this.events = [];             // the recent statechange details, each with at_ms
-    this.protocol = new WorkerClient(new URL(workerUrl ?? "../worker/worker.mjs", import.meta.url));
+    this.#workerUrl = new URL(workerUrl ?? "../worker/worker.mjs", import.meta.url);
+    this.#onProgressOption = onProgress;
     this.chat = { completions: { create: (request) => this.#create(request, "chat") } };
     this.completions = { create: (request) => this.#create(request, "completion") };
     this.models = { list: modelCache.list, remove: modelCache.remove, usage: modelCache.usage,
                     available: async () => (await this.#manifest()).models.map(({ id, name, file, bytes }) => ({ id, name, file, bytes })) };
-    this.#listen(onProgress);
+    this.#startWorker();
+  }
+
+  // The engine's worker (Pyodide, the model, the GPU device), and its boot.
+  #startWorker() {
+    this.protocol = new WorkerClient(this.#workerUrl);
+    this.#listen(this.#onProgressOption);
     this.booted = this.#boot();
+    this.#workerEnded = false;
   }
 
   get state() {
@@ -184,6 +192,7 @@ export class Engine extends EventTarget {
   // it rejects with code "cancelled".
   async load(source = "default", { onProgress } = {}) {
     this.#usable();
+    if (this.#workerEnded) this.#startWorker();      // a reloadable engine after unload()
     await this.booted;
     const load = this.#loads;
     const cancelled = () => new WebSlmError("cancelled", "The load was cancelled by unload().");
@@ -228,9 +237,9 @@ export class Engine extends EventTarget {
     } catch (error) {
       throw error instanceof BadRequest ? new WebSlmError("bad-request", `chatOpts: ${error.message}`) : error;
     }
-    const model = await this.load(model);
+    const loaded = await this.load(model);
     this.#defaults = defaults;
-    return model;
+    return loaded;
   }
 
   async #loadRequest(source) {
@@ -408,20 +417,20 @@ export class Engine extends EventTarget {
     return aborted;
   }
 
-  // Cancel any answer and any load in progress, free the model with its GPU buffers and
-  // device, and end the worker. An engine made by CreateMLCEngine keeps its worker, as
-  // WebLLM's does: reload() loads again.
+  // Cancel any answer and any load in progress (it rejects with code "cancelled"), free the
+  // model with its GPU buffers and device, and end the worker (its memory goes with it). An
+  // engine made by CreateMLCEngine stays usable, as WebLLM's does: reload() starts a new worker.
   async unload() {
-    if (this.#engineState === "Unloaded") return;
+    if (this.#engineState === "Unloaded" || this.#workerEnded) return;
     this.#loads += 1;
     this.#loading = false;
     await this.abort().catch(() => {});
     await this.protocol.request("unload").catch(() => {});
-    this.model = null;
-    if (this.#keepWorker) return;
     this.protocol.terminate("the engine was unloaded");
+    this.#workerEnded = true;
+    this.model = null;
     const from = this.#engineState;
-    this.#changeState({ from, to: "Unloaded", reason: "unload" });
+    this.#changeState({ from, to: this.#reloadable ? "Empty" : "Unloaded", reason: "unload" });
   }
 }
 
@@ -431,7 +440,7 @@ function combineChoices(completions) {
   const tokens = completions.reduce((sum, c) => sum + c.usage.completion_tokens, 0);
   return { ...first, choices: completions.map((c, index) => ({ ...c.choices[0], index })),
            usage: { ...first.usage, completion_tokens: tokens, total_tokens: first.usage.prompt_tokens + tokens },
-           webslm: { ...first.webslm, choices: completions.map((c) => c.webslm) } };
+           webslm: { ...first.webslm, choices: completions.map((c) => ({ ...c.webslm, usage: c.usage })) } };
 }
 
 // One answer in flight: the worker's delta events for its request become chunks, its reply
