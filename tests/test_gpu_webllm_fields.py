@@ -1,7 +1,8 @@
 """The OpenAI/WebLLM sampling fields on the real GPU executor (wgpu-native; lavapipe here):
 a seeded answer with penalties, logit_bias or logprobs is the CPU oracle's, token for token,
 whatever the engine asked the GPU to read back for them (engine.want_for: candidates for
-lowering biases and positive penalties, the full row for a raising bias or logprobs)."""
+lowering biases and positive penalties, the full row for a raising bias, logprobs or JSON
+mode's token mask)."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,12 +34,15 @@ def fields_for(name: str, seeded: tuple[int, ...], greedy: tuple[int, ...]) -> t
         return dataclasses.replace(SEEDED, logit_bias={11: 100.0}), "full"
     if name == "logprobs":
         return dataclasses.replace(SEEDED, logprobs=True, top_logprobs=3), "full"
+    if name == "json-object":
+        return dataclasses.replace(SEEDED, response_format="json_object"), "full"
     if name == "greedy-banned":
         return dataclasses.replace(GREEDY, logit_bias={greedy[0]: -100.0}), "top-k"
     raise ValueError(name)
 
 
-@pytest.mark.parametrize("name", ["penalties", "lowering-bias", "raising-bias", "logprobs", "greedy-banned"])
+@pytest.mark.parametrize("name", ["penalties", "lowering-bias", "raising-bias", "logprobs", "greedy-banned",
+                                  "json-object"])
 def test_a_seeded_answer_with_the_fields_is_the_cpu_oracles(native_gpu, model, ids, run, policy, name):  # noqa: F811
     plain = {"seeded": cpu_answer(model, ids, SEEDED), "greedy": cpu_answer(model, ids, GREEDY)}
     settings, readback = fields_for(name, plain["seeded"], plain["greedy"])

@@ -46,6 +46,12 @@ def test_the_webllm_fields_become_the_workers_settings():
     assert got["prompt"] == HI
 
 
+def test_json_mode_becomes_the_samplers_response_format():
+    assert check({"messages": HI, "response_format": {"type": "json_object"}})["ok"]["settings"] == {
+        "response_format": "json_object"}
+    assert check({"messages": HI, "response_format": {"type": "text"}})["ok"]["settings"] == {}
+
+
 def test_text_parts_pass_as_parts_and_a_raw_prompt_as_a_string():
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert check({"messages": parts})["ok"]["prompt"] == parts
@@ -73,7 +79,10 @@ def test_defaults_apply_unless_the_request_sets_the_field():
     ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs must be"),
     ({"messages": HI, "max_tokens": 5, "max_completion_tokens": 6}, "chat", "disagree"),
     ({"messages": HI, "ignore_eos": "yes"}, "chat", "ignore_eos must be"),
-    ({"messages": HI, "response_format": {"type": "json_object"}}, "chat", "json_object is not supported yet"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}}, "chat", "json_schema is not supported yet"),
+    ({"messages": HI, "response_format": {"type": "json_object", "schema": "{}"}}, "chat", "response_format.schema"),
+    ({"messages": HI, "response_format": {"type": "json_object"}, "ignore_eos": True}, "chat", "JSON mode"),
+    ({"messages": HI, "response_format": {"type": "xml"}}, "chat", "response_format must be"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "chat", "tools are not supported"),
     ({"messages": HI, "tool_choice": "auto"}, "chat", "tool_choice"),
     ({"messages": [{"role": "tool", "content": "1", "tool_call_id": "0"}]}, "chat", "tool messages"),

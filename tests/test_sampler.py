@@ -477,7 +477,7 @@ def test_reference_run_is_pinned():
     """The browser worker compares reference_run() with CPython's; this pins CPython's."""
     result = reference_run()
     assert result["exp_scalar_equal"] is True
-    assert result["digest"] == "9328047957eb120bb89ad9efbfc74e03093250c4426e507d035933cf86a6e8ab"
+    assert result["digest"] == "cdead96e0910f28fb207cbf8057a15ff84ad02e42eb802f6cd091b38091ffc07"
     assert sum(case["via_candidates"] for case in result["cases"]) == 109
 
 

@@ -169,7 +169,8 @@ def test_the_state_hash_keeps_its_first_format_unless_a_new_field_is_on():
     assert not s.extended
     variants = [replace(s, logit_bias={4: -1.0}), replace(s, logit_bias={4: -2.0}),
                 replace(s, logit_bias={5: -1.0}), replace(s, logit_bias={4: -math.inf}),
-                replace(s, logprobs=True), replace(s, logprobs=True, top_logprobs=2)]
+                replace(s, logprobs=True), replace(s, logprobs=True, top_logprobs=2),
+                replace(s, response_format="json_object")]
     hashes = {Sampler(v, 16, history=[1, 2]).state_hash() for v in variants}
     assert first not in hashes and len(hashes) == len(variants)
     # the second format, rebuilt from docs/sampler.md 8
@@ -178,7 +179,7 @@ def test_the_state_hash_keeps_its_first_format_unless_a_new_field_is_on():
     head = (b"WSLMSMP2" + struct.pack(">dIddddd", v.temperature, v.top_k, v.top_p, v.min_p,
                                       v.repetition_penalty, v.frequency_penalty, v.presence_penalty)
             + struct.pack(">IIQI", v.penalty_window, v.max_tokens, v.seed, 0)
-            + struct.pack(">I", 1) + struct.pack(">Id", 4, -1.0) + struct.pack(">BI", 1, 2)
+            + struct.pack(">I", 1) + struct.pack(">Id", 4, -1.0) + struct.pack(">BIB", 1, 2, 0)
             + struct.pack(">I", 16))
     body = struct.pack(">II", 1, 2) + struct.pack(">QQ", 2, 2)
     assert Sampler(v, 16, history=[1, 2]).state_hash() == hashlib.sha256(head + body).hexdigest()

@@ -12,7 +12,8 @@ examples do, and asks for a few tokens.
 - multi_round: the second turn keeps the first in the KV cache; resetChat drops it, and the
   answer stays the same.
 - seed_reproduce: the same seed, penalties and logit bias give the same answer (the first of
-  n: 2 choices is drawn with the request's seed); the second choice with the next seed.
+  n: 2 choices is drawn with the request's seed); the second choice with the next seed; JSON
+  mode gives a JSON object (or, cut at max_tokens, a prefix of one).
 - abort_reload: interruptGenerate ends a stream "abort"; reload; two requests sent at once are
   answered in order (no "busy"); completions.create on a raw prompt; an unknown WebLLM model
   id is a clear error.
@@ -133,6 +134,14 @@ def test_seed_reproduce(booted):
     assert choices[0]["token_ids"] == a["webslm"]["token_ids"]                     # the same seed, the same answer
     assert both["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
     assert both["usage"]["completion_tokens"] == sum(c["usage"]["completion_tokens"] for c in choices)
+    answer = r["json"]["choices"][0]
+    text = answer["message"]["content"]
+    print(f"{booted.row.name}: JSON mode answered {text!r} ({answer['finish_reason']})")
+    if answer["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict), text
+    else:                                                  # cut at max_tokens: a prefix of one
+        from webslm.semantic.json_grammar import INITIAL, advance
+        assert answer["finish_reason"] == "length" and advance(INITIAL, text.encode()) is not None, text
 
 
 def test_abort_and_reload(booted, brief_reference):

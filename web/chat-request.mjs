@@ -67,6 +67,7 @@ export function checkRequest(request, kind = "chat", defaults = {}) {
   put("repetition_penalty", number("repetition_penalty", r.repetition_penalty, (v) => v > 0, "> 0"));
   put("logit_bias", logitBias(r.logit_bias));
   put("ignore_eos", flag("ignore_eos", r.ignore_eos));
+  if (r.response_format?.type === "json_object") settings.response_format = "json_object";
   const logprobs = flag("logprobs", r.logprobs) ?? false;
   const top = number("top_logprobs", r.top_logprobs, (v) => Number.isInteger(v) && v >= 0 && v <= MAX_TOP_LOGPROBS,
                      `an integer from 0 to ${MAX_TOP_LOGPROBS}`);
@@ -96,9 +97,12 @@ function refuseUnsupported(r, kind) {
     if (typeof format !== "object" || !["text", "json_object", "json_schema", "grammar"].includes(format.type)) {
       throw new BadRequest('response_format must be {type: "text"} (or json_object, json_schema, grammar).');
     }
-    if (format.type !== "text") {
-      throw new BadRequest(`response_format ${format.type} is not supported yet: webslm does not constrain the answer to a grammar, so JSON could not be guaranteed.`);
+    if (format.type === "json_schema" || format.type === "grammar") {
+      throw new BadRequest(`response_format ${format.type} is not supported yet: only json_object (any JSON object) is enforced.`);
     }
+    const extra = Object.keys(format).filter((k) => k !== "type" && format[k] !== undefined && format[k] !== null);
+    if (extra.length) throw new BadRequest(`response_format.${extra[0]} is not supported yet (no schema or grammar): give {type: "json_object"}.`);
+    if (format.type === "json_object" && r.ignore_eos) throw new BadRequest("ignore_eos cannot be set in JSON mode: the answer ends when its object is complete.");
   }
   if (present(r.tools) && !(Array.isArray(r.tools) && r.tools.length === 0)) {
     throw new BadRequest("tools are not supported yet: no function calling (the chat template's tool rendering and tool_calls parsing are not built).");

@@ -75,6 +75,11 @@ class Answer:
         self.finish_reason: str | None = None
         self.tokenizer = model.tokenizer
         self._logprobs: list[dict] = []     # entries not yet handed out
+        # JSON mode: the recognizer's state over the committed tokens' bytes, and the masks
+        self._json = None
+        if settings.response_format == "json_object":
+            from .semantic.json_grammar import INITIAL, json_mask_for
+            self._json = (INITIAL, json_mask_for(model.tokenizer, arch.vocab, self.eos))
         self._committed = 0
         self._decode_started: float | None = None
 
@@ -82,6 +87,13 @@ class Answer:
     def position(self) -> int:
         """The absolute position of the next token (the sampler's: it moves on each commit)."""
         return self.sampler.position
+
+    def allowed(self):
+        """JSON mode's mask of the tokens that may come next (bool [vocab]), else None."""
+        if self._json is None:
+            return None
+        state, masks = self._json
+        return masks.allowed(state)
 
     @property
     def has_room(self) -> bool:
@@ -114,6 +126,8 @@ class Answer:
             return Delta("", None, "abort")
         if self.settings.logprobs:
             self._logprobs.append(self._logprob_entry(logits, token))
+        if self._json is not None:
+            self._advance_json(token)
         self.sampler.commit(token)
         self._committed += 1
         self.timings.generated_tokens = self._committed
@@ -128,9 +142,17 @@ class Answer:
         """OpenAI's logprobs entry for a committed token: {token, bytes, logprob, top_logprobs}."""
         if logits is None:
             raise ValueError("logprobs need the full logits row (want_for asks the backend for it)")
-        logprob, top = self.sampler.logprobs(logits, token, self.settings.top_logprobs)
+        logprob, top = self.sampler.logprobs(logits, token, self.settings.top_logprobs, self.allowed())
         return {**self._token(token), "logprob": logprob,
                 "top_logprobs": [{**self._token(t), "logprob": lp} for t, lp in top]}
+
+    def _advance_json(self, token: int) -> None:
+        from .semantic.json_grammar import advance
+        state, masks = self._json
+        after = advance(state, self.tokenizer.piece_bytes(token) or b"")
+        if after is None:                   # the mask allowed it: a bug, never a wrong answer
+            raise ValueError(f"token {token} leaves JSON mode's grammar; the mask allowed it")
+        self._json = (after, masks)
 
     def _token(self, token: int) -> dict:
         raw = self.tokenizer.piece_bytes(token)

@@ -36,7 +36,7 @@ def generate(model, backend, ids: list[int], settings: SamplerSettings,
     logits = backend.prefill(ids)
     answer.prefilled(started)
     while answer.has_room:
-        token = answer.sampler.choose(logits, answer.position)
+        token = answer.sampler.choose(logits, answer.position, answer.allowed())
         delta = answer.accept(token, answer.epoch, logits)
         if delta.finish_reason:
             # end() settles the ledger and the timings before the last delta is handed

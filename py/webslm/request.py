@@ -120,6 +120,15 @@ def sampler_settings(model, overrides: Mapping | None = None) -> SamplerSettings
         raise SamplerError("bad-type", "ignore_eos", "must be true or false")
     if "logit_bias" in overrides:
         overrides["logit_bias"] = _json_bias(overrides["logit_bias"])
+    if isinstance(overrides.get("response_format"), dict):          # OpenAI's {"type": ...}
+        form = overrides["response_format"]
+        if set(form) != {"type"}:
+            raise SamplerError("out-of-range", "response_format", "must be {type: text or json_object} "
+                                                                  "(no schema or grammar yet)")
+        overrides["response_format"] = form["type"]
+    if ignore_eos and overrides.get("response_format", "text") != "text":
+        raise SamplerError("out-of-range", "ignore_eos", "cannot be set in JSON mode: the answer ends "
+                                                         "when its object is complete")
     generation = model.manifest.generation
     defaults = {ours: generation[theirs] for ours, theirs in _MODEL_DEFAULTS.items()}
     settings = SamplerSettings(**{**defaults, **overrides})

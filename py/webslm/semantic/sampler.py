@@ -57,6 +57,9 @@ MAX_BIAS = 100.0
 MAX_BIASED_TOKENS = 4096
 # top_logprobs: OpenAI allows up to 20 alternatives per position (WebLLM up to 5).
 MAX_TOP_LOGPROBS = 20
+# response_format: "text", or "json_object" (the engine masks every token that would leave
+# the answer no JSON object: semantic/json_grammar.py; the mask comes to choose() as `allowed`).
+RESPONSE_FORMATS = ("text", "json_object")
 
 
 # == 1. Settings ==============================================================================
@@ -111,6 +114,7 @@ class SamplerSettings:
     logit_bias: tuple[tuple[int, float], ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    response_format: str = "text"
 
     def __post_init__(self):
         inf = math.inf
@@ -130,6 +134,7 @@ class SamplerSettings:
             "logit_bias": _biases(self.logit_bias),
             "logprobs": _flag("logprobs", self.logprobs),
             "top_logprobs": _integer("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS),
+            "response_format": _choice("response_format", self.response_format, RESPONSE_FORMATS),
         }
         if checked["top_logprobs"] and not checked["logprobs"]:
             raise SamplerError("out-of-range", "top_logprobs", "needs logprobs: true")
@@ -154,13 +159,19 @@ class SamplerSettings:
     def extended(self) -> bool:
         """Whether a setting added after the first state format is on (logit_bias, logprobs):
         the state hash then uses the second format (section 8)."""
-        return bool(self.logit_bias) or self.logprobs or self.top_logprobs > 0
+        return bool(self.logit_bias) or self.logprobs or self.top_logprobs > 0 or self.response_format != "text"
 
     @property
     def penalties_can_raise(self) -> bool:
         """Whether a penalty can raise some logit (section 7: candidates then need more care)."""
         return (self.repetition_penalty < 1.0 or self.frequency_penalty < 0.0
                 or self.presence_penalty < 0.0)
+
+
+def _choice(name: str, value, choices) -> str:
+    if value not in choices or not isinstance(value, str):
+        raise SamplerError("out-of-range", name, f"must be one of {', '.join(choices)}, not {str(value)[:40]!r}")
+    return value
 
 
 def _flag(name: str, value) -> bool:
@@ -407,7 +418,7 @@ def _settings_bytes(s: SamplerSettings, vocab_size: int) -> bytes:
     if s.extended:
         out.append(struct.pack(">I", len(s.logit_bias)))
         out.extend(struct.pack(">Id", token, bias) for token, bias in s.logit_bias)
-        out.append(struct.pack(">BI", s.logprobs, s.top_logprobs))
+        out.append(struct.pack(">BIB", s.logprobs, s.top_logprobs, RESPONSE_FORMATS.index(s.response_format)))
     out.append(struct.pack(">I", vocab_size))
     return b"".join(out)
 
@@ -527,13 +538,26 @@ class Sampler:
 
     # -- choosing ------------------------------------------------------------------------------
 
-    def choose(self, logits, position: int) -> int:
-        """The token for position from the full logits [vocab_size] (float32 or float64)."""
+    def choose(self, logits, position: int, allowed=None) -> int:
+        """The token for position from the full logits [vocab_size] (float32 or float64).
+        allowed (bool [vocab_size], or None for all): a mask of the tokens that may be
+        chosen (JSON mode's); the others count as -inf."""
         position = self._check_position(position)
-        full = _as_logits("logits", logits, self._vocab_size)
+        full = self._masked(_as_logits("logits", logits, self._vocab_size), allowed)
         seen, counts = self._window()
         return _decide(np.arange(self._vocab_size, dtype=np.int64), full, seen, counts,
                        self._settings, position)
+
+    def _masked(self, full: np.ndarray, allowed) -> np.ndarray:
+        if allowed is None:
+            if self._settings.response_format != "text":
+                raise SamplerError("bad-type", "allowed", f"{self._settings.response_format} needs the token mask")
+            return full
+        allowed = np.asarray(allowed)
+        if allowed.dtype != np.bool_ or allowed.shape != (self._vocab_size,):
+            raise SamplerError("bad-type", "allowed", f"must be a bool array of shape ({self._vocab_size},)")
+        full[~allowed] = -np.inf
+        return full
 
     def _need(self) -> int | None:
         """How many tokens must provably outrank every non-candidate; None = no finite bound."""
@@ -548,8 +572,8 @@ class Sampler:
         if k >= self._vocab_size:
             return False
         need = self._need()
-        if need is None or self._settings.logprobs:   # logprobs: the softmax over every token
-            return True
+        if need is None or self._settings.logprobs or self._settings.response_format != "text":
+            return True               # logprobs: the softmax over every token; a mask: any token
         seen, _ = self._window()
         if (seen.size and self._settings.penalties_can_raise) or self._settings.bias_can_raise:
             return True
@@ -583,6 +607,9 @@ class Sampler:
         return _decide(ids, values, seen, counts, self._settings, position)
 
     def _check_sufficient(self, ids: np.ndarray, seen: np.ndarray) -> None:
+        if self._settings.response_format != "text":
+            raise SamplerError("candidates-insufficient", "response_format",
+                               "a token mask may leave none of the candidates")
         need = self._need()
         if need is None:
             raise SamplerError("candidates-insufficient", "settings",
@@ -602,15 +629,16 @@ class Sampler:
 
     # -- reporting -----------------------------------------------------------------------------
 
-    def logprobs(self, logits, token: int, top: int = 0) -> tuple[float, list[tuple[int, float]]]:
+    def logprobs(self, logits, token: int, top: int = 0, allowed=None) -> tuple[float, list[tuple[int, float]]]:
         """The log-probability of `token` at the next position, and the `top` most likely
         tokens with theirs (log-probability descending, then id ascending; banned tokens
         left out): the log-softmax of the full logits after the bias and the penalties, at
-        the request's temperature (1 when greedy), before top-k, top-p and min-p cut it.
+        the request's temperature (1 when greedy), before top-k, top-p and min-p cut it
+        (with JSON mode's mask `allowed`, over the allowed tokens).
         Reported, never decisive: the normalizer's log is libm's, so the last bit may
         differ between platforms (the choice does not depend on it). Call it before
         commit(token): it sees the history the choice saw."""
-        full = _as_logits("logits", logits, self._vocab_size)
+        full = self._masked(_as_logits("logits", logits, self._vocab_size), allowed)
         token = self._token(token, "token")
         seen, counts = self._window()
         _process(np.arange(self._vocab_size, dtype=np.int64), full, seen, counts, self._settings)
