@@ -477,8 +477,8 @@ def test_reference_run_is_pinned():
     """The browser worker compares reference_run() with CPython's; this pins CPython's."""
     result = reference_run()
     assert result["exp_scalar_equal"] is True
-    assert result["digest"] == "e563f2fa277c9185f6de617c7185c9a4f85f8cb265334a2b9088a5dc47b13c6d"
-    assert sum(case["via_candidates"] for case in result["cases"]) == 80
+    assert result["digest"] == "cdead96e0910f28fb207cbf8057a15ff84ad02e42eb802f6cd091b38091ffc07"
+    assert sum(case["via_candidates"] for case in result["cases"]) == 109
 
 
 # -- settings ------------------------------------------------------------------------------------

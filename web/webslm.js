@@ -10,6 +10,8 @@
 // assets/, so the site works under any path (https://host/, https://host/app/).
 import { WorkerClient, WorkerError } from "./worker-client.mjs";
 import * as modelCache from "./worker/model-cache.mjs";
+import { BadRequest, DEFAULTABLE, checkRequest } from "./chat-request.mjs";
+import { InitProgress } from "./init-progress.mjs";
 
 // What the user can do about each kind of error: shown under its sentence.
 const ADVICE = {
@@ -17,8 +19,9 @@ const ADVICE = {
   "fetch-failed": "Check the address and the connection. A model on another site must allow this one to read it (CORS).",
   "bad-artifact": "The file is damaged or is not a webslm model: download it again, or make one with `webslm convert`.",
   "bad-request": "Check the request: roles are system, user or assistant; temperature ≥ 0; 0 < top_p ≤ 1; max_tokens ≥ 1; the conversation must fit the model's context. If the model's chat template failed, pick another model.",
-  busy: "Wait for the answer in progress to finish, or stop it.",
   "no-model": "Load a model first.",
+  "unknown-model": "Give one of this site's model ids (engine.models.available()), the URL of a .slm file, or a File.",
+  cancelled: "The load was cancelled by unload(): load the model again to use it.",
   unloaded: "This engine was unloaded: create a new one.",
   failed: "Try again; if it keeps failing, reload the page.",
 };
@@ -67,10 +70,14 @@ const CPU_STATES = new Set(["CPUReady", "CPUGenerating", "CPURebuild", "Lost", "
 const NO_MODEL_STATES = new Set(["Empty", "Destroying", "Unloaded"]);
 // Admission reports progress for its three long stages; the API names what the user sees.
 const ADMISSION_PHASES = { allocate: "upload", compile: "compile", "self-test": "self-test" };
-const REQUEST_FIELDS = new Set(["messages", "stream", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
-                                "signal", "model", "stream_options", "n", "cache_prompt"]);
-const ROLES = new Set(["system", "user", "assistant"]);
 const MAX_EVENTS = 500;
+// WebLLM's ids of the models this site serves in its own format (the same weights, converted
+// to .slm by webslm: assets/manifest.json has the quantization).
+const WEBLLM_MODEL_IDS = {
+  "SmolLM2-135M-Instruct-q0f16-MLC": "smollm2-135m-instruct-q4",
+  "SmolLM2-135M-Instruct-q0f32-MLC": "smollm2-135m-instruct-q4",
+};
+const randomSeed = () => crypto.getRandomValues(new Uint32Array(1))[0];
 
 export async function createEngine(options = {}) {
   const engine = new Engine(options);
@@ -80,15 +87,25 @@ export async function createEngine(options = {}) {
   return engine;
 }
 
-class Engine extends EventTarget {
+export class Engine extends EventTarget {
   #gpu; #featureLevel; #cache; #assets; #onProgress = null; #answer = null; #loading = false; #engineState = "Empty";
+  #turn = Promise.resolve();   // the end of the last request taken: requests are answered in arrival order
+  #last = null;                // the last answer started (getMessage, runtimeStatsText)
+  #loads = 0;                  // unload() moves it on: a load in progress then ends "cancelled"
+  #defaults = {};              // request fields every request gets unless it sets them (reload's chatOpts)
+  #init;                       // WebLLM's initProgressCallback, fed from the progress events
+  #reloadable; #appModels; #workerUrl; #onProgressOption; #workerEnded = false;
 
-  constructor({ gpu = true, featureLevel = "auto", cache = true, workerUrl, assetsUrl, onProgress } = {}) {
+  constructor({ gpu = true, featureLevel = "auto", cache = true, workerUrl, assetsUrl, onProgress,
+                initProgressCallback = null, unloadKeepsWorker = false, appModels = [] } = {}) {
     super();
     if (![true, false, "force"].includes(gpu)) throw new WebSlmError("bad-request", 'gpu is true, false or "force".');
     this.#gpu = gpu;
     this.#featureLevel = featureLevel;
     this.#cache = cache;
+    this.#reloadable = unloadKeepsWorker;
+    this.#appModels = appModels;
+    this.#init = new InitProgress(initProgressCallback);
     this.#assets = new URL(assetsUrl ?? "./assets/", import.meta.url);
     this.backend = null;
     this.tier = null;
@@ -101,11 +118,21 @@ class Engine extends EventTarget {
     this.model = null;
     this.worker = null;
     this.events = [];             // the recent statechange details, each with at_ms
-    this.protocol = new WorkerClient(new URL(workerUrl ?? "./worker/worker.mjs", import.meta.url));
-    this.chat = { completions: { create: (request) => this.#create(request) } };
-    this.models = { list: modelCache.list, remove: modelCache.remove, usage: modelCache.usage };
-    this.#listen(onProgress);
+    this.#workerUrl = new URL(workerUrl ?? "./worker/worker.mjs", import.meta.url);
+    this.#onProgressOption = onProgress;
+    this.chat = { completions: { create: (request) => this.#create(request, "chat") } };
+    this.completions = { create: (request) => this.#create(request, "completion") };
+    this.models = { list: modelCache.list, remove: modelCache.remove, usage: modelCache.usage,
+                    available: async () => (await this.#manifest()).models.map(({ id, name, file, bytes }) => ({ id, name, file, bytes })) };
+    this.#startWorker();
+  }
+
+  // The engine's worker (Pyodide, the model, the GPU device), and its boot.
+  #startWorker() {
+    this.protocol = new WorkerClient(this.#workerUrl);
+    this.#listen(this.#onProgressOption);
     this.booted = this.#boot();
+    this.#workerEnded = false;
   }
 
   get state() {
@@ -124,6 +151,7 @@ class Engine extends EventTarget {
     const progress = (detail) => {
       onProgress?.(detail);
       this.#onProgress?.(detail);
+      this.#init.report(detail);
       this.dispatchEvent(new CustomEvent("progress", { detail }));
     };
     const on = (name, handler) => this.protocol.addEventListener(name, (e) => handler(e.detail));
@@ -164,33 +192,67 @@ class Engine extends EventTarget {
     if (this.#engineState === "Unloaded") throw new WebSlmError("unloaded", "This engine was unloaded.");
   }
 
-  // Load a model ("default", a URL, a File or Blob), then admit it on the GPU (or place it on
-  // the CPU path when gpu is false). If the model cannot be loaded, the one loaded before
-  // stays loaded and answering.
+  // Load a model ("default", one of this site's model ids, a URL, a File or Blob), then admit
+  // it on the GPU (or place it on the CPU path when gpu is false). If the model cannot be
+  // loaded, the one loaded before stays loaded and answering. unload() meanwhile cancels it:
+  // it rejects with code "cancelled".
   async load(source = "default", { onProgress } = {}) {
     this.#usable();
+    if (this.#workerEnded) this.#startWorker();      // a reloadable engine after unload()
     await this.booted;
+    const load = this.#loads;
+    const cancelled = () => new WebSlmError("cancelled", "The load was cancelled by unload().");
     this.#onProgress = onProgress ?? null;
     this.#loading = true;
+    this.#init.start();
     try {
       const request = await this.#loadRequest(source);
+      if (this.#loads !== load) throw cancelled();
       try {
         this.model = await this.protocol.request("load-model", request);
       } catch (error) {
-        throw fromWorker(error);
+        throw this.#loads !== load ? cancelled() : fromWorker(error);
       }
+      if (this.#loads !== load) throw cancelled();
       await this.#admit();
+      if (this.#loads !== load) throw cancelled();
+      this.#init.finish(this.backend === "gpu" ? `Finish loading on WebGPU (tier ${this.tier})`
+                                                : `Finish loading on the CPU path (${this.cpuReason?.sentence ?? "no GPU"})`);
       return this.model;
     } finally {
-      this.#loading = false;
-      this.#onProgress = null;
+      if (this.#loads === load) {
+        this.#loading = false;
+        this.#onProgress = null;
+      }
     }
+  }
+
+  // WebLLM's reload(modelId, chatOpts): load a model (an id, a URL, a File, as load() takes);
+  // chatOpts' sampling fields become every request's defaults.
+  async reload(model, chatOpts = undefined) {
+    this.#usable();
+    const defaults = {};
+    for (const [key, value] of Object.entries(chatOpts ?? {})) {
+      if (!DEFAULTABLE.includes(key)) {
+        throw new WebSlmError("bad-request", `chatOpts.${key} is not supported: chatOpts may set ${DEFAULTABLE.join(", ")}.`);
+      }
+      defaults[key] = value;
+    }
+    try {
+      checkRequest({ messages: [{ role: "user", content: "-" }] }, "chat", defaults);
+    } catch (error) {
+      throw error instanceof BadRequest ? new WebSlmError("bad-request", `chatOpts: ${error.message}`) : error;
+    }
+    const loaded = await this.load(model);
+    this.#defaults = defaults;
+    return loaded;
   }
 
   async #loadRequest(source) {
     const cache = this.#cache;
-    if (source === "default") {
-      const entry = await this.#defaultModel();
+    if (typeof source === "string" && source !== "default") source = await this.#resolveModelId(source);
+    if (source === "default" || source?.entry) {
+      const entry = source.entry ?? await this.#defaultModel();
       return { source: { url: new URL(entry.file, this.#assets).href }, sha256: entry.artifact_sha256, name: entry.name, cache };
     }
     if (typeof source === "string") {
@@ -207,18 +269,37 @@ class Engine extends EventTarget {
     throw new WebSlmError("bad-request", "A model is \"default\", a URL, a File, or {sha256} of a cached one.");
   }
 
-  async #defaultModel() {
-    let manifest;
+  async #manifest() {
     try {
       const response = await fetch(new URL("manifest.json", this.#assets));
       if (!response.ok) throw new Error(`HTTP ${response.status}`);
-      manifest = await response.json();
+      const manifest = await response.json();
+      return { ...manifest, models: manifest.models ?? [] };
     } catch (error) {
       throw new WebSlmError("fetch-failed", `This site's model list could not be read (${error.message}).`);
     }
-    const entry = (manifest.models ?? []).find((m) => m.default);
+  }
+
+  async #defaultModel() {
+    const entry = (await this.#manifest()).models.find((m) => m.default);
     if (!entry) throw new WebSlmError("no-model", "This site has no default model.");
     return entry;
+  }
+
+  // A string that is not "default": one of this site's model ids or names (or WebLLM's id
+  // for one of them), a model of the engine's appConfig, else a URL when it looks like one
+  // (a "/", a scheme, or a .slm name). Anything else is an id this site does not have: a clear
+  // error, not a fetch of a relative URL.
+  async #resolveModelId(text) {
+    const app = this.#appModels.find((m) => m.model_id === text);
+    if (app) return app.url;
+    if (/[/:]/.test(text) || text.endsWith(".slm")) return text;
+    const models = (await this.#manifest()).models;
+    const wanted = WEBLLM_MODEL_IDS[text] ?? text;
+    const entry = models.find((m) => m.id === wanted || m.name === wanted);
+    if (entry) return { entry };
+    const ids = models.map((m) => m.id).join(", ") || "none";
+    throw new WebSlmError("unknown-model", `"${text.slice(0, 80)}" is not a model this site has (it has: ${ids}). A WebLLM model id names MLC weights, which webslm does not load; give one of these ids, the URL of a .slm file, or a File.`);
   }
 
   // GPU admission of the loaded model: the worker proves on this GPU that the model fits and
@@ -248,20 +329,93 @@ class Engine extends EventTarget {
 
   // ------------------------------------------------------------------ chat completions
 
-  async #create(request) {
+  // One request: checked at once, then answered when the requests before it are (in arrival
+  // order, one at a time, never refused as busy). n > 1: its choices one after another.
+  async #create(request, kind) {
     this.#usable();
-    const { messages, settings, stream, signal } = checkRequest(request);
+    let checked;
+    try {
+      checked = checkRequest(request, kind, this.#defaults);
+    } catch (error) {
+      throw error instanceof BadRequest ? new WebSlmError("bad-request", error.message) : error;
+    }
     if (!this.model) throw new WebSlmError("no-model", "No model is loaded.");
-    if (this.#answer) throw new WebSlmError("busy", "An answer is already being generated.");
-    const answer = new Answer(this, this.protocol.start("generate", { messages, settings }), settings.seed);
-    this.#answer = answer;
+    const before = this.#turn;
+    let release;
+    this.#turn = new Promise((resolve) => { release = resolve; });
+    await before;
+    let first;
+    try {
+      this.#usable();
+      if (!this.model) throw new WebSlmError("no-model", "No model is loaded.");
+      const seed = checked.seed ?? randomSeed();             // unset: a fresh one, reported back
+      first = this.#start(checked, kind, seed, 0);
+      if (checked.stream) return first.chunks();
+      const choices = [await first.completion()];
+      while (choices.length < checked.n && choices.at(-1).choices[0].finish_reason !== "abort") {
+        choices.push(await this.#start(checked, kind, seed + choices.length, choices.length).completion());
+      }
+      return combineChoices(choices);
+    } finally {
+      if (first && checked.stream) first.done.finally(release);   // the stream's turn ends with it
+      else release();
+    }
+  }
+
+  #start({ prompt, settings, signal, logprobs, includeUsage }, kind, seed, index) {
+    const started = this.protocol.start("generate", { messages: prompt, settings: { ...settings, seed } });
+    const answer = new Answer(this, started, { seed, kind, index, logprobs, includeUsage });
+    this.#answer = this.#last = answer;
     answer.done.finally(() => { if (this.#answer === answer) this.#answer = null; });
     if (signal) {
       if (signal.aborted) this.abort();
       else signal.addEventListener("abort", () => { if (this.#answer === answer) this.abort(); }, { once: true });
     }
-    if (stream) return answer.chunks();
-    return answer.completion();
+    return answer;
+  }
+
+  // WebLLM's names for the same calls.
+  chatCompletion(request) {
+    return this.#create(request, "chat");
+  }
+
+  completion(request) {
+    return this.#create(request, "completion");
+  }
+
+  // The text of the answer in progress, or of the last one.
+  async getMessage() {
+    return this.#last ? this.#last.reply?.text ?? this.#last.text : "";
+  }
+
+  // Stop the answer in progress (as abort(), without waiting): it ends with finish_reason "abort".
+  interruptGenerate() {
+    this.abort().catch(() => {});
+  }
+
+  // Forget the conversation the KV cache holds: the next answer reads its whole prompt
+  // (requests carry the whole conversation, so nothing else is kept). keepStats: keep the
+  // last answer's numbers for runtimeStatsText().
+  async resetChat(keepStats = false) {
+    this.#usable();
+    if (this.model) await this.protocol.request("reset-chat").catch((error) => { throw fromWorker(error); });
+    if (!keepStats) this.#last = null;
+  }
+
+  // WebLLM's one-line summary of the last answer's speed.
+  async runtimeStatsText() {
+    const extra = this.#last?.reply ? usage(this.#last.reply).extra : null;
+    if (!extra) return "prefill: 0.0000 tokens/sec, decode: 0.0000 tokens/sec";
+    return `prefill: ${extra.prefill_tokens_per_s.toFixed(4)} tokens/sec, decode: ${extra.decode_tokens_per_s.toFixed(4)} tokens/sec`;
+  }
+
+  // WebLLM's initProgressCallback: ({progress 0..1, timeElapsed seconds, text}) during a load.
+  setInitProgressCallback(callback) {
+    this.#init.callback = callback ?? null;
+  }
+
+  getInitProgressCallback() {
+    return this.#init.callback;
   }
 
   // Stop the answer in progress: it ends with finish_reason "abort"; nothing of it follows.
@@ -274,68 +428,49 @@ class Engine extends EventTarget {
     return aborted;
   }
 
-  // Cancel any answer, free the model with its GPU buffers and device, and end the worker.
+  // Cancel any answer and any load in progress (it rejects with code "cancelled"), free the
+  // model with its GPU buffers and device, and end the worker (its memory goes with it). An
+  // engine made by CreateMLCEngine stays usable, as WebLLM's does: reload() starts a new worker.
   async unload() {
-    if (this.#engineState === "Unloaded") return;
+    if (this.#engineState === "Unloaded" || this.#workerEnded) return;
+    this.#loads += 1;
+    this.#loading = false;
     await this.abort().catch(() => {});
     await this.protocol.request("unload").catch(() => {});
-    this.protocol.worker.terminate();
-    const from = this.#engineState;
+    this.protocol.terminate("the engine was unloaded");
+    this.#workerEnded = true;
     this.model = null;
-    this.#changeState({ from, to: "Unloaded", reason: "unload" });
+    const from = this.#engineState;
+    this.#changeState({ from, to: this.#reloadable ? "Empty" : "Unloaded", reason: "unload" });
   }
 }
 
-// Request fields -> {messages, settings (the worker's names), stream, signal}, or a
-// bad-request error before anything reaches the worker.
-function checkRequest(request) {
-  const bad = (sentence) => new WebSlmError("bad-request", sentence);
-  if (request === null || typeof request !== "object") throw bad("A request is an object with messages.");
-  for (const key of Object.keys(request)) if (!REQUEST_FIELDS.has(key)) throw bad(`Unknown request field "${key}".`);
-  const { messages, stream = false, temperature, top_p, top_k, max_tokens, seed, stop, signal, n = 1, cache_prompt } = request;
-  if (n !== 1) throw bad("Only n = 1 is supported.");
-  if (!Array.isArray(messages) || messages.length < 1 || messages.length > 256) throw bad("messages must be a list of 1 to 256 messages.");
-  messages.forEach((m, i) => {
-    if (!m || !ROLES.has(m.role) || typeof m.content !== "string") throw bad(`messages[${i}] must be {role: system, user or assistant, content: a string}.`);
-  });
-  const number = (name, value, ok) => {
-    if (value === undefined || value === null) return undefined;
-    if (typeof value !== "number" || !Number.isFinite(value) || !ok(value)) throw bad(`${name} is out of range (${value}).`);
-    return value;
-  };
-  const settings = {};
-  const put = (name, value) => { if (value !== undefined) settings[name] = value; };
-  put("temperature", number("temperature", temperature, (v) => v >= 0));
-  put("top_p", number("top_p", top_p, (v) => v > 0 && v <= 1));
-  put("top_k", number("top_k", top_k, (v) => Number.isInteger(v) && v >= 0));
-  put("max_tokens", number("max_tokens", max_tokens, (v) => Number.isInteger(v) && v >= 1));
-  const chosenSeed = number("seed", seed, (v) => Number.isInteger(v) && v >= 0 && v < 2 ** 32);
-  settings.seed = chosenSeed ?? crypto.getRandomValues(new Uint32Array(1))[0];   // unset: a fresh one, reported back
-  if (stop !== undefined && stop !== null) {
-    const stops = typeof stop === "string" ? [stop] : stop;
-    if (!Array.isArray(stops) || stops.length > 4 || !stops.every((s) => typeof s === "string" && s.length > 0)) {
-      throw bad("stop must be a string or a list of at most 4 non-empty strings.");
-    }
-    settings.stop = stops;
-  }
-  if (cache_prompt !== undefined) {
-    if (typeof cache_prompt !== "boolean") throw bad("cache_prompt must be true or false.");
-    settings.cache_prompt = cache_prompt;
-  }
-  return { messages: messages.map(({ role, content }) => ({ role, content })), settings, stream: Boolean(stream), signal };
+// n > 1: the choices' completions as one, usage summed (the prompt counted once).
+function combineChoices(completions) {
+  const [first] = completions;
+  const tokens = completions.reduce((sum, c) => sum + c.usage.completion_tokens, 0);
+  return { ...first, choices: completions.map((c, index) => ({ ...c.choices[0], index })),
+           usage: { ...first.usage, completion_tokens: tokens, total_tokens: first.usage.prompt_tokens + tokens },
+           webslm: { ...first.webslm, choices: completions.map((c) => ({ ...c.webslm, usage: c.usage })) } };
 }
 
 // One answer in flight: the worker's delta events for its request become chunks, its reply
-// the final chunk (finish_reason, usage, and webslm's own numbers); its prefill-progress
+// the final chunk (finish_reason, usage, and webslm's own numbers), then, with
+// stream_options.include_usage, WebLLM's usage chunk (no choices); its prefill-progress
 // events become the engine's progress events (phase "prefill" or "replay"). After stop()
-// no more text is taken: the answer then ends "abort" if any arrived.
+// no more text is taken: the answer then ends "abort" if any arrived. kind "chat" is a chat
+// completion, "completion" a raw-prompt text completion.
 class Answer {
-  constructor(engine, { id, result }, seed) {
+  constructor(engine, { id, result }, { seed, kind = "chat", index = 0, logprobs = false, includeUsage = false }) {
     this.engine = engine;
-    this.id = `chatcmpl-${id}-${Date.now().toString(36)}`;
+    this.kind = kind;
+    this.index = index;
+    this.id = `${kind === "chat" ? "chatcmpl" : "cmpl"}-${id}-${Date.now().toString(36)}`;
+    this.object = kind === "chat" ? "chat.completion" : "text_completion";
     this.created = Math.floor(Date.now() / 1000);
     this.modelName = engine.model?.name ?? "webslm";
     this.seed = seed;
+    this.logprobs = logprobs;
     this.queue = [];                  // chunks not yet taken by the reader
     this.wake = null;
     this.finished = false;
@@ -344,16 +479,16 @@ class Answer {
     this.stopped = false;             // stop() was called: text that arrives is dropped
     this.dropped = false;             // ... and some was
     this.text = "";                   // the text handed out
+    this.logprobsOut = 0;             // logprobs entries handed out with it
     const onDelta = ({ detail }) => {
       if (detail.request !== id) return;
       if (this.stopped) {
         this.dropped = true;
         return;
       }
-      const delta = this.first ? { role: "assistant", content: detail.text } : { content: detail.text };
-      this.first = false;
       this.text += detail.text;
-      this.#push(this.#chunk(delta, null));
+      this.logprobsOut += detail.logprobs?.length ?? 0;
+      this.#push(this.#chunk(detail.text, null, detail.logprobs));
     };
     const onProgress = ({ detail: { protocol, id: _, type, event, request, ...progress } }) => {
       if (request !== id || this.stopped) return;
@@ -363,8 +498,12 @@ class Answer {
     engine.protocol.addEventListener("prefill-progress", onProgress);
     this.done = result.then(
       (reply) => {
-        this.reply = this.dropped ? { ...reply, text: this.text, finish_reason: "abort" } : reply;
-        this.#push({ ...this.#chunk({}, this.reply.finish_reason), usage: usage(reply), webslm: this.#extras(reply) });
+        this.reply = this.dropped
+          ? { ...reply, text: this.text, finish_reason: "abort", logprobs: reply.logprobs?.slice(0, this.logprobsOut) ?? null }
+          : reply;
+        const rest = this.reply.logprobs?.slice(this.logprobsOut);
+        this.#push({ ...this.#chunk(null, this.reply.finish_reason, rest), usage: usage(reply), webslm: this.#extras(reply) });
+        if (includeUsage) this.#push({ ...this.#head("chunk"), choices: [], usage: usage(reply) });
       },
       (error) => { this.failure = fromWorker(error); },
     ).finally(() => {
@@ -379,12 +518,26 @@ class Answer {
     this.stopped = true;
   }
 
-  #chunk(delta, finishReason) {
-    return { id: this.id, object: "chat.completion.chunk", created: this.created, model: this.modelName,
-             choices: [{ index: 0, delta, finish_reason: finishReason }] };
+  #head(part) {
+    const object = part === "chunk" && this.kind === "chat" ? "chat.completion.chunk" : this.object;
+    return { id: this.id, object, created: this.created, model: this.modelName };
   }
 
-  #extras({ text, finish_reason, usage: _, ...rest }) {
+  // A streamed piece: text (null: the end) with its logprobs entries.
+  #chunk(text, finishReason, entries) {
+    const choice = { index: this.index };
+    if (this.kind === "chat") {
+      choice.delta = text === null ? {} : this.first ? { role: "assistant", content: text } : { content: text };
+      this.first &&= text === null;
+    } else {
+      choice.text = text ?? "";
+    }
+    choice.finish_reason = finishReason;
+    if (this.logprobs) choice.logprobs = { content: entries ?? [] };
+    return { ...this.#head("chunk"), choices: [choice] };
+  }
+
+  #extras({ text, finish_reason, usage: _, logprobs: __, ...rest }) {
     return { ...rest, seed: this.seed };
   }
 
@@ -417,15 +570,28 @@ class Answer {
     await this.done;
     if (this.failure) throw this.failure;
     const reply = this.reply;
-    return { id: this.id, object: "chat.completion", created: this.created, model: this.modelName,
-             choices: [{ index: 0, message: { role: "assistant", content: reply.text }, finish_reason: reply.finish_reason }],
-             usage: usage(reply), webslm: this.#extras(reply) };
+    const choice = this.kind === "chat"
+      ? { index: this.index, message: { role: "assistant", content: reply.text }, finish_reason: reply.finish_reason }
+      : { index: this.index, text: reply.text, finish_reason: reply.finish_reason };
+    choice.logprobs = this.logprobs ? { content: reply.logprobs ?? [] } : null;
+    return { ...this.#head("completion"), choices: [choice], usage: usage(reply), webslm: this.#extras(reply) };
   }
 }
 
-const usage = ({ usage: u }) => ({ prompt_tokens: u.prompt_tokens, completion_tokens: u.completion_tokens,
-                                   total_tokens: u.prompt_tokens + u.completion_tokens,
-                                   prompt_tokens_details: { cached_tokens: u.prompt_tokens_details?.cached_tokens ?? 0 } });
+// OpenAI's usage, and WebLLM's usage.extra from the worker's timings. An answer aborted
+// before it started has neither: zeros.
+function usage({ usage: u = {}, timings: t = {} }) {
+  const prompt = u.prompt_tokens ?? 0, completion = u.completion_tokens ?? 0;
+  const cached = u.prompt_tokens_details?.cached_tokens ?? 0;
+  const rate = (tokens, seconds) => (seconds > 0 ? tokens / seconds : 0);
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion,
+           prompt_tokens_details: { cached_tokens: cached },
+           extra: { e2e_latency_s: t.total_seconds ?? 0,
+                    prefill_tokens_per_s: rate(prompt - cached, t.prefill_seconds),
+                    decode_tokens_per_s: rate(completion, t.decode_seconds),
+                    time_to_first_token_s: t.time_to_first_token_s ?? null,
+                    time_per_output_token_s: completion > 0 ? (t.decode_seconds ?? 0) / completion : null } };
+}
 
 // Offline use: a service worker (web/sw.js) keeps a copy of the page, the worker, Pyodide and
 // the wheels, so that after one visit the site opens without a network (models are kept in

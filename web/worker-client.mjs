@@ -57,6 +57,16 @@ export class WorkerClient extends EventTarget {
     return { id, result };
   }
 
+  // End the worker; requests still waiting for a reply reject with code "cancelled".
+  terminate(reason = "the engine's worker was ended") {
+    this.worker.terminate();
+    for (const waiter of this.pending.values()) {
+      if (waiter.raw) waiter.resolve({ type: "error", error: { code: "cancelled", message: reason } });
+      else waiter.reject(new WorkerError({ code: "cancelled", message: reason }));
+    }
+    this.pending.clear();
+  }
+
   // Post anything at all (tests send malformed messages this way) and return the raw reply.
   sendRaw(value) {
     return new Promise((resolve) => {

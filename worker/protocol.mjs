@@ -27,6 +27,7 @@ export const ERROR_CODES = Object.freeze({
   failed: "failed",              // the request was valid but running it failed
   badArtifact: "bad-artifact",   // the model file failed validation (details carry the artifact error code)
   fetchFailed: "fetch-failed",   // the model could not be downloaded (network, HTTP status, CORS)
+  cancelled: "cancelled",        // a load that an unload cancelled
 });
 
 const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see py/webslm/webgpu/adapters.py choose_adapter
@@ -73,8 +74,10 @@ export const REQUESTS = Object.freeze({
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (py/webslm/worker/requests.py); here only their shape
+  // messages: a list (a chat) or a string (a raw prompt, no chat template: completions.create)
   generate: {
-    messages: (v) => (Array.isArray(v) && v.length >= 1 && v.length <= 256) || "must be a list of 1 to 256 messages",
+    messages: (v) => (Array.isArray(v) && v.length >= 1 && v.length <= 256) || (typeof v === "string" && v.length >= 1)
+      || "must be a list of 1 to 256 messages, or a non-empty prompt string",
     settings: (v) => (v !== null && typeof v === "object" && !Array.isArray(v)) || "must be an object",
   },
   // cancels the answer in progress: no delta of it follows the reply
@@ -101,8 +104,11 @@ export const REQUESTS = Object.freeze({
   },
   // the engine on the CPU path without trying the GPU (the page's gpu: false)
   "use-cpu": {},
-  // unload the model: its answer cancelled, its engine, GPU buffers and device released
+  // unload the model: its answer cancelled, its engine, GPU buffers and device released; a
+  // load in progress is cancelled
   unload: {},
+  // forget the conversation held in the engine's KV cache (after the answer in progress)
+  "reset-chat": {},
 });
 
 const ENVELOPE = ["protocol", "id", "type"];

@@ -96,12 +96,18 @@ const HANDLERS = {
     if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "use-cpu: no model is loaded");
     return JSON.parse(await pythonCall("use-cpu", () => context.model.use_cpu()));
   }),
+  // Unload the model; a load in progress is cancelled too (it ends "cancelled" at its next
+  // chunk, and never becomes the worker's model).
   unload: async (_, context) => {
+    context.loads = (context.loads ?? 0) + 1;
     const model = context.model;
     context.model = null;
     if (model) await dropModel(context, model);
     return { unloaded: Boolean(model) };
   },
+  // Forget the conversation the engine's KV cache holds (WebLLM's resetChat): after the
+  // answer in progress, if any; the next answer reads its whole prompt.
+  "reset-chat": (_, context) => enqueue(context, async () => ({ reset: Boolean(context.model?.reset_chat()) })),
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
   generate,
   // Cancel the answer in progress (engine.cancel(): nothing commits once this replies), or
@@ -188,12 +194,14 @@ const engineEvent = (json) => {
 // and downloaded again.
 async function loadModel({ source, sha256, name, cache }, context) {
   const started = performance.now();
+  const load = context.loads ?? 0;                    // an unload moves it on: this load is cancelled
+  const cancelled = () => (context.loads ?? 0) !== load;
   const url = source.url === undefined ? null : modelUrl(source.url);
   if (source.cached) sha256 = source.cached;
   let opened = await openModel(source, url, sha256, { lookup: cache, keep: cache });
   let host, model;
   try {
-    ({ host, model } = await validateStream(opened, context));
+    ({ host, model } = await validateStream(opened, context, cancelled));
     if (opened.from === "cache" && sha256 && model.artifact_sha256 !== sha256) {
       host.destroy();                                 // a valid model, filed under another's sha256
       throw badArtifact({ code: "unexpected-model", where: "cache", sentence: "the cached file is not the model it is filed as" });
@@ -203,7 +211,7 @@ async function loadModel({ source, sha256, name, cache }, context) {
     await modelCache.remove(opened.sha256);           // a damaged or misfiled cache entry: never again
     if (!url) throw error;
     opened = await openModel(source, url, sha256, { lookup: false, keep: cache });
-    ({ host, model } = await validateStream(opened, context));
+    ({ host, model } = await validateStream(opened, context, cancelled));
   }
   try {
     if (sha256 && model.artifact_sha256 !== sha256) {
@@ -217,6 +225,7 @@ async function loadModel({ source, sha256, name, cache }, context) {
       cached = await modelCache.store({ sha256: model.artifact_sha256, name: label, url: url?.href }, blob);
     }
     opened.chunks = null;
+    if (cancelled()) throw cancelledLoad();
     // The previous model's engine is unloaded (its answer, if any, cancelled at once) and its
     // GPU buffers and device destroyed now, not at GC.
     const previous = context.model;
@@ -286,7 +295,7 @@ const FEED_BYTES = 1 << 20;
 // Stream opened.body into a new ModelLoader (py/webslm/worker/loader.py); once the whole file
 // is valid, {host: the EngineHost for it, model: its summary}. Reading runs ahead of validation
 // (a pump fills a queue while Python validates what has arrived), so the two progress bars show each.
-async function validateStream(opened, context) {
+async function validateStream(opened, context, cancelled) {
   const loader = context.api.ModelLoader(opened.exact && opened.total > 0 ? opened.total : null);
   const reader = opened.body.getReader();
   const progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
@@ -312,6 +321,7 @@ async function validateStream(opened, context) {
           queue.unshift(chunk.subarray(FEED_BYTES));
           chunk = chunk.subarray(0, FEED_BYTES);
         }
+        if (cancelled()) throw cancelledLoad();
         const rejected = loader.feed(chunk);
         if (rejected) throw badArtifact(JSON.parse(rejected));
         validated += chunk.byteLength;
@@ -342,6 +352,7 @@ async function validateStream(opened, context) {
   }
 }
 
+const cancelledLoad = () => new RequestFailure(ERROR_CODES.cancelled, "load-model: cancelled by unload");
 const badArtifact = (artifact) => new RequestFailure(ERROR_CODES.badArtifact, `${artifact.code} at ${artifact.where}: ${artifact.sentence}`, artifact);
 
 // At most one message per key (a phase, a stage) every 100 ms, and the last one always (flush()).
@@ -380,6 +391,7 @@ async function dropModel(context, model) {
 // between GPU prefill chunks, while it waits for the GPU, and every 50 ms of CPU work
 // (py/webslm/backends/cpu_path.py). A SharedArrayBuffer interrupt would need the page to be
 // cross-origin isolated (COOP/COEP headers), which a plain static host does not send.
+// messages: the chat, or a string: a raw prompt (completions.create), encoded without the chat template.
 async function generate({ messages, settings }, context, requestId) {
   if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "generate: no model is loaded");
   if (context.generation) throw new RequestFailure(ERROR_CODES.failed, "generate: an answer is already being generated");

@@ -17,6 +17,11 @@ cancellation, stale results and device loss. accept() does, in this order:
 6. The answer's limit (max_tokens, or the room left in the context) ends it "length".
 
 When the answer ends "stop" at EOS, or "length", the held-back text is shown with the end.
+
+With settings.logprobs, each committed token's log-probability (Sampler.logprobs, computed
+from the full row before the commit, so over the history the choice saw) is kept and handed
+out with the next Delta that carries text, or with the end: every committed token once, in
+order, whatever the stop matcher holds back.
 accept() only says how the answer ends; the loop then calls end(), because the Engine has
 its own bookkeeping to do at an ending (its state machine).
 """
@@ -37,6 +42,7 @@ class Delta:
     text: str
     token_id: int | None = None
     finish_reason: str | None = None
+    logprobs: list[dict] | None = None    # settings.logprobs: one entry per token committed since the last Delta
 
 
 @dataclasses.dataclass
@@ -67,6 +73,13 @@ class Answer:
         self.epoch = ledger.begin(self.prompt_ids)
         self.timings = timings if timings is not None else Timings()
         self.finish_reason: str | None = None
+        self.tokenizer = model.tokenizer
+        self._logprobs: list[dict] = []     # entries not yet handed out
+        # JSON mode: the recognizer's state over the committed tokens' bytes, and the masks
+        self._json = None
+        if settings.response_format == "json_object":
+            from .semantic.json_grammar import INITIAL, json_mask_for
+            self._json = (INITIAL, json_mask_for(model.tokenizer, arch.vocab, self.eos))
         self._committed = 0
         self._decode_started: float | None = None
 
@@ -74,6 +87,13 @@ class Answer:
     def position(self) -> int:
         """The absolute position of the next token (the sampler's: it moves on each commit)."""
         return self.sampler.position
+
+    def allowed(self):
+        """JSON mode's mask of the tokens that may come next (bool [vocab]), else None."""
+        if self._json is None:
+            return None
+        state, masks = self._json
+        return masks.allowed(state)
 
     @property
     def has_room(self) -> bool:
@@ -94,15 +114,20 @@ class Answer:
         self.timings.prefill_seconds = time.perf_counter() - started
         self._decode_started = time.perf_counter()
 
-    def accept(self, token: int, epoch: int) -> Delta:
+    def accept(self, token: int, epoch: int, logits=None) -> Delta:
         """The token the sampler chose for the next position, from scores computed in `epoch`
         (steps 1-6 above). Returns what to show: the text now visible (often ""), with
-        finish_reason set when this token ends the answer; then the loop calls end()."""
+        finish_reason set when this token ends the answer; then the loop calls end().
+        logits: the full row the token was chosen from, needed with settings.logprobs."""
         if token in self.eos:
             return Delta(self._held_back(), None, "stop")
         text = self.stream.push(token)
         if self.ledger.offer(epoch, self.position, token, self.sampler.state_hash_after(token), text) is None:
             return Delta("", None, "abort")
+        if self.settings.logprobs:
+            self._logprobs.append(self._logprob_entry(logits, token))
+        if self._json is not None:
+            self._advance_json(token)
         self.sampler.commit(token)
         self._committed += 1
         self.timings.generated_tokens = self._committed
@@ -111,7 +136,34 @@ class Answer:
             return Delta(shown.text, None, "stop")
         if not self.has_room:
             return Delta(shown.text + self._held_back(), None, "length")
-        return Delta(shown.text, token)
+        return Delta(shown.text, token, logprobs=self._take_logprobs() if shown.text else None)
+
+    def _logprob_entry(self, logits, token: int) -> dict:
+        """OpenAI's logprobs entry for a committed token: {token, bytes, logprob, top_logprobs}."""
+        if logits is None:
+            raise ValueError("logprobs need the full logits row (want_for asks the backend for it)")
+        logprob, top = self.sampler.logprobs(logits, token, self.settings.top_logprobs, self.allowed())
+        return {**self._token(token), "logprob": logprob,
+                "top_logprobs": [{**self._token(t), "logprob": lp} for t, lp in top]}
+
+    def _advance_json(self, token: int) -> None:
+        from .semantic.json_grammar import advance
+        state, masks = self._json
+        after = advance(state, self.tokenizer.piece_bytes(token) or b"")
+        if after is None:                   # the mask allowed it: a bug, never a wrong answer
+            raise ValueError(f"token {token} leaves JSON mode's grammar; the mask allowed it")
+        self._json = (after, masks)
+
+    def _token(self, token: int) -> dict:
+        raw = self.tokenizer.piece_bytes(token)
+        return {"token": raw.decode("utf-8", "replace") if raw is not None else "",
+                "bytes": list(raw) if raw is not None else None}
+
+    def _take_logprobs(self) -> list[dict] | None:
+        if not self.settings.logprobs:
+            return None
+        taken, self._logprobs = self._logprobs, []
+        return taken
 
     def _held_back(self) -> str:
         """What the stop matcher and the stream decoder still hold, at a natural end."""
@@ -132,4 +184,4 @@ class Answer:
         self.finish_reason = reason
         if self._decode_started is not None:
             self.timings.decode_seconds = time.perf_counter() - self._decode_started
-        return Delta(text, None, reason)
+        return Delta(text, None, reason, self._take_logprobs())

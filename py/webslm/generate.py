@@ -36,8 +36,8 @@ def generate(model, backend, ids: list[int], settings: SamplerSettings,
     logits = backend.prefill(ids)
     answer.prefilled(started)
     while answer.has_room:
-        token = answer.sampler.choose(logits, answer.position)
-        delta = answer.accept(token, answer.epoch)
+        token = answer.sampler.choose(logits, answer.position, answer.allowed())
+        delta = answer.accept(token, answer.epoch, logits)
         if delta.finish_reason:
             # end() settles the ledger and the timings before the last delta is handed
             # out: a consumer may stop iterating right after it.

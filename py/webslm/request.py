@@ -12,12 +12,13 @@ prompt and a set of settings mean the same thing wherever they are given.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping
 
 import numpy as np
 
 from .errors import CodedError
-from .semantic.sampler import SamplerSettings
+from .semantic.sampler import SamplerError, SamplerSettings
 from .semantic.tokenizer import TooManyTokens
 
 
@@ -96,18 +97,63 @@ def _encode(model, text: str, limit: int, add_special: bool) -> list[int]:
 _MODEL_DEFAULTS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
                    "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens"}
 
-_SETTINGS = frozenset(f.name for f in dataclasses.fields(SamplerSettings))
+# Settings that are not SamplerSettings fields but become one: ignore_eos (the EOS ids banned
+# through logit_bias, so the answer runs to max_tokens or a stop string).
+_REQUEST_ONLY = frozenset({"ignore_eos"})
+_SETTINGS = frozenset(f.name for f in dataclasses.fields(SamplerSettings)) | _REQUEST_ONLY
 
 
 def sampler_settings(model, overrides: Mapping | None = None) -> SamplerSettings:
     """SamplerSettings for one answer: the model's sampling defaults, each replaced by the
     request's value where it gives one (None: the model's defaults alone). The result is
-    validated as any SamplerSettings is (SamplerError for a bad value)."""
+    validated as any SamplerSettings is (SamplerError for a bad value).
+
+    As JSON gives them: logit_bias may be {"token id": bias} (decimal string keys), and
+    ignore_eos: true bans the model's EOS ids (a -inf bias on each)."""
     overrides = dict(overrides or {})
     unknown = sorted(set(overrides) - _SETTINGS)
     if unknown:
         raise InvalidRequest("unknown-setting", unknown[0],
                              f"is not a sampling setting (those are {', '.join(sorted(_SETTINGS))})")
+    ignore_eos = overrides.pop("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise SamplerError("bad-type", "ignore_eos", "must be true or false")
+    if "logit_bias" in overrides:
+        overrides["logit_bias"] = _json_bias(overrides["logit_bias"])
+    if isinstance(overrides.get("response_format"), dict):          # OpenAI's {"type": ...}
+        form = overrides["response_format"]
+        if set(form) != {"type"}:
+            raise SamplerError("out-of-range", "response_format", "must be {type: text or json_object} "
+                                                                  "(no schema or grammar yet)")
+        overrides["response_format"] = form["type"]
+    if ignore_eos and overrides.get("response_format", "text") != "text":
+        raise SamplerError("out-of-range", "ignore_eos", "cannot be set in JSON mode: the answer ends "
+                                                         "when its object is complete")
     generation = model.manifest.generation
     defaults = {ours: generation[theirs] for ours, theirs in _MODEL_DEFAULTS.items()}
-    return SamplerSettings(**{**defaults, **overrides})
+    settings = SamplerSettings(**{**defaults, **overrides})
+    vocab = model.architecture.vocab
+    for token, _ in settings.logit_bias:
+        if token >= vocab:
+            raise SamplerError("out-of-range", "logit_bias", f"token {token} is not in this model's "
+                                                             f"vocabulary [0, {vocab})")
+    if ignore_eos:
+        banned = {int(t): -math.inf for t in model.manifest.tokenizer["eos_ids"]}
+        settings = dataclasses.replace(settings, logit_bias={**dict(settings.logit_bias), **banned})
+    return settings
+
+
+def _json_bias(value):
+    """{"123": -5} (JSON's string keys) as {123: -5}; anything else is left to SamplerSettings."""
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, bias in value.items():
+        if isinstance(key, str):
+            if not (key.isascii() and key.isdigit() and len(key) <= 10):
+                raise SamplerError("bad-type", "logit_bias", f"a key must be a token id in decimal, "
+                                                             f"not {key[:20]!r}")
+            key = int(key)
+        out[key] = bias
+    return out
+

@@ -55,10 +55,13 @@ class Scores:
     ids: np.ndarray | None = None
     values: np.ndarray | None = None
 
-    def choose(self, sampler) -> int:
-        """The sampler's token for self.position (the sampler decides, never the backend)."""
+    def choose(self, sampler, allowed=None) -> int:
+        """The sampler's token for self.position (the sampler decides, never the backend);
+        allowed: JSON mode's token mask, which needs the full row (engine.want_for asks for it)."""
         if self.logits is not None:
-            return sampler.choose(self.logits, self.position)
+            return sampler.choose(self.logits, self.position, allowed)
+        if allowed is not None:
+            raise ValueError("a token mask needs the full logits row")
         return sampler.choose_from_candidates(self.ids, self.values, self.position)
 
     @classmethod

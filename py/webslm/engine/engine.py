@@ -7,7 +7,9 @@ ledger, the sampler's commit, stop sequences, max_tokens) is the same `Answer.ac
 things a GPU needs:
 
 - What to read back (`want_for`): only the argmax for greedy decoding without penalties,
-  a canonical top-64 when the sampler can prove that is enough, else the full row.
+  logit bias, logprobs or JSON mode, a canonical top-64 when the sampler can prove that is
+  enough, else the full row (always with logprobs, whose softmax runs over every token, and
+  in JSON mode, whose mask may rule out every one of the top 64).
 - Epochs. Every submission carries the ledger's epoch for this answer and every result
   comes back tagged with it. cancel() closes the ledger at once, so nothing commits after
   it returns; the loop checks the epoch before submitting each step and after each result,
@@ -94,7 +96,8 @@ class EngineError(CodedError):
 def want_for(sampler: Sampler) -> Want:
     """The least the sampler needs to choose the token at its next position."""
     settings = sampler.settings
-    if settings.greedy and not settings.penalties_active:
+    if settings.greedy and not (settings.penalties_active or settings.logit_bias or settings.logprobs
+                                or settings.response_format != "text"):
         return Want("argmax")
     if not sampler.needs_full_logits(TOP_K_CANDIDATES):
         return Want("top-k", TOP_K_CANDIDATES)
@@ -375,9 +378,9 @@ class Engine:
                 if scores is None:               # cancelled or superseded
                     yield self._end(run, "abort")
                     return
-                token = scores.choose(run.sampler)
+                token = scores.choose(run.sampler, run.allowed())
                 # The epoch the scores were computed in: the ledger refuses a stale one.
-                delta = run.accept(token, scores.epoch)
+                delta = run.accept(token, scores.epoch, scores.logits)
                 if delta.finish_reason:
                     yield self._end(run, delta.finish_reason, delta.text)
                     return

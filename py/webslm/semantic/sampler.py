@@ -51,6 +51,16 @@ CODES = {
     "stopped": "text was pushed into a StopMatcher that has already matched a stop",
 }
 
+# logit_bias: OpenAI's range for a bias, and a bound on how many tokens one request may bias.
+# A bias may also be -inf: the token is never chosen (ignore_eos bans the EOS ids this way).
+MAX_BIAS = 100.0
+MAX_BIASED_TOKENS = 4096
+# top_logprobs: OpenAI allows up to 20 alternatives per position (WebLLM up to 5).
+MAX_TOP_LOGPROBS = 20
+# response_format: "text", or "json_object" (the engine masks every token that would leave
+# the answer no JSON object: semantic/json_grammar.py; the mask comes to choose() as `allowed`).
+RESPONSE_FORMATS = ("text", "json_object")
+
 
 # == 1. Settings ==============================================================================
 
@@ -83,7 +93,13 @@ class SamplerSettings:
     additive penalties 0 switch their step off. penalty_window is the number of most recent
     history tokens the penalties look at (0 = the whole history). stop and max_tokens are
     enforced by the engine (StopMatcher, token count); they are here so that one object, and
-    one state hash, describes the whole request."""
+    one state hash, describes the whole request.
+
+    logit_bias ((token id, bias) pairs in ascending id order; a dict {id: bias} is accepted
+    and sorted) adds each bias to its token's logit before the penalties; a bias is in
+    [-100, 100], or -inf to ban the token. logprobs and top_logprobs (0 to 20 alternatives,
+    which needs logprobs) change no choice: they make the engine report, for each committed
+    token, its log-probability (Sampler.logprobs), which needs the full logits row."""
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -95,6 +111,10 @@ class SamplerSettings:
     stop: tuple[str, ...] = ()
     max_tokens: int = 256
     seed: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    response_format: str = "text"
 
     def __post_init__(self):
         inf = math.inf
@@ -111,7 +131,13 @@ class SamplerSettings:
             "stop": _stops(self.stop),
             "max_tokens": _integer("max_tokens", self.max_tokens, low=1, high=MAX_U32),
             "seed": _integer("seed", self.seed, low=0, high=MAX_U64),
+            "logit_bias": _biases(self.logit_bias),
+            "logprobs": _flag("logprobs", self.logprobs),
+            "top_logprobs": _integer("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS),
+            "response_format": _choice("response_format", self.response_format, RESPONSE_FORMATS),
         }
+        if checked["top_logprobs"] and not checked["logprobs"]:
+            raise SamplerError("out-of-range", "top_logprobs", "needs logprobs: true")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -125,10 +151,59 @@ class SamplerSettings:
                 or self.presence_penalty != 0.0)
 
     @property
+    def bias_can_raise(self) -> bool:
+        """Whether logit_bias raises some logit (a positive bias)."""
+        return any(bias > 0.0 for _, bias in self.logit_bias)
+
+    @property
+    def extended(self) -> bool:
+        """Whether a setting added after the first state format is on (logit_bias, logprobs):
+        the state hash then uses the second format (section 8)."""
+        return bool(self.logit_bias) or self.logprobs or self.top_logprobs > 0 or self.response_format != "text"
+
+    @property
     def penalties_can_raise(self) -> bool:
         """Whether a penalty can raise some logit (section 7: candidates then need more care)."""
         return (self.repetition_penalty < 1.0 or self.frequency_penalty < 0.0
                 or self.presence_penalty < 0.0)
+
+
+def _choice(name: str, value, choices) -> str:
+    if value not in choices or not isinstance(value, str):
+        raise SamplerError("out-of-range", name, f"must be one of {', '.join(choices)}, not {str(value)[:40]!r}")
+    return value
+
+
+def _flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise SamplerError("bad-type", name, f"must be true or false, not {type(value).__name__}")
+    return bool(value)
+
+
+def _biases(value) -> tuple[tuple[int, float], ...]:
+    """logit_bias as (id, bias) pairs in ascending id order, each id once."""
+    if isinstance(value, dict):
+        value = list(value.items())
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise SamplerError("bad-type", "logit_bias", "must be {token id: bias} or (id, bias) pairs")
+    if len(value) > MAX_BIASED_TOKENS:
+        raise SamplerError("out-of-range", "logit_bias", f"biases more than {MAX_BIASED_TOKENS} tokens")
+    pairs = {}
+    for pair in value:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise SamplerError("bad-type", "logit_bias", "must be {token id: bias} or (id, bias) pairs")
+        token = _integer("logit_bias token id", pair[0], low=0, high=MAX_U32)
+        bias = pair[1]
+        where = f"logit_bias[{token}]"
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise SamplerError("bad-type", where, f"must be a number, not {type(bias).__name__}")
+        bias = float(bias)
+        if bias != -math.inf:
+            bias = _real(where, bias, low=-MAX_BIAS, high=MAX_BIAS)
+        if token in pairs:
+            raise SamplerError("out-of-range", "logit_bias", f"token {token} is biased twice")
+        pairs[token] = bias
+    return tuple(sorted(pairs.items()))
 
 
 def _stops(value) -> tuple[str, ...]:
@@ -249,11 +324,31 @@ def _penalize(ids: np.ndarray, logits: np.ndarray, seen: np.ndarray, counts: np.
         raise SamplerError("bad-logits", "penalties", "a penalty produced NaN or +inf")
 
 
+def _add_bias(ids: np.ndarray, logits: np.ndarray, s: SamplerSettings) -> None:
+    """Section 3, first, in place: logits[t] += logit_bias[t] for the biased tokens among ids
+    (ascending). -inf bans a token; a bias on a -inf logit leaves it -inf."""
+    if not s.logit_bias:
+        return
+    biased = np.array([t for t, _ in s.logit_bias], dtype=np.int64)
+    slot = np.searchsorted(ids, biased)
+    hit = slot < ids.size
+    hit[hit] = ids[slot[hit]] == biased[hit]
+    bias = np.array([b for _, b in s.logit_bias], dtype=np.float64)
+    logits[slot[hit]] = logits[slot[hit]] + bias[hit]
+
+
+def _process(ids: np.ndarray, logits: np.ndarray, seen: np.ndarray, counts: np.ndarray,
+             s: SamplerSettings) -> None:
+    """Section 3, in place: the logit bias, then the penalties."""
+    _add_bias(ids, logits, s)
+    _penalize(ids, logits, seen, counts, s)
+
+
 def _decide(ids: np.ndarray, logits: np.ndarray, seen: np.ndarray, counts: np.ndarray,
             s: SamplerSettings, position: int) -> int:
     """The whole decision on a token set given in ascending id order (the full vocabulary, or
     candidates). Position i of the arrays is token ids[i]; logits is a private float64 copy."""
-    _penalize(ids, logits, seen, counts, s)
+    _process(ids, logits, seen, counts, s)
 
     if s.greedy:  # section 4: argmax, lowest id on ties (np.argmax returns the first maximum)
         best = int(np.argmax(logits))
@@ -306,17 +401,24 @@ def canonical_top_k(logits, k: int) -> np.ndarray:
 # == 8. Checkpoint and state hash =============================================================
 
 STATE_MAGIC = b"WSLMSMP1"
+# The second format: the first's head, then logit_bias and logprobs. Used only when one of them
+# is on, so that every hash of the first format (settings without them) stays what it was.
+STATE_MAGIC_EXTENDED = b"WSLMSMP2"
 
 
 def _settings_bytes(s: SamplerSettings, vocab_size: int) -> bytes:
     """The self-delimiting head of the state serialization (big-endian; docs/sampler.md 8)."""
-    out = [STATE_MAGIC,
+    out = [STATE_MAGIC_EXTENDED if s.extended else STATE_MAGIC,
            struct.pack(">dIddddd", s.temperature, s.top_k, s.top_p, s.min_p,
                        s.repetition_penalty, s.frequency_penalty, s.presence_penalty),
            struct.pack(">IIQI", s.penalty_window, s.max_tokens, s.seed, len(s.stop))]
     for stop in s.stop:
         raw = stop.encode("utf-8")
         out.append(struct.pack(">I", len(raw)) + raw)
+    if s.extended:
+        out.append(struct.pack(">I", len(s.logit_bias)))
+        out.extend(struct.pack(">Id", token, bias) for token, bias in s.logit_bias)
+        out.append(struct.pack(">BIB", s.logprobs, s.top_logprobs, RESPONSE_FORMATS.index(s.response_format)))
     out.append(struct.pack(">I", vocab_size))
     return b"".join(out)
 
@@ -342,6 +444,9 @@ class Sampler:
             raise SamplerError("bad-type", "settings", "must be a SamplerSettings")
         self._settings = settings
         self._vocab_size = _integer("vocab_size", vocab_size, low=1, high=MAX_U32)
+        for token, _ in settings.logit_bias:
+            if token >= self._vocab_size:
+                raise SamplerError("bad-token", "logit_bias", f"{token} is not in [0, {self._vocab_size})")
         self._history: list[int] = []
         # The hash streams: head, then one u32 per history token; state_hash() appends the
         # tail to a copy, so recording the hash after every token costs O(1).
@@ -433,13 +538,26 @@ class Sampler:
 
     # -- choosing ------------------------------------------------------------------------------
 
-    def choose(self, logits, position: int) -> int:
-        """The token for position from the full logits [vocab_size] (float32 or float64)."""
+    def choose(self, logits, position: int, allowed=None) -> int:
+        """The token for position from the full logits [vocab_size] (float32 or float64).
+        allowed (bool [vocab_size], or None for all): a mask of the tokens that may be
+        chosen (JSON mode's); the others count as -inf."""
         position = self._check_position(position)
-        full = _as_logits("logits", logits, self._vocab_size)
+        full = self._masked(_as_logits("logits", logits, self._vocab_size), allowed)
         seen, counts = self._window()
         return _decide(np.arange(self._vocab_size, dtype=np.int64), full, seen, counts,
                        self._settings, position)
+
+    def _masked(self, full: np.ndarray, allowed) -> np.ndarray:
+        if allowed is None:
+            if self._settings.response_format != "text":
+                raise SamplerError("bad-type", "allowed", f"{self._settings.response_format} needs the token mask")
+            return full
+        allowed = np.asarray(allowed)
+        if allowed.dtype != np.bool_ or allowed.shape != (self._vocab_size,):
+            raise SamplerError("bad-type", "allowed", f"must be a bool array of shape ({self._vocab_size},)")
+        full[~allowed] = -np.inf
+        return full
 
     def _need(self) -> int | None:
         """How many tokens must provably outrank every non-candidate; None = no finite bound."""
@@ -454,12 +572,18 @@ class Sampler:
         if k >= self._vocab_size:
             return False
         need = self._need()
-        if need is None:
-            return True
+        if need is None or self._settings.logprobs or self._settings.response_format != "text":
+            return True               # logprobs: the softmax over every token; a mask: any token
         seen, _ = self._window()
-        if seen.size and self._settings.penalties_can_raise:
+        if (seen.size and self._settings.penalties_can_raise) or self._settings.bias_can_raise:
             return True
-        return k - seen.size < need
+        return k - self._touched(seen).size < need
+
+    def _touched(self, seen: np.ndarray) -> np.ndarray:
+        """The tokens whose logit section 3 may change: the penalized and the biased."""
+        if not self._settings.logit_bias:
+            return seen
+        return np.union1d(seen, np.array([t for t, _ in self._settings.logit_bias], dtype=np.int64))
 
     def choose_from_candidates(self, ids, logits, position: int) -> int:
         """The token for position from a canonical top-K candidate set: ids (K distinct token
@@ -483,17 +607,50 @@ class Sampler:
         return _decide(ids, values, seen, counts, self._settings, position)
 
     def _check_sufficient(self, ids: np.ndarray, seen: np.ndarray) -> None:
+        if self._settings.response_format != "text":
+            raise SamplerError("candidates-insufficient", "response_format",
+                               "a token mask may leave none of the candidates")
         need = self._need()
         if need is None:
             raise SamplerError("candidates-insufficient", "settings",
                                "sampling without top_k needs the full distribution")
-        penalized = np.isin(ids, seen)
-        if self._settings.penalties_can_raise and not np.isin(seen, ids).all():
+        s = self._settings
+        touched = np.isin(ids, self._touched(seen))
+        if s.penalties_can_raise and not np.isin(seen, ids).all():
             raise SamplerError("candidates-insufficient", "penalties",
                                "a penalty may raise a token outside the candidates")
-        if int(ids.size - penalized.sum()) < need:
+        raised = np.array([t for t, bias in s.logit_bias if bias > 0.0], dtype=np.int64)
+        if not np.isin(raised, ids).all():
+            raise SamplerError("candidates-insufficient", "logit_bias",
+                               "a positive bias may raise a token outside the candidates")
+        if int(ids.size - touched.sum()) < need:
             raise SamplerError("candidates-insufficient", "candidates",
-                               f"fewer than {need} unpenalized candidates")
+                               f"fewer than {need} unpenalized, unbiased candidates")
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def logprobs(self, logits, token: int, top: int = 0, allowed=None) -> tuple[float, list[tuple[int, float]]]:
+        """The log-probability of `token` at the next position, and the `top` most likely
+        tokens with theirs (log-probability descending, then id ascending; banned tokens
+        left out): the log-softmax of the full logits after the bias and the penalties, at
+        the request's temperature (1 when greedy), before top-k, top-p and min-p cut it
+        (with JSON mode's mask `allowed`, over the allowed tokens).
+        Reported, never decisive: the normalizer's log is libm's, so the last bit may
+        differ between platforms (the choice does not depend on it). Call it before
+        commit(token): it sees the history the choice saw."""
+        full = self._masked(_as_logits("logits", logits, self._vocab_size), allowed)
+        token = self._token(token, "token")
+        seen, counts = self._window()
+        _process(np.arange(self._vocab_size, dtype=np.int64), full, seen, counts, self._settings)
+        finite = full > -np.inf
+        if not finite.any():
+            raise SamplerError("no-token", "logits", "every logit is -inf")
+        temperature = self._settings.temperature or 1.0
+        z = (full - full[finite].max()) / temperature       # max: exact in any order
+        normalizer = math.log(float(np.cumsum(exp_array(z))[-1]))   # exp(-inf) = 0
+        logprobs = z - normalizer
+        ranked = [int(i) for i in np.argsort(-logprobs, kind="stable")[:top] if finite[i]]
+        return float(logprobs[token]), [(i, float(logprobs[i])) for i in ranked]
 
 
 # == 9. Stop sequences ========================================================================

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import numpy as np
 
@@ -64,6 +65,17 @@ CASES = [
      96, 16, {}, 0),
     ("masked", SamplerSettings(temperature=1.0, top_p=0.95, seed=12), 100, 12,
      {"neg_inf_every": 3}, 0),
+    # The OpenAI/WebLLM request fields: logit_bias (a raise, a ban, a -inf ban, a nudge) and the
+    # additive penalties over the whole history; then lowering biases only, where the canonical
+    # candidates still decide, and greedy with a bias that can overturn the argmax.
+    ("logit-bias", SamplerSettings(temperature=0.9, top_k=8, seed=13,
+                                   logit_bias={3: 14.0, 10: -100.0, 17: -math.inf, 40: 0.5}), 64, 16, {}, 16),
+    ("logit-bias-lowering", SamplerSettings(temperature=0.8, top_k=4, presence_penalty=0.4, seed=14,
+                                            logit_bias={0: -3.0, 1: -math.inf, 5: -0.25}),
+     80, 16, {"levels_bits": 3}, 16),
+    ("greedy-biased", SamplerSettings(temperature=0.0, logit_bias={7: 2.5, 8: -2.5}, seed=15), 48, 12, {}, 8),
+    ("openai-penalties", SamplerSettings(temperature=0.7, top_k=12, frequency_penalty=0.6,
+                                         presence_penalty=0.3, penalty_window=0, seed=16), 128, 20, {}, 32),
 ]
 
 EXP_SAMPLES = [-746.0, -745.2, -745.13, -708.5, -100.25, -20.0, -1.0, -0.34657359027997264,

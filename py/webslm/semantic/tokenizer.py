@@ -276,6 +276,19 @@ class Tokenizer:
         """Byte-level only: the bytes token `token_id` stands for."""
         return self._token_bytes[token_id]
 
+    def piece_bytes(self, token_id: int) -> bytes | None:
+        """The bytes one token stands for on its own (what logprobs report): byte-level, its
+        bytes; SentencePiece, a <0xNN> token's byte, else its text with the space mark as a
+        space. None for an id beyond the token list (a padding row)."""
+        if not 0 <= token_id < len(self.tokens):
+            return None
+        if self.byte_level:
+            return self._token_bytes[token_id]
+        byte = self._byte_of[token_id]
+        if byte is not None:
+            return bytes([byte])
+        return self.tokens[token_id].replace(SPACE_MARK, " ").encode("utf-8")
+
 
 def _byte_level_bytes(token: str) -> bytes:
     """HF ByteLevel decoder, per token: map each character back to its byte; a token with

@@ -10,6 +10,7 @@ The worker (worker/worker.mjs) makes one EngineHost for each model the loader ac
     use_cpu()         the engine on the CPU path, the GPU not tried
     generate(...)     one answer, each committed text delta streamed to the page
     cancel()          stop the answer in progress: nothing commits after it returns
+    reset_chat()      forget the conversation the KV cache holds
     engine_status()   the engine's state, backend, tier and CPU reason
     conformance(...)  the GPU executor against the CPU oracle, teacher-forced
     release()         unload: the GPU buffers and device are destroyed now, not at GC
@@ -245,8 +246,10 @@ class EngineHost:
     async def generate(self, request_json: str, on_delta, on_progress=None) -> str:
         """One answer through the engine. on_delta is called with each committed text delta as
         JSON ({text, token_id, backend}), on_progress (if given) while the prompt is read as
-        JSON ({phase, done, total, cached}: prompt tokens; Engine.generate); the result is
-        JSON: the text, finish_reason, usage (with the prompt tokens kept in the KV cache
+        JSON ({phase, done, total, cached}: prompt tokens; Engine.generate); with the
+        request's logprobs, each delta carries the logprobs entries of the tokens committed
+        since the one before (answer.py); the result is JSON: the text, finish_reason, the
+        logprobs entries of every committed token (null without logprobs), usage (with the prompt tokens kept in the KV cache
         from the answer before), timings (engine timings, time to first token, GPU per-step
         overhead), the backend(s) that answered, the committed token ids and the engine
         summary."""
@@ -259,7 +262,7 @@ class EngineHost:
         gpu = self.gpu_backend if engine.backend_kind == "gpu" else None
         before = dict(gpu.stats) if gpu is not None else None
         backends = [engine.backend_kind]
-        pieces, finish, first = [], None, None
+        pieces, finish, first, logprobs = [], None, None, [] if settings.logprobs else None
         self._answer_prompt, self._answer_epoch = len(ids), engine.ledger.epoch
         report = (lambda progress: on_progress(json.dumps(progress))) if on_progress is not None else None
         try:
@@ -268,11 +271,14 @@ class EngineHost:
                 kind = engine.backend_kind
                 if kind != backends[-1]:
                     backends.append(kind)
+                if delta.logprobs is not None:
+                    logprobs += delta.logprobs
                 if delta.text:
                     if first is None:
                         first = time.perf_counter() - started
                     pieces.append(delta.text)
-                    on_delta(json.dumps({"text": delta.text, "token_id": delta.token_id, "backend": kind}))
+                    on_delta(json.dumps({"text": delta.text, "token_id": delta.token_id, "backend": kind,
+                                         **({"logprobs": delta.logprobs} if delta.logprobs is not None else {})}))
                 if delta.finish_reason:
                     finish = delta.finish_reason
                 else:
@@ -292,12 +298,20 @@ class EngineHost:
                 # the delta posted to the page, the event loop's turns
                 per_step = 1000 * t.decode_seconds / steps["decode_steps"]
                 steps["outside_executor_ms"] = round(per_step - steps["prepare_ms"] - steps["run_ms"] - steps["finish_ms"], 3)
-        return json.dumps({"text": "".join(pieces), "finish_reason": finish,
+        return json.dumps({"text": "".join(pieces), "finish_reason": finish, "logprobs": logprobs,
                            "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens,
                                      "prompt_tokens_details": {"cached_tokens": t.cached_tokens}},
                            "timings": timings, "backend": engine.backend_kind, "backends": backends,
                            "token_ids": list(engine.ledger.committed_ids), "engine": self.engine_summary(),
                            "device_destroyed_after": self.destroyed_after})
+
+    def reset_chat(self) -> bool:
+        """Forget the conversation the KV cache holds (WebLLM's resetChat): the next answer
+        reads its whole prompt. The worker calls it between answers. Whether an engine was there."""
+        if self.engine is None:
+            return False
+        self.engine.prompt_cache.forget()
+        return True
 
     # -- conformance -----------------------------------------------------------------------------
     async def conformance(self, tokens: int) -> str:

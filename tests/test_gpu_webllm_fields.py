@@ -1,0 +1,61 @@
+"""The OpenAI/WebLLM sampling fields on the real GPU executor (wgpu-native; lavapipe here):
+a seeded answer with penalties, logit_bias or logprobs is the CPU oracle's, token for token,
+whatever the engine asked the GPU to read back for them (engine.want_for: candidates for
+lowering biases and positive penalties, the full row for a raising bias, logprobs or JSON
+mode's token mask)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from webslm.engine import Engine, State
+from webslm.engine.engine import want_for
+from webslm.semantic.sampler import Sampler, SamplerSettings
+from test_gpu_engine_native import (  # noqa: F401 - the fixtures, shared
+    MAX_TOKENS, cpu_answer, gpu_answer, ids, model, path, policy)
+
+pytestmark = pytest.mark.usefixtures("self_test_once")
+
+SEEDED = SamplerSettings(temperature=0.8, top_k=20, seed=2024, max_tokens=MAX_TOKENS)
+GREEDY = dataclasses.replace(SEEDED, temperature=0.0)
+
+
+def fields_for(name: str, seeded: tuple[int, ...], greedy: tuple[int, ...]) -> tuple[SamplerSettings, str]:
+    """The settings of case `name` (biases aimed at tokens the plain answers choose, so that
+    they change something) and what the engine must read back for them."""
+    if name == "penalties":
+        return dataclasses.replace(SEEDED, frequency_penalty=0.8, presence_penalty=0.4, penalty_window=0), "top-k"
+    if name == "lowering-bias":
+        first, second, third = sorted(set(seeded))[:3]
+        return dataclasses.replace(SEEDED, logit_bias={first: -math.inf, second: -100.0, third: -2.0}), "top-k"
+    if name == "raising-bias":
+        return dataclasses.replace(SEEDED, logit_bias={11: 100.0}), "full"
+    if name == "logprobs":
+        return dataclasses.replace(SEEDED, logprobs=True, top_logprobs=3), "full"
+    if name == "json-object":
+        return dataclasses.replace(SEEDED, response_format="json_object"), "full"
+    if name == "greedy-banned":
+        return dataclasses.replace(GREEDY, logit_bias={greedy[0]: -100.0}), "top-k"
+    raise ValueError(name)
+
+
+@pytest.mark.parametrize("name", ["penalties", "lowering-bias", "raising-bias", "logprobs", "greedy-banned",
+                                  "json-object"])
+def test_a_seeded_answer_with_the_fields_is_the_cpu_oracles(native_gpu, model, ids, run, policy, name):  # noqa: F811
+    plain = {"seeded": cpu_answer(model, ids, SEEDED), "greedy": cpu_answer(model, ids, GREEDY)}
+    settings, readback = fields_for(name, plain["seeded"], plain["greedy"])
+    assert want_for(Sampler(settings, model.architecture.vocab, history=ids)).kind == readback
+    engine = Engine(model, gpu=native_gpu, policy=policy)
+    assert run(engine.load()) is State.GPU_READY
+    try:
+        deltas, got = run(gpu_answer(engine, ids, settings))
+    finally:
+        run(engine.unload())
+    assert got == cpu_answer(model, ids, settings)
+    if name != "logprobs":                         # the field changed the answer (logprobs only report)
+        assert got != plain["greedy" if settings.greedy else "seeded"]
+    if settings.logprobs:
+        entries = [e for d in deltas if d.logprobs for e in d.logprobs]
+        assert len(entries) == len(got) and all(len(e["top_logprobs"]) == 3 for e in entries)

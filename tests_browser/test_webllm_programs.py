@@ -1,0 +1,158 @@
+"""WebLLM-style programs (tests_browser/webllm_programs/: our own, written to WebLLM's documented
+API) run unchanged but for their import line, which names web/webllm.mjs instead of
+"@mlc-ai/web-llm". One row only, Chromium's compatibility tier (WebGPU over lavapipe, about
+1.2 s a decode step): every program makes its own engine with CreateMLCEngine, as WebLLM's
+examples do, and asks for a few tokens.
+
+- get_started: CreateMLCEngine with an initProgressCallback ({progress, timeElapsed, text},
+  ending at 1), a greedy answer that is CPython's CPU answer token for token, getMessage,
+  runtimeStatsText, usage.extra.
+- streaming: text parts, stream_options.include_usage (the last chunk has no choices and the
+  usage), logprobs with top_logprobs for every token.
+- multi_round: the second turn keeps the first in the KV cache; resetChat drops it, and the
+  answer stays the same.
+- seed_reproduce: the same seed, penalties and logit bias give the same answer (the first of
+  n: 2 choices is drawn with the request's seed); the second choice with the next seed; JSON
+  mode gives a JSON object (or, cut at max_tokens, a prefix of one).
+- abort_reload: interruptGenerate ends a stream "abort"; reload; two requests sent at once are
+  answered in order (no "busy"); completions.create on a raw prompt; an unknown WebLLM model
+  id is a clear error.
+Each program's wall time is printed and written to tests_browser/results/<row>.json under
+"webllm_programs"; no test asserts a time.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+from conftest import ROOT, serve
+
+HERE = pathlib.Path(__file__).resolve().parent
+PROGRAMS = HERE / "webllm_programs"
+TIMEOUT_S = 600
+ROW = "chromium-compat"
+
+pytestmark = pytest.mark.parametrize("booted", [ROW], indirect=True)
+# The question most programs ask, with a short system prompt: 24 prompt tokens to read (the
+# model's default system prompt makes 37), the slowest part of each program here.
+BRIEF = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def brief_reference() -> list[int]:
+    """The greedy CPU answer's first 4 token ids to BRIEF, computed here in CPython (the
+    worker's sampler and CPU engine are CPython's, bit for bit; every engine must agree)."""
+    import webslm
+    from webslm.cpu import CpuBackend
+    from webslm.generate import generate, prompt_ids
+    from webslm.semantic.ledger import Ledger
+    entry = next(m for m in json.loads((ROOT / serve.MANIFEST).read_text())["models"] if m["default"])
+    model = webslm.open_model(ROOT / ".assets/site" / entry["file"])
+    ledger = Ledger()
+    for _ in generate(model, CpuBackend(model), prompt_ids(model, BRIEF), webslm.SamplerSettings(temperature=0, max_tokens=4),
+                      ledger=ledger):
+        pass
+    return list(ledger.committed_ids)
+
+RUN = """(async () => {
+  const source = %s.replace('"@mlc-ai/web-llm"', JSON.stringify(new URL("webllm.mjs", location.href).href));
+  const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
+  const started = performance.now();
+  try {
+    const module = await import(url);
+    return { results: module.results, seconds: (performance.now() - started) / 1000 };
+  } finally {
+    URL.revokeObjectURL(url);
+  }
+})()"""
+
+
+def run_program(booted, name: str) -> dict:
+    source = (PROGRAMS / f"{name}.mjs").read_text()
+    assert source.count('from "@mlc-ai/web-llm"') == 1          # the one line the test changes
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
+    out = booted.row.eval(RUN % json.dumps(source), timeout_s=TIMEOUT_S)
+    print(f"\n{booted.row.name}: {name} ran in {out['seconds']:.1f} s")
+    booted.results.setdefault("webllm_programs", {})[name] = {"seconds": round(out["seconds"], 1)}
+    booted.record()
+    return out["results"]
+
+
+def test_get_started(booted, brief_reference):
+    r = run_program(booted, "get_started")
+    progress = r["progress"]
+    print(f"{booted.row.name}: CreateMLCEngine's load (after the worker's boot) took {progress[-1]['timeElapsed']:.1f} s; "
+          f"{progress[-1]['text']}")
+    booted.results["webllm_programs"]["get_started"]["load_s"] = round(progress[-1]["timeElapsed"], 1)
+    booted.record()
+    assert progress and progress[-1]["progress"] == 1 and progress[-1]["text"].startswith("Finish loading")
+    values = [p["progress"] for p in progress]
+    assert values == sorted(values) and all(0 <= v <= 1 for v in values)
+    assert all(isinstance(p["text"], str) and p["text"] and p["timeElapsed"] >= 0 for p in progress)
+    reply = r["reply"]
+    assert reply["object"] == "chat.completion" and reply["choices"][0]["finish_reason"] == "length"
+    assert reply["webslm"]["token_ids"] == brief_reference
+    assert reply["choices"][0]["message"]["content"] == r["message"] != ""
+    usage = reply["usage"]
+    assert usage["completion_tokens"] == 4 and usage["total_tokens"] == usage["prompt_tokens"] + 4
+    assert set(usage["extra"]) >= {"prefill_tokens_per_s", "decode_tokens_per_s", "e2e_latency_s",
+                                   "time_to_first_token_s", "time_per_output_token_s"}
+    assert usage["extra"]["decode_tokens_per_s"] > 0
+    assert r["stats"].startswith("prefill: ") and " tokens/sec, decode: " in r["stats"]
+
+
+def test_streaming_with_the_usage_chunk_and_logprobs(booted, brief_reference):
+    r = run_program(booted, "streaming")
+    assert r["text"] == r["message"] != ""
+    assert r["finishReasons"] == ["length"] and r["chunksWithoutChoices"] == 1
+    assert r["usage"]["completion_tokens"] == 4 and "extra" in r["usage"]
+    assert len(r["logprobs"]) == 4
+    for entry in r["logprobs"]:
+        assert entry["logprob"] <= 0 and len(entry["top_logprobs"]) == 2
+        assert entry["logprob"] <= entry["top_logprobs"][0]["logprob"] + 1e-9      # greedy: the top token
+        assert bytes(entry["bytes"]).decode("utf-8", "replace") == entry["token"]
+    assert b"".join(bytes(e["bytes"]) for e in r["logprobs"]).decode() == r["text"]     # the greedy tokens, in order
+
+
+def test_multi_round(booted):
+    r = run_program(booted, "multi_round")
+    first, second, after = r["first"], r["second"], r["afterReset"]
+    assert first["choices"][0]["message"]["content"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] // 2
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0          # resetChat
+    assert after["webslm"]["token_ids"] == second["webslm"]["token_ids"]
+
+
+def test_seed_reproduce(booted):
+    r = run_program(booted, "seed_reproduce")
+    a, both = r["a"], r["both"]
+    assert a["webslm"]["seed"] == 42 and 28 not in a["webslm"]["token_ids"]        # logit_bias -100
+    assert [c["index"] for c in both["choices"]] == [0, 1]
+    choices = both["webslm"]["choices"]
+    assert [c["seed"] for c in choices] == [42, 43]
+    assert choices[0]["token_ids"] == a["webslm"]["token_ids"]                     # the same seed, the same answer
+    assert both["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+    assert both["usage"]["completion_tokens"] == sum(c["usage"]["completion_tokens"] for c in choices)
+    answer = r["json"]["choices"][0]
+    text = answer["message"]["content"]
+    print(f"{booted.row.name}: JSON mode answered {text!r} ({answer['finish_reason']})")
+    if answer["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict), text
+    else:                                                  # cut at max_tokens: a prefix of one
+        from webslm.semantic.json_grammar import INITIAL, advance
+        assert answer["finish_reason"] == "length" and advance(INITIAL, text.encode()) is not None, text
+
+
+def test_abort_and_reload(booted, brief_reference):
+    r = run_program(booted, "abort_reload")
+    assert r["finishReason"] == "abort" and r["pieces"] >= 1
+    first, second = r["first"], r["second"]
+    assert first["webslm"]["token_ids"] == brief_reference[:1]        # answered in order, the second after
+    assert second["webslm"]["token_ids"] == brief_reference[:2]       # the first (its prompt cached by it)
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    raw = r["raw"]
+    assert raw["object"] == "text_completion" and raw["usage"]["completion_tokens"] == 1
+    assert raw["usage"]["prompt_tokens"] == 5 and raw["choices"][0]["text"]     # no chat template
+    unknown = r["unknownModel"]
+    assert unknown["code"] == "unknown-model" and "Llama-3.1-8B-Instruct-q4f32_1-MLC" in unknown["message"]

@@ -1,0 +1,190 @@
+// A completion request, checked and made into the worker's generation request: OpenAI's and
+// WebLLM's field names (docs/js-api.md lists each with its status) -> {prompt, settings,
+// stream, ...}. Every field is either passed on to the Python sampler and engine, which
+// validate it again (py/webslm/worker/requests.py), or refused here with a sentence that says
+// why; none is accepted and ignored. No browser API is used, so node runs it too
+// (tests/test_js_request.py).
+
+export class BadRequest extends Error {
+  constructor(message) {
+    super(message);
+    this.name = "BadRequest";
+  }
+}
+
+// The fields both kinds take, and each kind's own.
+const COMMON = ["stream", "stream_options", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
+                "signal", "model", "cache_prompt", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                "logit_bias", "logprobs", "top_logprobs", "ignore_eos"];
+const FIELDS = {
+  chat: new Set([...COMMON, "messages", "max_completion_tokens", "response_format", "tools", "tool_choice"]),
+  completion: new Set([...COMMON, "prompt", "echo", "suffix", "best_of"]),
+};
+// Sampling defaults a CreateMLCEngine chatOpts may set for every request (WebLLM's ChatOptions).
+export const DEFAULTABLE = ["temperature", "top_p", "top_k", "max_tokens", "frequency_penalty", "presence_penalty",
+                            "repetition_penalty", "logit_bias", "ignore_eos", "stop"];
+const ROLES = new Set(["system", "user", "assistant"]);
+export const MAX_CHOICES = 16;      // n: answered one after another
+const MAX_TOP_LOGPROBS = 20;
+
+const present = (v) => v !== undefined && v !== null;
+
+// (request, kind "chat" | "completion", defaults) -> {prompt (messages or a string), settings
+// (the worker's names), stream, includeUsage, n, seed (or null: one is drawn per request),
+// logprobs, signal}; throws BadRequest.
+export function checkRequest(request, kind = "chat", defaults = {}) {
+  if (request === null || typeof request !== "object" || Array.isArray(request)) {
+    throw new BadRequest(kind === "chat" ? "A request is an object with messages." : "A request is an object with a prompt.");
+  }
+  for (const key of Object.keys(request)) {
+    if (!FIELDS[kind].has(key)) throw new BadRequest(`Unknown request field "${key}".`);
+  }
+  const r = { ...defaults };
+  for (const [key, value] of Object.entries(request)) if (present(value) || !(key in r)) r[key] = value;
+  refuseUnsupported(r, kind);
+
+  const stream = r.stream ?? false;
+  if (typeof stream !== "boolean") throw new BadRequest("stream must be true or false.");
+  let includeUsage = false;
+  if (present(r.stream_options)) {
+    if (!stream) throw new BadRequest("stream_options is only for streaming requests (stream: true).");
+    const { include_usage, ...rest } = r.stream_options;
+    if (Object.keys(rest).length) throw new BadRequest(`Unknown stream_options field "${Object.keys(rest)[0]}".`);
+    if (present(include_usage) && typeof include_usage !== "boolean") throw new BadRequest("stream_options.include_usage must be true or false.");
+    includeUsage = include_usage ?? false;
+  }
+  const n = number("n", r.n, (v) => Number.isInteger(v) && v >= 1 && v <= MAX_CHOICES, `an integer from 1 to ${MAX_CHOICES}`) ?? 1;
+  if (n > 1 && stream) throw new BadRequest("n > 1 is answered without streaming only (stream: false).");
+
+  const settings = {};
+  const put = (name, value) => { if (value !== undefined) settings[name] = value; };
+  put("temperature", number("temperature", r.temperature, (v) => v >= 0, "≥ 0"));
+  put("top_p", number("top_p", r.top_p, (v) => v > 0 && v <= 1, "in (0, 1]"));
+  put("top_k", number("top_k", r.top_k, (v) => Number.isInteger(v) && v >= 0, "an integer ≥ 0"));
+  put("max_tokens", maxTokens(r));
+  put("frequency_penalty", number("frequency_penalty", r.frequency_penalty, (v) => v >= -2 && v <= 2, "in [-2, 2]"));
+  put("presence_penalty", number("presence_penalty", r.presence_penalty, (v) => v >= -2 && v <= 2, "in [-2, 2]"));
+  put("repetition_penalty", number("repetition_penalty", r.repetition_penalty, (v) => v > 0, "> 0"));
+  put("logit_bias", logitBias(r.logit_bias));
+  put("ignore_eos", flag("ignore_eos", r.ignore_eos));
+  if (r.response_format?.type === "json_object") settings.response_format = "json_object";
+  const logprobs = flag("logprobs", r.logprobs) ?? false;
+  const top = number("top_logprobs", r.top_logprobs, (v) => Number.isInteger(v) && v >= 0 && v <= MAX_TOP_LOGPROBS,
+                     `an integer from 0 to ${MAX_TOP_LOGPROBS}`);
+  if (top && !logprobs) throw new BadRequest("top_logprobs needs logprobs: true.");
+  if (logprobs) Object.assign(settings, { logprobs: true, top_logprobs: top ?? 0 });
+  if (present(r.stop)) {
+    const stops = typeof r.stop === "string" ? [r.stop] : r.stop;
+    if (!Array.isArray(stops) || stops.length > 4 || !stops.every((s) => typeof s === "string" && s.length > 0)) {
+      throw new BadRequest("stop must be a string or a list of at most 4 non-empty strings.");
+    }
+    settings.stop = stops;
+  }
+  if (present(r.cache_prompt)) {
+    if (typeof r.cache_prompt !== "boolean") throw new BadRequest("cache_prompt must be true or false.");
+    settings.cache_prompt = r.cache_prompt;
+  }
+  const seed = number("seed", r.seed, (v) => Number.isInteger(v) && v >= 0 && v < 2 ** 32, "an integer in [0, 2^32)") ?? null;
+  if (present(r.model) && typeof r.model !== "string") throw new BadRequest("model must be a string.");
+  const prompt = kind === "chat" ? checkMessages(r.messages) : checkPrompt(r.prompt);
+  return { prompt, settings, stream, includeUsage, n, seed, logprobs, signal: r.signal };
+}
+
+// Fields with a value webslm cannot serve yet: refused, with what would have been needed.
+function refuseUnsupported(r, kind) {
+  const format = r.response_format;
+  if (present(format)) {
+    if (typeof format !== "object" || !["text", "json_object", "json_schema", "grammar"].includes(format.type)) {
+      throw new BadRequest('response_format must be {type: "text"} (or json_object, json_schema, grammar).');
+    }
+    if (format.type === "json_schema" || format.type === "grammar") {
+      throw new BadRequest(`response_format ${format.type} is not supported yet: only json_object (any JSON object) is enforced.`);
+    }
+    const extra = Object.keys(format).filter((k) => k !== "type" && format[k] !== undefined && format[k] !== null);
+    if (extra.length) throw new BadRequest(`response_format.${extra[0]} is not supported yet (no schema or grammar): give {type: "json_object"}.`);
+    if (format.type === "json_object" && r.ignore_eos) throw new BadRequest("ignore_eos cannot be set in JSON mode: the answer ends when its object is complete.");
+  }
+  if (present(r.tools) && !(Array.isArray(r.tools) && r.tools.length === 0)) {
+    throw new BadRequest("tools are not supported yet: no function calling (the chat template's tool rendering and tool_calls parsing are not built).");
+  }
+  if (present(r.tool_choice) && r.tool_choice !== "none") throw new BadRequest('tool_choice must be "none": tools are not supported yet.');
+  if (kind === "completion") {
+    if (present(r.echo) && r.echo !== false) throw new BadRequest("echo is not supported: the prompt is not repeated in the answer.");
+    if (present(r.suffix)) throw new BadRequest("suffix is not supported: no model here fills in the middle.");
+    if (present(r.best_of) && r.best_of !== 1) throw new BadRequest("best_of is not supported (use n).");
+  }
+}
+
+function number(name, value, ok, range) {
+  if (!present(value)) return undefined;
+  if (typeof value !== "number" || !Number.isFinite(value) || !ok(value)) {
+    throw new BadRequest(`${name} must be ${range}, not ${JSON.stringify(value)?.slice(0, 40)}.`);
+  }
+  return value;
+}
+
+function flag(name, value) {
+  if (!present(value)) return undefined;
+  if (typeof value !== "boolean") throw new BadRequest(`${name} must be true or false.`);
+  return value;
+}
+
+// max_completion_tokens is OpenAI's newer name for max_tokens; both given, they must agree.
+function maxTokens(r) {
+  const check = (name) => number(name, r[name], (v) => Number.isInteger(v) && v >= 1, "an integer ≥ 1");
+  const old = check("max_tokens"), newer = check("max_completion_tokens");
+  if (old !== undefined && newer !== undefined && old !== newer) {
+    throw new BadRequest(`max_tokens (${old}) and max_completion_tokens (${newer}) disagree: give one.`);
+  }
+  return newer ?? old;
+}
+
+// {"token id": bias}: ids in decimal, biases in [-100, 100] (the model's vocabulary is checked in Python).
+function logitBias(value) {
+  if (!present(value)) return undefined;
+  if (typeof value !== "object" || Array.isArray(value)) throw new BadRequest('logit_bias must be {"token id": bias}.');
+  const out = {};
+  for (const [key, bias] of Object.entries(value)) {
+    if (!/^[0-9]{1,10}$/.test(key)) throw new BadRequest(`logit_bias: "${key.slice(0, 20)}" is not a token id.`);
+    if (typeof bias !== "number" || !Number.isFinite(bias) || bias < -100 || bias > 100) {
+      throw new BadRequest(`logit_bias["${key}"] must be a number in [-100, 100].`);
+    }
+    out[key] = bias;
+  }
+  return out;
+}
+
+function checkMessages(messages) {
+  if (!Array.isArray(messages) || messages.length < 1 || messages.length > 256) {
+    throw new BadRequest("messages must be a list of 1 to 256 messages.");
+  }
+  return messages.map((m, i) => {
+    if (!m || typeof m !== "object") throw new BadRequest(`messages[${i}] must be {role, content}.`);
+    const extra = Object.keys(m).filter((k) => k !== "role" && k !== "content" && m[k] !== undefined);
+    if (m.role === "tool" || extra.includes("tool_calls") || extra.includes("tool_call_id")) {
+      throw new BadRequest(`messages[${i}]: tool messages and tool calls are not supported yet.`);
+    }
+    if (extra.length) throw new BadRequest(`messages[${i}]: unknown field "${extra[0]}" (a message is {role, content}).`);
+    if (!ROLES.has(m.role)) throw new BadRequest(`messages[${i}].role must be system, user or assistant.`);
+    if (typeof m.content === "string") return { role: m.role, content: m.content };
+    if (!Array.isArray(m.content) || m.content.length < 1) {
+      throw new BadRequest(`messages[${i}].content must be a string or a list of text parts.`);
+    }
+    m.content.forEach((part, j) => {
+      if (part?.type !== "text") {
+        throw new BadRequest(`messages[${i}].content[${j}] is a ${JSON.stringify(part?.type ?? null)} part: only text parts are read (no model here takes images or audio).`);
+      }
+      if (typeof part.text !== "string" || Object.keys(part).some((k) => k !== "type" && k !== "text")) {
+        throw new BadRequest(`messages[${i}].content[${j}] must be {type: "text", text: a string}.`);
+      }
+    });
+    return { role: m.role, content: m.content.map(({ type, text }) => ({ type, text })) };
+  });
+}
+
+function checkPrompt(prompt) {
+  if (typeof prompt !== "string" || prompt.length === 0) {
+    throw new BadRequest("prompt must be a non-empty string (a list of prompts is not supported: send one request each).");
+  }
+  return prompt;
+}
