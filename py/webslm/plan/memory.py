@@ -278,7 +278,7 @@ def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int
     layers must still split into the same number of row pieces (one layer template)."""
     arch = manifest.architecture
     pieces = {s["tensor"]: len(next(iter(s["pieces"].values()))) for s in splits}
-    for name, n in pieces.items():
+    for name in pieces:
         if name.startswith("blk."):
             kind = name.split(".", 2)[2]
             counts = {pieces.get(f"blk.{i}.{kind}", 1) for i in range(arch.n_layers)}

@@ -230,11 +230,10 @@ def weight_form(info) -> str:
     a quantized one its block, zero kind and scale type ("q8-32-f16", "q5-32-offset-f16",
     "q4k-256-scaled-min-f16"; "f16")."""
     q = info.quant
-    if q is None or not getattr(q, "block_elements", None):
+    if q is None:
         return info.encoding
-    zero = getattr(q, "zero", None)
-    parts = [info.encoding, str(q.block_elements)] + ([zero] if zero and zero != "none" else [])
-    return "-".join(parts + [q.scale_type])
+    zero = [q.zero] if q.zero != "none" else []
+    return "-".join([info.encoding, str(q.block_elements), *zero, q.scale_type])
 
 
 def weight_forms(manifest) -> dict[str, str]:
