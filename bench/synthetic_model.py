@@ -32,6 +32,13 @@ Encodings (`--encoding`, SCHEMES):
     kmix    every encoding the kernels read, for tests: attn_q q4k, attn_k q5k, attn_v q6k,
             attn_output q5 "offset" (block 32), ffn_gate q5 "min" (block 64, f32 scales),
             ffn_up q4k, ffn_down q8; token_embd q6k
+    kmix_layers  encodings mixed ACROSS layers, as the real Gemma 3 270M Q4_K_M GGUF mixes them
+            (its hidden 640 is no multiple of 256, so llama.cpp falls back to Q5_0 / Q8_0):
+            attn_q, attn_k q5 "offset" (Q5_0), attn_output q4k, and in the layers llama.cpp
+            gives more bits (use_more_bits) attn_v q8 and ffn_down q6k, in the others q5
+            "offset" and q4k; ffn_gate and ffn_up q5 "offset", but q8 in the more-bits layers
+            (a step beyond the GGUF: so that the stacked gate|up mat-vec differs across layers
+            too); token_embd q8. With 2 layers, layer 1 is a more-bits layer and layer 0 not.
 The K-quant parts are made like the others (random codes and high bits); sub-scales are
 random in 32..63 (q6k: either sign) and the mins are set so that each sub-block decodes to
 values around zero with the same standard deviation as the q4 weights. RoPE is "rotate-half" with scaling null: format v1
@@ -174,7 +181,8 @@ class Form(NamedTuple):
 
 F32, Q8, Q4 = Form("f32"), Form("q8", "none", BLOCK), Form("q4", "min", BLOCK)
 Q4K, Q5K, Q6K = Form("q4k", "scaled-min", 256), Form("q5k", "scaled-min", 256), Form("q6k", "offset", 256)
-SCHEMES = ("q4", "q4k_m", "kmix")
+SCHEMES = ("q4", "q4k_m", "kmix", "kmix_layers")
+Q5_0 = Form("q5", "offset", 32)
 
 
 def more_bits(layer: int, n_layers: int) -> bool:
@@ -189,7 +197,7 @@ def encoding(name: str, scheme: str = "q4", n_layers: int = 1) -> Form:
     if scheme == "q4":
         return Q8 if name == "token_embd" else Q4
     if name == "token_embd":
-        return Q6K
+        return Q8 if scheme == "kmix_layers" else Q6K
     layer = int(name.split(".")[1])
     kind = name.split(".")[2]
     if scheme == "q4k_m":
@@ -198,6 +206,11 @@ def encoding(name: str, scheme: str = "q4", n_layers: int = 1) -> Form:
         return {"attn_q": Q4K, "attn_k": Q5K, "attn_v": Q6K, "attn_output": Form("q5", "offset", 32),
                 "ffn_gate": Form("q5", "min", 64, "f32"), "ffn_up": Q4K,
                 "ffn_down": Q8}[kind]
+    if scheme == "kmix_layers":
+        more = more_bits(layer, n_layers)
+        return {"attn_q": Q5_0, "attn_k": Q5_0, "attn_v": Q8 if more else Q5_0, "attn_output": Q4K,
+                "ffn_gate": Q8 if more else Q5_0, "ffn_up": Q8 if more else Q5_0,
+                "ffn_down": Q6K if more else Q4K}[kind]
     raise ValueError(f"no encoding scheme {scheme!r}; known: {SCHEMES}")
 
 
@@ -371,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the .slm file to write")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--encoding", choices=SCHEMES, default="q4",
-                    help="q4 (SmolLM2's), q4k_m (llama.cpp's Q4_K_M mix) or kmix (every encoding; tests)")
+                    help="q4 (SmolLM2's), q4k_m (llama.cpp's Q4_K_M mix), kmix (every encoding; tests) or "
+                         "kmix_layers (encodings mixed across layers as Gemma 3's Q4_K_M GGUF; tests)")
     ap.add_argument("--context-length", type=int, default=None,
                     help="override the shape's context_length (the manifest's; the KV capacity is the plan's)")
     ap.add_argument("--validate", action="store_true", help="then validate the file with webslm.open_model")

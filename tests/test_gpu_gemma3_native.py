@@ -203,3 +203,37 @@ def test_real_gemma3_270m_requantized_to_q8_on_the_gpu(native_gpu, tmp_path, run
     print(f"real Gemma 3 270M (q8): top-1 {report['top1_agreement']}, max |logit error| "
           f"{report['max_abs_logit_error']:.3g}")
     assert report["top1_agreement"] == 1.0, report["disagreements"]
+
+
+@pytest.mark.skipif(not GEMMA_GGUF.is_file(), reason="set-up did not fetch gemma-3-270m-q4_k_m.gguf")
+def test_real_gemma3_270m_q4_k_m_as_stored_on_the_gpu(native_gpu, tmp_path, run):
+    """The same GGUF converted losslessly (Q5_0 x81, Q4_K x27, Q8_0 x10, Q6_K x9 kept as q5,
+    q4k, q8, q6k): its attn_v is q8 in some layers and q5 in the others, its ffn_down q6k or
+    q4k, so those projections run with a params slot per form (program/ops.py weight_forms).
+    Teacher-forced conformance with the CPU path: 100% top-1 over 16 positions. About 60 s on
+    lavapipe here (conversion ~20 s, admission, then the CPU oracle and the GPU step)."""
+    from webslm.convert.gguf import convert_gguf
+    path = tmp_path / "gemma3-270m-q4_k_m.slm"
+    convert_gguf(GEMMA_GGUF, path)
+    model = webslm.open_model(path)
+    encodings = {model.manifest.tensors[f"blk.{i}.{kind}"].encoding for i in range(18) for kind in ("attn_v", "ffn_down")}
+    assert encodings == {"q5", "q8", "q4k", "q6k"} and unsupported(model.manifest) is None
+
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(context=64))
+        backend = await GpuBackend.build(session, model)
+        try:
+            slots = backend.forward.programs["decode"].slots()
+            kernels = {op.layer: backend.forward.lowering.lower(op, "decode", 1, 0)[0].kernel
+                       for op in backend.forward.programs["decode"].ops if op.label == "v"}
+            ids = prompt_ids(model, "The capital of France is", chat=False)     # BOS first
+            return slots, kernels, await conformance(model, backend, ids, tokens=16)
+        finally:
+            backend.release()
+    slots, kernels, report = run(go())
+    assert {"v@q8-32-f16", "v@q5-32-offset-f16", "down@q6k-256-offset-f16", "down@q4k-256-scaled-min-f16"} \
+        <= set(slots), slots
+    assert "q8" in kernels[0] and "q5" in kernels[2], kernels          # attn_v: Q8_0 in layer 0, Q5_0 in 2
+    print(f"real Gemma 3 270M (Q4_K_M as stored): top-1 {report['top1_agreement']}, max |logit error| "
+          f"{report['max_abs_logit_error']:.3g}")
+    assert report["top1_agreement"] == 1.0, report["disagreements"]

@@ -185,11 +185,13 @@ def test_admission_takes_the_k_quant_mixes(tmp_path, scheme):
     assert unsupported(model.manifest) is None
 
 
-def test_admission_refuses_layers_of_one_projection_in_different_row_geometries(tmp_path, monkeypatch):
-    """q6k (256-blocks) in layer 0 and q8 (32-blocks) in layer 1 for ffn_down: the decode step
-    has one launch shape per projection for every layer, so this mix is served by the CPU."""
+def test_admission_takes_layers_of_one_projection_in_different_row_geometries(tmp_path, monkeypatch):
+    """q4k (256-blocks) in layer 0 and q8 (32-blocks) in layer 1 for ffn_down: once refused (one
+    launch shape per projection), now each form has its own params slot (program/ops.py
+    weight_forms); tests/test_gpu_kquant_native.py runs such a model (kmix_layers) on the GPU."""
     import webslm
     from webslm.admission.pipelines import unsupported
+    from webslm.program.ops import weight_forms
     synthetic = _synthetic()
     mix = synthetic.encoding
 
@@ -202,5 +204,6 @@ def test_admission_refuses_layers_of_one_projection_in_different_row_geometries(
     synthetic.write_synthetic(path, "kquant", scheme="q4k_m")
     manifest = webslm.open_model(path).manifest
     assert manifest.tensors["blk.0.ffn_down"].encoding == "q4k"
-    reason = unsupported(manifest)
-    assert reason is not None and "blk.0.ffn_down (q4k) and blk.1.ffn_down (q8)" in reason
+    assert unsupported(manifest) is None
+    forms = weight_forms(manifest)
+    assert forms["blk.0.ffn_down"] == "q4k-256-scaled-min-f16" and forms["blk.1.ffn_down"] == "q8-32-f16"

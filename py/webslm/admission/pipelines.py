@@ -51,29 +51,9 @@ def unsupported(manifest) -> str | None:
             return f"{name} is stored as {info.encoding}; the GPU norm and bias kernels read f32 vectors"
     if a.hidden % 4 or a.ffn % 4:
         return f"hidden {a.hidden} and ffn {a.ffn} must be multiples of 4 (vec4 activation rows)"
-    return mixed_geometry(manifest)
-
-
-def mixed_geometry(manifest) -> str | None:
-    """Why a projection's layers cannot share one decode launch, or None. The step program has
-    one params slot per projection for all layers (program/ops.py), and a mat-vec's params hold
-    its row geometry (scale blocks, units, words per row: kernels/matvec.py params), so every
-    layer's tensor of one kind must have the same geometry. Encodings mixed across layers keep
-    it when their rows are alike (q4k and q6k, as llama.cpp's Q4_K_M mixes them); q8 next to q6k,
-    or q5 next to q8, do not."""
-    from ..kernels.matvec import units
-    from ..kernels.weights import Weights
-    seen: dict[str, tuple[str, tuple[int, int, int]]] = {}
-    for name, info in manifest.tensors.items():
-        if not name.startswith("blk.") or len(info.shape) != 2:
-            continue
-        w = Weights.of_tensor(info)
-        geometry = (w.blocks, units(w), w.row_words)
-        first, want = seen.setdefault(name.split(".", 2)[2], (name, geometry))
-        if geometry != want:
-            return (f"{first} ({manifest.tensors[first].encoding}) and {name} ({info.encoding}) have different "
-                    f"row geometries (blocks, units, words: {want} and {geometry}); the GPU decode step runs one "
-                    f"launch shape per projection for every layer")
+    # A projection stored in different forms across the layers (llama.cpp's Q4_K_M: attn_v
+    # q8 or q5, ffn_down q6k or q4k) is fine: each form has its own params slot (program/ops.py
+    # weight_forms). Only a layer template that the plan cannot keep is refused (plan/memory.py).
     return None
 
 

@@ -63,7 +63,8 @@ from typing import Any, Mapping
 
 from ..errors import CodedError
 from ..program.fusion import ALL as ALL_FUSIONS, DEFAULT as DEFAULT_FUSIONS, fuse
-from ..program.ops import SCHEDULES, Layout, Program, activation_bytes, ffn_padded, qkv_offsets, reference
+from ..program.ops import (SCHEDULES, Layout, Program, activation_bytes, ffn_padded, qkv_offsets, reference,
+                           weight_forms)
 from .proof import plan_hash
 
 MiB = 1 << 20
@@ -272,9 +273,18 @@ def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int
     planner decided about the weights changes it: split tensors run one matmul per piece, and
     q|k|v (gate|up) multiply as one stacked matrix when every layer's group was laid out back
     to back and their outputs are back to back too (no alignment gap between the q, k, v
-    sections of a decode row; F a whole number of alignment units)."""
+    sections of a decode row; F a whole number of alignment units). A projection stored in
+    several forms across the layers gets a params slot per form (ops.py weight_forms); its
+    layers must still split into the same number of row pieces (one layer template)."""
     arch = manifest.architecture
     pieces = {s["tensor"]: len(next(iter(s["pieces"].values()))) for s in splits}
+    for name in pieces:
+        if name.startswith("blk."):
+            kind = name.split(".", 2)[2]
+            counts = {pieces.get(f"blk.{i}.{kind}", 1) for i in range(arch.n_layers)}
+            if len(counts) > 1:
+                _fail("no-split", name, f"the layers' {kind} tensors split into different numbers of row "
+                                         f"pieces ({sorted(counts)}); the step runs one layer template")
     _, k_at, v_at = qkv_offsets(arch, 1, s_align)
     contiguous = {"qkv": k_at == 4 * arch.n_heads * arch.head_dim
                   and v_at == k_at + 4 * arch.n_kv_heads * arch.head_dim,
@@ -282,7 +292,7 @@ def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int
     first = {"qkv": "attn_q", "gate_up": "ffn_gate"}
     stacks = frozenset(name for name, ok in contiguous.items()
                        if ok and all(f"blk.{i}.{first[name]}" in groups for i in range(arch.n_layers)))
-    layout = Layout(pieces, stacks)
+    layout = Layout(pieces, stacks, weight_forms(manifest))
     return _build_programs(arch, resolved, layout), layout
 
 
@@ -296,7 +306,7 @@ def plan_programs(manifest, plan: "MemoryPlan") -> dict[str, Program]:
     admission run exactly these); checked op by op against the names the plan recorded."""
     manifest = getattr(manifest, "manifest", manifest)
     data = plan.data
-    layout = Layout(dict(data["program"]["pieces"]), frozenset(data["program"]["stacks"]))
+    layout = Layout(dict(data["program"]["pieces"]), frozenset(data["program"]["stacks"]), weight_forms(manifest))
     programs = _build_programs(manifest.architecture, data["policy"], layout)
     for schedule, program in programs.items():
         if [op.name for op in program.ops] != list(data["schedules"][schedule]["ops"]):
@@ -506,7 +516,7 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     programs, layout = _programs(manifest, resolved, splits, groups, s_align)
     steps = {s: programs[s].steps() for s in SCHEDULES}
 
-    # metadata: one params slot per op label of each schedule's program (the host writes a
+    # metadata: one params slot per op label (and form) of each schedule's program (the host writes a
     # submit's slots before it), and the RoPE (cos, sin) table [capacity][rotary_dim / 2][2] f32.
     stride = _align(PARAMS_BYTES, u_align)
     if PARAMS_BYTES > used["maxUniformBufferBindingSize"]:

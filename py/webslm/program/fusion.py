@@ -53,12 +53,16 @@ def _with(op: Op, reads: dict | None = None, writes: dict | None = None, **mode)
 def stack_projections(ops: list[Op], layout: Layout) -> list[Op]:
     """A layer's q, k, v (and gate, up) matmuls read one input row; when the planner laid their
     weights out back to back (layout.stacks), one mat-vec (prefill: one GEMM) over the stacked
-    rows writes the whole qkv (gate_up) activation."""
+    rows writes the whole qkv (gate_up) activation. The planner stacks a group only when its
+    members share one encoding in every layer (plan/memory.py _row_groups); when that encoding
+    differs across layers (ops.py weight_forms), the stacked op keeps the members' form, so each
+    form has its own params slot ("gate_up@q8-32-f16")."""
     groups = {"qkv": (("q", "k", "v"), "attn_", "qkv"), "gate_up": (("gate", "up"), "ffn_", "gate_up")}
     out = list(ops)
     for stack, (labels, prefix, target) in groups.items():
         if stack not in layout.stacks:
             continue
+        members = {(op.layer, op.label): op for op in out if op.layer is not None and op.kind == "matmul"}
         rewritten = []
         for op in out:
             if op.layer is None or op.kind != "matmul" or op.label not in labels:
@@ -67,8 +71,14 @@ def stack_projections(ops: list[Op], layout: Layout) -> list[Op]:
             if op.label != labels[0]:
                 continue                                   # folded into the first of the group
             tensors = "+".join(f"blk.{op.layer}.{prefix}{label}" for label in labels)
+            forms = {members[(op.layer, label)].option("form") for label in labels}
+            if len(forms) > 1:
+                raise ValueError(f"layer {op.layer}: {stack} was laid out stacked but its parts have "
+                                 f"different forms {sorted(map(str, forms))}")
+            form = forms.pop()
+            mode = (("form", form), ("piece", 0)) if form else (("piece", 0),)
             rewritten.append(Op(f"L{op.layer}.{stack}", "matmul", (("x", op.read("x")), ("w", f"w:{tensors}")),
-                                (("y", target),), (("piece", 0),), op.layer))
+                                (("y", target),), mode, op.layer))
         out = rewritten
     return out
 

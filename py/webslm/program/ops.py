@@ -45,7 +45,13 @@ An op names what it reads and writes by role -> ref. Refs:
     norm vectors     "v:blk.3.attn_norm"
     caches           "kv:L3.k", "kv:L3.v";  the RoPE table: "rope_table"
 A weight split into row pieces (binding limits) is one matmul op per piece ("L3.o#1").
-Ops of the same label share one params slot across layers (the layers have one shape).
+Ops of the same label share one params slot across layers (the layers have one shape), with two
+exceptions whose params differ by layer: a sliding-window attention ("attention@window"), and a
+projection whose layers store its weight in different forms (llama.cpp's Q4_K_M gives attn_v
+and ffn_down more bits in some layers): its matmuls carry mode "form" (`weight_forms`) and each
+form has a slot of its own ("v@q8-32-f16", "v@q5-32-offset-f16"). A mat-vec's params hold its
+row geometry (kernels/matvec.py), which the form decides. A model whose every projection has
+one form gets no form option: its slots are those of the one-slot-per-label program.
 """
 from __future__ import annotations
 
@@ -89,8 +95,12 @@ class Op:
     @property
     def slot(self) -> str:
         """The params slot: one per label, but a sliding-window attention (Gemma 3) has params
-        of its own (the window moves its first key), so its layers share a second slot."""
-        return f"{self.label}@window" if self.option("window") else self.label
+        of its own (the window moves its first key), so its layers share a second slot; and a
+        projection stored in several forms across layers has one slot per form."""
+        if self.option("window"):
+            return f"{self.label}@window"
+        form = self.option("form")
+        return f"{self.label}@{form}" if form else self.label
 
     @property
     def step(self) -> str:
@@ -125,9 +135,12 @@ def is_activation(ref: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """What the memory planner decided about the weights that changes the program: tensors cut
-    into row pieces (binding limits) and the row groups laid out back to back in every layer."""
+    into row pieces (binding limits) and the row groups laid out back to back in every layer;
+    and what the manifest says: the form of each layer weight whose kind is stored in more than
+    one form across the layers (`weight_forms`)."""
     pieces: Mapping[str, int] = dataclasses.field(default_factory=dict)   # tensor -> pieces, when > 1
     stacks: frozenset[str] = frozenset()                                  # "qkv", "gate_up"
+    forms: Mapping[str, str] = dataclasses.field(default_factory=dict)    # tensor -> form, mixed kinds only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +223,31 @@ class Program:
         return out
 
 
+# -- weight forms ---------------------------------------------------------------------------------
+
+def weight_form(info) -> str:
+    """What fixes a matrix's launch besides its shape, as a slot suffix: the encoding, and for
+    a quantized one its block, zero kind and scale type ("q8-32-f16", "q5-32-offset-f16",
+    "q4k-256-scaled-min-f16"; "f16")."""
+    q = info.quant
+    if q is None:
+        return info.encoding
+    zero = [q.zero] if q.zero != "none" else []
+    return "-".join([info.encoding, str(q.block_elements), *zero, q.scale_type])
+
+
+def weight_forms(manifest) -> dict[str, str]:
+    """tensor -> form (`weight_form`) of every layer matrix whose kind ("attn_v", "ffn_down")
+    has more than one form across the layers; kinds with one form are left out, so a uniform
+    model's program is unchanged."""
+    by_kind: dict[str, dict[str, str]] = {}
+    for name, info in manifest.tensors.items():
+        if name.startswith("blk.") and len(info.shape) == 2:
+            by_kind.setdefault(name.split(".", 2)[2], {})[name] = weight_form(info)
+    return {name: form for forms in by_kind.values() if len(set(forms.values())) > 1
+            for name, form in forms.items()}
+
+
 # -- activation sizes ----------------------------------------------------------------------------
 
 def qkv_offsets(arch, tokens: int, s_align: int) -> tuple[int, int, int]:
@@ -257,9 +295,12 @@ def activation_bytes(arch, schedule: str, tokens: int, capacity: int, k: int, s_
 # -- the reference program ------------------------------------------------------------------------
 
 def _matmul(label: str, layer: int | None, tensor: str, x: str, y: str, layout: Layout, **mode) -> list[Op]:
-    """A projection: one op per row piece of the weight (plan splits), each its own slot."""
+    """A projection: one op per row piece of the weight (plan splits), each its own slot, and
+    the weight's form when its kind's layers differ (layout.forms)."""
     n = layout.pieces.get(tensor, 1)
     prefix = f"L{layer}." if layer is not None else ""
+    if tensor in layout.forms:
+        mode = {**mode, "form": layout.forms[tensor]}
     names = [label] if n == 1 else [f"{label}#{p}" for p in range(n)]
     return [Op(prefix + name, "matmul", (("x", x), ("w", f"w:{tensor}")), (("y", y),),
                tuple(sorted({**mode, "piece": p}.items())), layer) for p, name in enumerate(names)]

@@ -5,8 +5,9 @@ over named refs; lowering (program/lowering.py) turns each op into kernel launch
 bindings by name; this module resolves those names to ranges of the session's buffers
 (`resolve`) and makes the bind groups and dispatches. Nothing here decides what runs.
 
-Params: ops of one label share one slot of the schedule's params uniform across layers (the
-layers have one shape); the position-dependent slots (RoPE + KV append, attention) come first,
+Params: ops of one slot (program/ops.py Op.slot: the label, or the label and the weight's form
+or attention's window where layers differ) share one slot of the schedule's params uniform
+across layers; the position-dependent slots (RoPE + KV append, attention) come first,
 so a decode step rewrites only them (`set_params(..., positional=True)`).
 """
 from __future__ import annotations

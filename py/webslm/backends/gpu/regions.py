@@ -92,8 +92,8 @@ def vector(regions: Regions, tensor: str) -> BufferBinding:
 
 
 class ParamsTable:
-    """The params uniforms of one schedule: one slot per distinct kernel launch (the same for
-    every layer, since layers share shapes), written from this host-side copy.
+    """The params uniforms of one schedule: one slot per distinct kernel launch (program/ops.py
+    Op.slot: the same for every layer of one shape and weight form), written from this host-side copy.
 
     Slot i lives at region offset i * stride and is bound with the kernels' 64-byte size. The
     slots that change every decode step (RoPE, KV append, attention: the position) come
