@@ -98,20 +98,22 @@ def subpath_site_url(tmp_path_factory):
         yield f"http://127.0.0.1:{port}/app/"
 
 
-# The GPU rows' page keeps the admitted GPU untimed (?gpu=force): every GPU here is a software
-# one, slower than the CPU path, so by default the page would answer on the CPU
-# (test_engine_choice_browser.py checks that default), and the GPU tests are about the GPU.
+# The page of a row whose engine tests run on its GPU (drivers.BrowserRow.engine_on_gpu:
+# Firefox, chromium-compat) keeps the admitted GPU untimed (?gpu=force): every GPU here is a
+# software one, slower than the CPU path, so by default the page would answer on the CPU
+# (test_engine_choice_browser.py checks that default), and those tests are about the GPU.
+# Chromium's SwiftShader row opens the page as a user does.
 GPU_ROW_QUERY = "?gpu=force"
 
 
 @pytest.fixture(scope="session", params=drivers.ROW_NAMES)
 def booted(request, site_port):
-    """One row's browser with the built site open (GPU rows: with GPU_ROW_QUERY), through the
+    """One row's browser with the built site open (with GPU_ROW_QUERY where engine_on_gpu), through the
     row's own OfflineProxy, and its worker booted."""
     row = drivers.launch_or_skip(request.param)
     proxy = OfflineProxy(site_port)
     try:
-        query = GPU_ROW_QUERY if row.expects_webgpu is True else ""
+        query = GPU_ROW_QUERY if row.engine_on_gpu else ""
         yield BootedRow(row, proxy.url, results_dir=HERE / "results", proxy=proxy, query=query)
     finally:
         try:

@@ -247,6 +247,12 @@ class BrowserRow:
 
     name: str = ""
     expects_webgpu: bool = True
+    # Whether the row's tests run the engine on its GPU (the page opened with ?gpu=force):
+    # Firefox and chromium-compat. Not Chromium's SwiftShader, where the engine choice answers
+    # on the CPU path, as a user gets it there (py/webslm/engine/choice.py); SwiftShader's
+    # WebGPU is still checked by admission (its self-tests) and the kernel golden suite, and
+    # the GPU engine in Chromium is chromium-compat's (the same browser over ANGLE).
+    engine_on_gpu: bool = False
     adapter_options: dict = {}
     launch_s: float = 0.0  # wall seconds launch() took (browser start + first page ready)
 
@@ -405,6 +411,7 @@ class _PlaywrightRow(BrowserRow):
 class ChromiumRow(_PlaywrightRow):
     name = "chromium"
     expects_webgpu = True
+    engine_on_gpu = False
     adapter_options: dict = {}
     extra_args: list[str] = []
 
@@ -423,6 +430,7 @@ class ChromiumRow(_PlaywrightRow):
 
 class ChromiumCompatRow(ChromiumRow):
     name = "chromium-compat"
+    engine_on_gpu = True
     adapter_options = {"featureLevel": "compatibility"}
     extra_args = CHROMIUM_COMPAT_EXTRA_ARGS
 
@@ -439,6 +447,7 @@ def playwright_firefox_patched() -> bool:
 class FirefoxRow(_PlaywrightRow):
     name = "firefox"
     expects_webgpu = True
+    engine_on_gpu = True
     adapter_options: dict = {}
 
     def __init__(self) -> None:

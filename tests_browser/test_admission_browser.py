@@ -35,7 +35,9 @@ def test_the_page_admits_the_default_model_or_says_why_not(booted):
     assert result["admitted"], result
     assert result["tier"] == EXPECTED_TIER[booted.row.name]
     assert result["stages"][-1] == "publish"
-    assert badge.startswith("GPU")
+    # admitted; the engine then answers on the GPU, or (SwiftShader) on the CPU path the
+    # engine choice found faster (drivers.BrowserRow.engine_on_gpu)
+    assert badge.startswith("GPU") if booted.row.engine_on_gpu else badge == "CPU", badge
     assert receipt["outcome_code"] == "admitted"
     assert receipt["browser_engine_major_bucket"].split("-")[0] in ("chromium", "firefox")
 
