@@ -142,3 +142,13 @@ def test_a_model_the_gpu_path_cannot_run_is_refused_before_any_gpu_work(native_g
     assert out.returncode == 1 and not report["admitted"]
     assert (report["stage"], report["code"]) == ("derive", "unsupported-model")
     assert "biases" in report["sentence"]
+
+
+def test_every_kernel_fits_the_storage_buffers_admission_asks_for():
+    """No kernel binds more storage buffers than admission requests (KERNEL_LIMITS, capped by
+    the adapter): a kernel past it would fail to compile on every device, WebGPU's default
+    (8) being below what the q5k mat-vec with its norm input binds (9)."""
+    from webslm.admission.pipelines import KERNEL_LIMITS
+    from webslm.kernels import registry
+    most = max(sum("storage" in kind for kind in spec.bindings) for spec in registry.KERNELS.values())
+    assert most == KERNEL_LIMITS["maxStorageBuffersPerShaderStage"], most

@@ -15,13 +15,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
 from webslm.kernels import golden  # noqa: E402
+from webslm.admission.pipelines import kernel_limits  # noqa: E402
 from webslm.kernels.registry import KERNEL_FEATURES  # noqa: E402
 from webslm.webgpu.native import NativeGpu  # noqa: E402
 
 
 async def main(args) -> dict:
     adapter = await NativeGpu().request_adapter("core")
-    device = await adapter.request_device(features=sorted(KERNEL_FEATURES & adapter.features))
+    device = await adapter.request_device(features=sorted(KERNEL_FEATURES & adapter.features),
+                                          limits=kernel_limits(adapter.summary().limits))
     model = None
     if args.model:
         import webslm

@@ -16,9 +16,12 @@ from ..kernels.registry import compile_kernel
 
 # Limits the kernels want beyond the plan's, capped by the adapter: workgroup memory for the
 # large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 512
-# invocations for the split-K GEMM tiles (256 for the other wide variants).
+# invocations for the split-K GEMM tiles (256 for the other wide variants), and 9 storage
+# buffers a stage for the q5k mat-vec with its norm input (six weight parts, x, the norm weight,
+# the output: WebGPU's default is 8). An adapter that offers less cannot compile that kernel:
+# admission then fails at "compile" and the CPU path answers.
 KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 512,
-                 "maxComputeWorkgroupSizeX": 512}
+                 "maxComputeWorkgroupSizeX": 512, "maxStorageBuffersPerShaderStage": 9}
 
 # Encodings the GPU kernels read (mat-vec, GEMM, embedding gather): every .slm encoding, GGUF's
 # Q5_0/Q5_1 (q5) and K-quants (q4k, q5k, q6k) included (kernels/kquant.py, docs/kernels.md).
@@ -55,6 +58,12 @@ def unsupported(manifest) -> str | None:
     # q8 or q5, ffn_down q6k or q4k) is fine: each form has its own params slot (program/ops.py
     # weight_forms). Only a layer template that the plan cannot keep is refused (plan/memory.py).
     return None
+
+
+def kernel_limits(adapter_limits: dict[str, int]) -> dict[str, int]:
+    """KERNEL_LIMITS, each capped by what the adapter offers: the limits to request for a
+    device that runs every kernel (the golden suite's; admission adds the plan's)."""
+    return {name: min(value, adapter_limits.get(name, value)) for name, value in KERNEL_LIMITS.items()}
 
 
 def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "core") -> dict[str, int]:

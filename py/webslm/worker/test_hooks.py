@@ -37,7 +37,8 @@ async def kernel_golden(feature_level: str, size: str, host) -> str:
     if adapter is None:
         return json.dumps({"outcome": "no-webgpu-adapter"})
     features = sorted(KERNEL_FEATURES & adapter.features)
-    device = await adapter.request_device(features=features)
+    from ..admission.pipelines import kernel_limits
+    device = await adapter.request_device(features=features, limits=kernel_limits(adapter.summary().limits))
     errors = []
     device.on_uncaptured_error(errors.append)
     model = host.semantic_model() if host is not None else None
