@@ -2,9 +2,12 @@
 along the way (issue 18, the browser soak).
 
     .venv/bin/python bench/soak_browser.py [--row chromium-compat] [--answers 200] [--switches 20]
-                                           [--max-tokens 4] [--out bench/results/soak_browser.json]
+                                           [--max-tokens 4] [--gpu force|measure]
+                                           [--out bench/results/soak_browser.json]
 
-The built site is opened in the row (the page's own engine choice), the default model loads
+The built site is opened in the row (--gpu force, the default: with ?gpu=force, so the engine
+stays on the row's GPU, whose buffers are what is watched; measure: the page's own engine
+choice, which on this machine's software GPUs is the CPU path), the default model loads
 and admits; then --answers short greedy answers are asked through the page's worker client,
 with a model switch (the same model loaded again: unload, load from the cache, admission)
 after every answers/switches of them. After each switch and at the end the worker's
@@ -83,19 +86,20 @@ def main(argv=None) -> int:
     ap.add_argument("--answers", type=int, default=200)
     ap.add_argument("--switches", type=int, default=20)
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--gpu", choices=("force", "measure"), default="force")
     ap.add_argument("--out", type=pathlib.Path)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as where, static_site(ROOT, pathlib.Path(where)) as port:
         row = drivers.launch(args.row)
         try:
-            booted = BootedRow(row, f"http://127.0.0.1:{port}/")
+            booted = BootedRow(row, f"http://127.0.0.1:{port}/", query="?gpu=force" if args.gpu == "force" else "")
             booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
             engine = booted.request("engine-status")
             result = soak(booted, args.answers, args.switches, args.max_tokens)
             browser = booted.status["user_agent"]
         finally:
             row.close()
-    record = {"bench": "soak_browser", "row": args.row, "browser": browser, "engine": engine,
+    record = {"bench": "soak_browser", "row": args.row, "gpu": args.gpu, "browser": browser, "engine": engine,
               "max_tokens": args.max_tokens, "machine": platform.platform(), **result}
     g = result["growth_after_warmup"]
     print(f"{args.row} ({engine['backend']}): {result['answers']} answers, {result['switches']} switches in "
