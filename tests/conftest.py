@@ -72,6 +72,13 @@ def stacked_slm_path(tmp_path_factory):
     return synthetic_slm(tmp_path_factory, "stacked")
 
 
+@pytest.fixture(scope="session")
+def qwen2_slm_path(tmp_path_factory):
+    """The stacked shape with Qwen2's q/k/v biases (--shape qwen2). A fixture, not an import of
+    synthetic_slm: `pytest tests tests_browser` resolves `conftest` to tests_browser's."""
+    return synthetic_slm(tmp_path_factory, "qwen2")
+
+
 def synthetic_slm(tmp_path_factory, shape: str):
     """bench/synthetic_model.py's artifact of `shape`, written once into a temporary folder."""
     import importlib.util

@@ -21,7 +21,6 @@ import pytest
 
 import gemma3_model
 import webslm
-from conftest import synthetic_slm
 from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.admission.pipelines import unsupported
 from webslm.admission.tracked import Faults
@@ -56,8 +55,8 @@ def gemma_path(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def qwen2_path(tmp_path_factory):
-    return synthetic_slm(tmp_path_factory, "qwen2")
+def qwen2_path(qwen2_slm_path):
+    return qwen2_slm_path
 
 
 def prompt(model, n: int, seed: int = 5) -> list[int]:

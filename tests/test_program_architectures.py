@@ -11,7 +11,6 @@ import pytest
 
 import gemma3_model
 import webslm
-from conftest import synthetic_slm
 from webslm.admission.pipelines import unsupported, uploaded_part
 from webslm.plan import SPEC_DEFAULT_LIMITS, PlanPolicy, plan_memory, verify
 from webslm.plan.memory import plan_programs
@@ -30,8 +29,8 @@ def gemma(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def qwen2(tmp_path_factory):
-    return webslm.open_model(synthetic_slm(tmp_path_factory, "qwen2"))
+def qwen2(qwen2_slm_path):
+    return webslm.open_model(qwen2_slm_path)
 
 
 def test_gemma3_reference_layer_and_its_ops(gemma):

@@ -56,7 +56,7 @@ class _Ahead:
     """A decode step submitted before the engine asked for it (greedy chaining)."""
     position: int            # the position it appends (its scores are for position + 1)
     read: tuple              # (buffer, offset, size) its result is copied to
-    sequence: int
+    sequence: int            # its submission: what its scores are tagged with
     token: int | None = None # the token it was fed: the argmax of the step before, once read
 
 
@@ -279,20 +279,21 @@ class GpuBackend:
             writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
                       *forward.input_writes("decode", [token])]
             self._check_epoch(epoch)                       # before submit
-            read = self._read(op, k)
-            if not self._chains(op, position):
+            read, chain = self._read(op, k), self._chains(op, position)
+            if not chain:
                 submitted = time.perf_counter()
                 raw = await self._run(recording, writes, read)
-                return self._decoded(raw, op, k, epoch, began, submitted)
+                return self._decoded(raw, op, k, epoch, began, submitted, self.sequence)
             await self._run(recording, writes)
+            sequence = self.sequence
         else:
-            read = ahead.read
+            read, chain, sequence = ahead.read, self._chains(op, position), ahead.sequence
             self.stats["chained_steps"] += 1
-        if self._chains(op, position):           # the next step, before this one is read
+        if chain:                                # the next step, before this one is read
             self._ahead = await self._submit_ahead(position + 1, read)
         submitted = time.perf_counter()
         raw = await self._read_result(read)
-        scores = self._decoded(raw, op, k, epoch, began, submitted)
+        scores = self._decoded(raw, op, k, epoch, began, submitted, sequence)
         if self._ahead is not None:
             self._ahead.token = int(scores.ids[0])
         return scores
@@ -314,21 +315,21 @@ class GpuBackend:
         return _Ahead(position, self._chain_reads[target], self.sequence)
 
     async def _read_result(self, read: tuple) -> bytes:
+        """The result of a step submitted earlier (a chained one), mapped and read."""
         try:
             raw = await self.device.read_mapped(*read)
         except Exception as exc:
-            await asyncio.sleep(0)                # let the lost notification land
-            self._check_alive()
-            raise BackendLost("readback-failed", "gpu", f"the GPU step failed: {exc}") from exc
+            raise await self._step_failed(exc) from exc
         await asyncio.sleep(0)
         self._check_alive()
         return raw
 
-    def _decoded(self, raw: bytes, op: str, k: int, epoch: int, began: float, submitted: float) -> Scores:
-        """The scores of the decode step just read; the step's time in the stats."""
+    def _decoded(self, raw: bytes, op: str, k: int, epoch: int, began: float, submitted: float,
+                  sequence: int) -> Scores:
+        """The scores of the decode step just read (submission `sequence`); its time in the stats."""
         finished = time.perf_counter()
         self.position += 1
-        scores = self._scores(raw, op, k, epoch)
+        scores = self._scores(raw, op, k, epoch, sequence)
         stats = self.stats
         stats["decode_steps"] += 1
         stats["prepare_s"] += submitted - began
@@ -420,26 +421,33 @@ class GpuBackend:
         try:
             raw = await self.device.run(recording, writes, read)
         except Exception as exc:
-            await asyncio.sleep(0)                # let the lost notification land
-            self._check_alive()
-            raise BackendLost("readback-failed", "gpu", f"the GPU step failed: {exc}") from exc
+            raise await self._step_failed(exc) from exc
         if read is not None:
             await asyncio.sleep(0)
         self._check_alive()
         return raw
 
-    def _scores(self, raw: bytes, op: str, k: int, epoch: int) -> Scores:
+    async def _step_failed(self, exc: Exception) -> BackendLost:
+        """A submit or readback raised: the device's loss if it is lost (raised here), else
+        readback-failed (returned, for the caller to raise)."""
+        await asyncio.sleep(0)                    # let the lost notification land
+        self._check_alive()
+        return BackendLost("readback-failed", "gpu", f"the GPU step failed: {exc}")
+
+    def _scores(self, raw: bytes, op: str, k: int, epoch: int, sequence: int | None = None) -> Scores:
+        """Scores of a step's readback; tagged with its submission (`sequence`, default the last)."""
+        sequence = self.sequence if sequence is None else sequence
         if self.current_epoch is not None and epoch != self.current_epoch():
             raise BackendCancelled("stale-epoch", "epoch", f"generation {epoch} was cancelled")   # after completion
         if op == "full":
             logits = np.frombuffer(raw, np.float32, self.vocab).copy()
             if not np.isfinite(logits).all():
                 raise BackendLost("gpu-error", "logits", "the GPU produced non-finite logits")
-            return Scores(self.position, epoch, self.sequence, logits=logits)
+            return Scores(self.position, epoch, sequence, logits=logits)
         result = self._result_layout(op, k).decode(np.frombuffer(raw, np.uint32))
         if result.nan_count:
             raise BackendLost("gpu-error", "logits", f"the GPU produced {result.nan_count} NaN logits")
-        return Scores(self.position, epoch, self.sequence, ids=result.indices, values=result.values.copy())
+        return Scores(self.position, epoch, sequence, ids=result.indices, values=result.values.copy())
 
 
 def _fed_from_argmax(op):
