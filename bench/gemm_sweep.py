@@ -314,7 +314,8 @@ async def main(args) -> dict:
                 cell = Cell(device, rng, encoding, shape, n, k, t, weights, decoded)
                 chosen = choice(limits, features, t, n)
                 try:
-                    for tile in _worth_timing(tiles, first.get((shape, t)), chosen, args.prune):
+                    served = [tile for tile in tiles if tile.serves(enc)]
+                    for tile in _worth_timing(served, first.get((shape, t)), chosen, args.prune):
                         dispatch, params = await cell.dispatch(tile, compiled)
                         row = {"encoding": encoding, "shape": shape, "t": t, "n": n, "k": k, "tile": tile.name,
                                "kernel": tile.kernel(enc), "half": tile.half, "classic": not tile.sections,

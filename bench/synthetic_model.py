@@ -8,6 +8,8 @@
 Shapes (`SHAPES`):
     llama1b   Llama-3.2-1B: 16 layers, hidden 2048, ffn 8192, 32 heads / 8 KV heads, head_dim 64,
               vocab 128256, context 131072, RoPE base 500000, tied output
+    llama8b   Llama-3.1-8B: 32 layers, hidden 4096, ffn 14336, 32 heads / 8 KV heads, head_dim 128,
+              vocab 128256 (output tied here; separate in the real model, same bytes a token)
     smollm2   SmolLM2-135M: 30 layers, hidden 576, ffn 1536, 9 heads / 3 KV heads, head_dim 64,
               vocab 49152, context 8192, RoPE base 100000, tied output
     tiny      2 layers, hidden 48, ffn 80, 4 heads / 2 KV heads, head_dim 12, vocab 320, context 64:
@@ -99,6 +101,10 @@ SHAPES = {
                 "ffn": 8192, "vocab": 128256, "context_length": 131072, "rope_base": 500000.0,
                 "notes": ["Llama-3.2-1B's shape; its llama3 RoPE scaling (factor 32, low 1, high 4, "
                           "original 8192) is dropped: format v1 has no RoPE scaling"]},
+    "llama8b": {"n_layers": 32, "n_heads": 32, "n_kv_heads": 8, "head_dim": 128, "hidden": 4096,
+                "ffn": 14336, "vocab": 128256, "context_length": 131072, "rope_base": 500000.0,
+                "notes": ["Llama-3.1-8B's shape (the bandwidth regime: ~4.4 GB of q4 layers a token); its "
+                          "output matrix is separate, here tied to the embedding: the same bytes a token"]},
     "smollm2": {"n_layers": 30, "n_heads": 9, "n_kv_heads": 3, "head_dim": 64, "hidden": 576,
                 "ffn": 1536, "vocab": 49152, "context_length": 8192, "rope_base": 100000.0,
                 "notes": ["SmolLM2-135M's shape"]},

@@ -81,9 +81,17 @@ def test_quick_suite_covers_every_tile_the_host_may_choose():
         limits, features = ROOMY, frozenset({"shader-f16"})
     cases = list(gemm._cases(golden.GoldenContext(FakeDevice(), np.random.default_rng(0), "quick")))
     tested = {case.tile for case in cases}
+    kernels = {case.tile.kernel(case.weights.encoding) for case in cases if case.tile is not None}
     for m in (1, 17, 64, 128, 512):
         for n in (1, 64, 576, 3072, 16384):
             assert gemm.choose_tile(ROOMY, m, n, FakeDevice.features) in tested, (m, n)
+            for encoding in ("q4", "q8", "f16", "q4k", "q6k", "q5"):
+                for sections in (False, True):
+                    tile = gemm.choose_tile(ROOMY, m, n, FakeDevice.features, need_sections=sections,
+                                            encoding=encoding)
+                    assert tile.serves(encoding)
+                    if encoding != "f16" and not tile.half:   # f16 weights: classic or register, below
+                        assert tile.kernel(encoding) in kernels, (m, n, encoding, tile.name)
 
 
 def test_the_comparison_rejects_wrong_results():
@@ -233,8 +241,14 @@ def test_tiles_fit_their_advertised_budgets():
     assert gemm.TILES["64x64"].workgroup_bytes == 16384 and gemm.TILES["64x64"].invocations == 128
     assert gemm.TILES["32x32"].workgroup_bytes == 8192 and gemm.TILES["32x32"].invocations == 64
     for tile in gemm.TILES.values():
-        for encoding in ("q4", "q8", "f16", "f32"):
-            gemm.KERNELS[tile.kernel(encoding)].check_overrides(tile.overrides())
+        for encoding in ("q4", "q8", "f16", "f32", "q5", "q4k", "q5k", "q6k"):
+            if tile.serves(encoding):
+                gemm.KERNELS[tile.kernel(encoding)].check_overrides(tile.overrides())
+    outer = gemm.OuterTile(16, 8)            # xs and ws, two stages of 16 k each, f32
+    assert (outer.name, outer.tm, outer.tn, outer.invocations) == ("64x128/o", 64, 128, 128)
+    assert outer.workgroup_bytes == 2 * (64 + 128) * 16 * 4
+    assert {e for e in ("q4", "q8", "q5", "q4k", "q5k", "q6k", "f16", "f32") if outer.serves(e)} == set(
+        gemm.OUTER_ENCODINGS)
     assert Tile(16, 16, 8).tm == 128 and Tile(16, 16, 8).tn == 64
     big = RegisterTile(16, 8, 8, 16, 2)      # tiles + the 16-byte `red` stub
     assert (big.tm, big.tn, big.invocations, big.workgroup_bytes) == (128, 128, 256, 2 * 256 * 20 * 4 + 16)
@@ -243,11 +257,16 @@ def test_tiles_fit_their_advertised_budgets():
     assert (split.name, split.invocations) == ("32x64/4x4/k16/s2/x2", 256)
     assert split.workgroup_bytes == 2 * 96 * 20 * 4 + 32 * 64 * 4 + 16
     # the WGSL's register arrays: x items ceil(RM BK / 4 WG_X KSPLIT) <= 4, weight items per encoding
-    for tile in (t for t in gemm.TILES.values() if t.sections):
+    for tile in (t for t in gemm.TILES.values() if isinstance(t, RegisterTile)):
         assert -(-tile.tm * tile.bk // 4 // tile.invocations) <= 4
         for unit, most in ((16, 2), (8, 4), (4, 8)):     # q4/q8, f16, f32 (W_ITEMS_MAX)
             assert -(-tile.tn * tile.bk // unit // tile.invocations) <= most, tile.name
         assert tile.bk // 4 % tile.ksplit == 0
+    # the outer kernel's named loads (gemm_outer_main.wgsl `Loads`): x items 2 BK / WG_X <= 8, a
+    # whole number of rounds; weight items (units of 16) BK / (2 WG_Y) <= 4
+    for tile in (t for t in gemm.TILES.values() if isinstance(t, gemm.OuterTile)):
+        assert tile.tm * tile.bk // 4 % tile.invocations == 0 and tile.tm * tile.bk // 4 // tile.invocations <= 8
+        assert -(-tile.tn * tile.bk // 16 // tile.invocations) <= 4, tile.name
 
 
 def test_bench_hook_covers_the_requested_shapes():

@@ -48,6 +48,9 @@ from . import kquant
 KT = 32     # the classic kernel's K step (gemm_main.wgsl)
 U32_LIMIT = runner.U32_LIMIT
 MAX_SECTIONS = 3   # column sections the tiled kernel can write (q | k | v)
+# The outer-product kernel decodes 16 weights a row and K step: the encodings whose decoder
+# file has UNIT = 16 (f16 and f32 keep the classic and tiled kernels).
+OUTER_ENCODINGS = ("q4", "q8", "q5", "q4k", "q5k", "q6k")
 
 
 def kernel_name(encoding: str) -> str:
@@ -59,6 +62,7 @@ def _specs():
     classic = {"WG_X": (8, 16), "WG_Y": (8, 16), "RM": (4, 8), "ACCUMULATE": (0, 1)}
     tiled = {"WG_X": (16,), "WG_Y": (8, 16), "RM": (4, 8), "RN": (4, 8), "BK": (16, 32), "STAGES": (1, 2),
              "KSPLIT": (1, 2, 4), "ACCUMULATE": (0, 1)}
+    outer = {"WG_X": (8, 16), "WG_Y": (4, 8, 16), "BK": (16, 32), "ACCUMULATE": (0, 1)}
     bindings = ("uniform", "read-only-storage", "storage")
     for encoding in ENCODINGS:
         quant = QUANT_SOURCES.get(encoding, ())
@@ -79,6 +83,9 @@ def _specs():
                          tiled | weights)
         yield KernelSpec(f"gemm_tiled_half_{encoding}", ("enable_f16.wgsl", "gemm_tiled_half.wgsl", *body), "main",
                          bindings + parts, tiled | weights, frozenset({"shader-f16"}))
+        if encoding in OUTER_ENCODINGS:
+            yield KernelSpec(f"gemm_outer_{encoding}", ("common_quant.wgsl", tiled_file, *quant, "gemm_outer_main.wgsl"),
+                             "main", bindings + parts, outer | weights)
 
 
 register(*_specs())
@@ -123,6 +130,9 @@ class Tile:
 
     def kernel(self, encoding: str) -> str:
         return f"gemm_{encoding}"
+
+    def serves(self, encoding: str | None) -> bool:
+        return True
 
     def overrides(self) -> dict[str, int]:
         return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "RM": self.rm}
@@ -173,6 +183,9 @@ class RegisterTile:
     def kernel(self, encoding: str) -> str:
         return f"gemm_tiled_half_{encoding}" if self.half else f"gemm_tiled_{encoding}"
 
+    def serves(self, encoding: str | None) -> bool:
+        return True
+
     def overrides(self) -> dict[str, int]:
         return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "RM": self.rm, "RN": self.rn, "BK": self.bk,
                 "STAGES": self.stages, "KSPLIT": self.ksplit}
@@ -183,13 +196,59 @@ class RegisterTile:
                 and (not self.half or "shader-f16" in features))
 
 
+@dataclasses.dataclass(frozen=True)
+class OuterTile:
+    """An outer-product tile (gemm_outer_main.wgsl): TM = 8 WG_Y rows of Y (tokens) by
+    TN = 8 WG_X columns, each invocation an 8 x 8 block in named registers; K steps of BK
+    (16 or 32) through two workgroup stages. Only the encodings decoded 16 weights at a time."""
+    wg_x: int
+    wg_y: int
+    bk: int = 16
+    half = False
+    ksplit = 1
+    sections = True
+
+    @property
+    def tm(self) -> int:
+        return 8 * self.wg_y
+
+    @property
+    def tn(self) -> int:
+        return 8 * self.wg_x
+
+    @property
+    def invocations(self) -> int:
+        return self.wg_x * self.wg_y
+
+    @property
+    def workgroup_bytes(self) -> int:
+        return 2 * (self.tm + self.tn) * self.bk * 4
+
+    @property
+    def name(self) -> str:
+        return f"{self.tm}x{self.tn}" + ("/k32" if self.bk == 32 else "") + "/o"
+
+    def kernel(self, encoding: str) -> str:
+        return f"gemm_outer_{encoding}"
+
+    def serves(self, encoding: str | None) -> bool:
+        return encoding in OUTER_ENCODINGS
+
+    def overrides(self) -> dict[str, int]:
+        return {"WG_X": self.wg_x, "WG_Y": self.wg_y, "BK": self.bk}
+
+    def admitted(self, limits: dict[str, int], features=frozenset()) -> bool:
+        return (self.invocations <= runner.max_invocations(limits)
+                and self.workgroup_bytes <= limits["maxComputeWorkgroupStorageSize"])
+
+
 def _tiled(*tiles: RegisterTile) -> dict[str, RegisterTile]:
     return {tile.name: tile for tile in tiles}
 
 
 # Every variant by name. Classic tiles: 32x32 (64 invocations, 8 KiB) and 64x64 (128, 16 KiB)
 # fit every device, compatibility mode included. Tiled: 128 to 512 invocations, 15-40 KiB.
-TILES: dict[str, Tile | RegisterTile] = {
+TILES: dict[str, Tile | RegisterTile | OuterTile] = {
     "128x64": Tile(16, 16, 8),
     "64x64w": Tile(16, 16, 4),
     "64x64": Tile(16, 8, 8),
@@ -216,7 +275,17 @@ TILES: dict[str, Tile | RegisterTile] = {
     RegisterTile(16, 8, 8, 16, 2, half=True),    # 128x128, f16 tiles, 20 KiB
     RegisterTile(16, 4, 8, 32, 2, half=True),    # 64x128, f16 tiles, 27 KiB
     RegisterTile(8, 4, 4, 32, 2, half=True),     # 32x64, f16 tiles, 14 KiB
-)
+) | {tile.name: tile for tile in (
+    OuterTile(16, 16),                 # 128x128, 256 invocations, 32 KiB
+    OuterTile(16, 8),                  # 64x128, 128 invocations, 24 KiB
+    OuterTile(8, 8),                   # 64x64, 64 invocations, 16 KiB: fits every core device
+    OuterTile(16, 4),                  # 32x128, 64 invocations, 20 KiB
+    OuterTile(8, 4),                   # 32x64, 32 invocations, 12 KiB
+    OuterTile(16, 8, 32),              # 64x128, K steps of 32: 48 KiB
+    OuterTile(8, 8, 32),               # 64x64, 32 KiB
+    OuterTile(16, 4, 32),              # 32x128, 40 KiB
+    OuterTile(8, 4, 32),               # 32x64, 24 KiB
+)}
 
 # THE KNOB (set from `bench/gemm_sweep.py`'s H200 run: it prints a recommended setting). Per
 # tier, the tiles the host may choose, largest first; `choose_tile` takes the first one the
@@ -227,15 +296,23 @@ TILES: dict[str, Tile | RegisterTile] = {
 # the f16 range (docs/kernels.md), so they are not listed until measured to win. The classic
 # tiles are the fallback for a device that admits none of the listed ones.
 #
-# Set from the H200 sweep of 2026-12-02 (bench/results/gemm_sweep_h200.json): the classic tiles
-# were the fastest in every one of the 16 q4 cells (13.9 ms summed, against 23.6 ms for the best
-# register tile of each cell), so they come first; the register tiles follow for what only they
-# do (the stacked q|k|v GEMM's column sections), in the sweep's recommended order.
+# Set from the H200 sweeps of 2026-12-02. First (bench/results/gemm_sweep_h200.json): the classic
+# tiles were the fastest in every one of the 16 q4 cells (13.9 ms summed, against 23.6 ms for the
+# best register tile of each cell). Then (gemm_sweep_outer_h200.json, gemm_sweep_outer_k32_h200.json)
+# the outer-product tiles won 13 of the 16 q4 cells and 12 of 16 q8 ones (Llama-3.2-1B gate|up
+# 20.4 TFLOP/s at T = 128 and 512, 2.9x the classic 128x64; the cells they lose are within 7%,
+# where every tile sits at the ~90 us a small K costs), K steps of 32 another 5-10% where K is
+# long and workgroups few. So, for the encodings they serve (OUTER_ENCODINGS), they come first:
+# this order with MIN_WORKGROUPS 96 sums to 1.05x the best tile of every q4 cell (the sweep's
+# table replayed through choose_tile); the smaller tiles after the first two are for devices
+# with less workgroup memory. f16 and f32 weights skip them (`serves`) and keep the classic
+# tiles, then the register tiles for what only those do (q|k|v column sections).
+_OUTER_ORDER = ("128x128/o", "64x128/k32/o", "64x128/o", "64x64/k32/o", "64x64/o", "32x128/o")
 _REGISTER_ORDER = ("128x128/8x8/k32/s1", "128x64/8x4/k16/s2", "64x64/4x4/k32/s2", "32x128/4x8/k16/s2",
                    "64x64/4x4/k16/s1/x2", "32x128/4x8/k16/s1/x2", "32x64/4x4/k32/s1/x4")
 TILE_ORDER: dict[str, tuple[str, ...]] = {
-    "A": ("128x64", "64x64w", "64x64", "32x32") + _REGISTER_ORDER,
-    "B": ("128x64", "64x64w", "64x64", "32x32") + _REGISTER_ORDER,
+    "A": _OUTER_ORDER + ("128x64", "64x64w", "64x64", "32x32") + _REGISTER_ORDER,
+    "B": _OUTER_ORDER + ("128x64", "64x64w", "64x64", "32x32") + _REGISTER_ORDER,
 }
 CLASSIC_FALLBACK = ("128x64", "64x64w", "64x64", "32x32")
 # Below this many tiles a large GPU idles (an H200 has 132 multiprocessors): prefer a smaller tile.
@@ -246,21 +323,24 @@ def tier_of(features) -> str:
     return "B" if "shader-f16" in set(features or ()) else "A"
 
 
-def candidates(limits: dict[str, int], features=frozenset(), order: tuple[str, ...] | None = None) -> list:
+def candidates(limits: dict[str, int], features=frozenset(), order: tuple[str, ...] | None = None,
+               encoding: str | None = None) -> list:
     """The tiles `choose_tile` picks among on this device, in preference order: those of the
-    tier's order the device admits, or the classic tiles when it admits none of them."""
+    tier's order the device admits (and that serve `encoding`, when given), or the classic
+    tiles when it admits none of them."""
     names = order if order is not None else TILE_ORDER[tier_of(features)]
-    ordered = [TILES[name] for name in dict.fromkeys(names) if TILES[name].admitted(limits, features)]
+    ordered = [TILES[name] for name in dict.fromkeys(names)
+               if TILES[name].admitted(limits, features) and (encoding is None or TILES[name].serves(encoding))]
     return ordered or [TILES[name] for name in CLASSIC_FALLBACK if TILES[name].admitted(limits, features)]
 
 
 def choose_tile(limits: dict[str, int], m: int, n: int, features=frozenset(),
                 order: tuple[str, ...] | None = None, min_workgroups: int | None = None,
-                need_sections: bool = False):
+                need_sections: bool = False, encoding: str | None = None):
     """The first admitted tile of the tier's order that still gives MIN_WORKGROUPS tiles (else
     the admitted tile giving the most), never a tile taller than M needs; a tiled one when the
     output has column sections."""
-    admitted = [t for t in candidates(limits, features, order) if t.sections or not need_sections]
+    admitted = [t for t in candidates(limits, features, order, encoding) if t.sections or not need_sections]
     if not admitted:
         raise GemmError("tile-not-admitted", "limits", f"no GEMM tile fits {limits}")
     fitting = [t for t in admitted if t.tm <= max(32, m)] or admitted
@@ -354,7 +434,9 @@ def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None 
         have = len(memoryview(w.parts[name]).cast("B")) if name in w.parts else 0
         if have < length:
             raise GemmError("buffer-too-small", name, f"part {name} has {have} bytes, needs {length}")
-    tile = tile or choose_tile(limits, m, n, features)
+    tile = tile or choose_tile(limits, m, n, features, encoding=w.encoding)
+    if not tile.serves(w.encoding):
+        raise GemmError("tile-not-admitted", "tile", f"{tile.name} has no {w.encoding} decoder")
     if not tile.admitted(limits, features):
         raise GemmError("tile-not-admitted", "tile", f"{tile} needs {tile.invocations} invocations, "
                         f"{tile.workgroup_bytes} bytes of workgroup memory" + (" and shader-f16" if tile.half else ""))
@@ -486,7 +568,8 @@ def _cases(ctx: GoldenContext):
             w = _quantized(rng, config, rng.standard_normal((n, k)))
             yield Case(f"quantized {m}x{n}x{k} {_tag(config)} tile chosen", w, _activations(rng, m, k))
     for i, tile in enumerate([] if quick else tiles):
-        for config in (CONFIGS[i % len(CONFIGS)], CONFIGS[(i + 5) % len(CONFIGS)]):
+        served = [c for c in CONFIGS if tile.serves(c[0])]
+        for config in (served[i % len(served)], served[(i + 5) % len(served)]):
             m, n, k = 19, 37, 161
             w = _quantized(rng, config, rng.standard_normal((n, k)))
             yield Case(f"quantized {m}x{n}x{k} {_tag(config)} tile {tile.name}", w, _activations(rng, m, k),
@@ -501,7 +584,8 @@ def _cases(ctx: GoldenContext):
         (config, m, n, k) for config in (SMOLLM, Q8_F32, F32) for m, n, k in [(17, 65, 97), (67, 33, 300)]]
     for config, m, n, k in accumulate:
         for tile in [None] + ([] if quick else [t for t in tiles if t.name in (
-                "128x64", "128x128/8x8/k16/s2", "32x64/4x4/k16/s2", "32x64/4x4/k32/s2/h", "32x64/4x4/k32/s1/x4")]):
+                "128x64", "128x128/8x8/k16/s2", "32x64/4x4/k16/s2", "32x64/4x4/k32/s2/h", "32x64/4x4/k32/s1/x4",
+                "64x128/o", "32x64/o", "32x64/k32/o") and t.serves(config[0])]):
             yield Case(f"accumulate {m}x{n}x{k} {_tag(config)} tile {tile.name if tile else 'chosen'}",
                        _random(rng, config, n, k), _activations(rng, m, k),
                        y0=(rng.standard_normal((m, n)) * 4).astype(np.float32), tile=tile)
@@ -509,7 +593,8 @@ def _cases(ctx: GoldenContext):
     yield from _packed_cases(rng, quick, tiles)
     if not quick:
         yield from _adversarial_cases(rng, [None] + [t for t in tiles if t.name in (
-            "64x128/4x8/k16/s2", "128x128/8x8/k16/s2/h", "64x64/4x4/k16/s1/x2")])
+            "64x128/4x8/k16/s2", "128x128/8x8/k16/s2/h", "64x64/4x4/k16/s1/x2", "64x128/o", "32x64/o",
+            "64x64/k32/o")])
     if ctx.model is not None and "blk.0.ffn_up" in ctx.model.manifest.tensors:
         weights = Weights.from_model(ctx.model, "blk.0.ffn_up")
         m = 3 if quick else 17
@@ -530,9 +615,10 @@ def _packed_cases(rng, quick: bool, tiles: list):
     def parts(config, n, k, codes="random", scales="normal"):
         enc, block, zero, st = config
         return kquant.random_weights(rng, enc, n, k, block, zero, st, codes, scales)
-    if quick:   # each form on a classic tile and a register tile: admission's self-test needs both kernels
+    if quick:   # each form on a classic, an outer and a register tile: admission's self-test needs each kernel
         classic = [t for t in tiles if not t.sections][:1]
-        register = [t for t in tiles if t.sections and not t.half][:1]
+        register = ([t for t in tiles if isinstance(t, OuterTile)][:1]
+                    + [t for t in tiles if isinstance(t, RegisterTile) and not t.half][:1])
         for config in PACKED + [Q8]:
             for tile in classic + register:
                 weights = parts(config, 20, 256) if config in PACKED else _random(rng, config, 20, 256)
@@ -599,7 +685,7 @@ def _adversarial_cases(rng, tiles: list):
             yield Case(f"padding decodes to -inf {m}x{n}x{k} q4/64/offset/f32{tag}",
                        random_parts(rng, "q4", n, k, 64, "offset", "f32", "eights", scale=3e38),
                        _activations(rng, m, k) * np.float32(1e-3), tile=tile)
-        for config in (SMOLLM, Q8, F16, F32):
+        for config in [c for c in (SMOLLM, Q8, F16, F32) if tile is None or tile.serves(c[0])]:
             w = np.full((n, k), 0.37) + np.arange(n)[:, None] * 0.01
             yield Case(f"constant rows {m}x{n}x{k} {_tag(config)}{tag}", _quantized(rng, config, w),
                        _activations(rng, m, k, "constant"), tile=tile)

@@ -233,7 +233,8 @@ class Lowering:
             sections, y_stride = [(0, 0, q), (q, k_at // 4, kv), (q + kv, v_at // 4, kv)], q
         features = self.device.features
         rows = next(b for b in self.prefill_buckets() if b >= tokens)
-        tile = gemm.choose_tile(self.limits, rows, weights.rows, features, need_sections=sections is not None)
+        tile = gemm.choose_tile(self.limits, rows, weights.rows, features, need_sections=sections is not None,
+                                encoding=weights.encoding)
         p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, bool(op.option("accumulate")), tile,
                       sections, features)
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
