@@ -233,10 +233,26 @@ async def bench_model(path: str, args) -> dict:
         backend.release()
 
 
+def apply_matvec_tuning(rule: str) -> None:
+    """'enc,enc=field=value,field=value': set kernels/matvec.py TUNINGS for those encodings."""
+    import dataclasses
+    from webslm.kernels import matvec
+    encodings, _, fields = rule.partition("=")
+    values = dict(item.split("=") for item in fields.split(",") if item)
+    for encoding in encodings.split(","):
+        base = matvec.tuning_for(encoding)
+        typed = {k: type(getattr(base, k))(v) if not isinstance(getattr(base, k), bool) else v == "True"
+                 for k, v in values.items()}
+        matvec.TUNINGS[encoding] = dataclasses.replace(base, **typed)
+        print(f"matvec tuning for {encoding}: {matvec.TUNINGS[encoding]}", flush=True)
+
+
 async def main(args) -> dict:
     adapter = await NativeGpu().request_adapter("core")
     summary = adapter.summary()
+    from webslm.kernels import matvec
     report = {"adapter": summary.description, "host": platform.platform(), "date": time.strftime("%Y-%m-%d"),
+              "matvec_tunings": {"default": repr(matvec.TUNING)} | {e: repr(t) for e, t in matvec.TUNINGS.items()},
               "rows": []}
     print(f"adapter: {summary.description}", flush=True)
     for path in args.model:
@@ -277,5 +293,11 @@ if __name__ == "__main__":
     parser.add_argument("--fusions", default="default", help="comma-separated program/fusion.py rules, '' for "
                                                               "none, 'all' for every rule, 'default' (the default: "
                                                               "fusion.DEFAULT)")
+    parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
+                        help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
+                             "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
     parser.add_argument("--out")
-    asyncio.run(main(parser.parse_args()))
+    arguments = parser.parse_args()
+    for rule in arguments.matvec_tuning:
+        apply_matvec_tuning(rule)
+    asyncio.run(main(arguments))

@@ -183,7 +183,19 @@ class Tuning:
 # (f32) activations: 1.37x the per-shape best summed over the sweep's shapes, against 1.47x for
 # Tuning(). The int8 rules score 1.24-1.32x but move logits (docs/kernels.md): not the default.
 TUNING = Tuning(activations="f32", wide_f16=True, units_per_invocation=8, rows=4, min_workgroups=1024)
+# Per encoding, where a sweep of that encoding's kernels found a better rule than TUNING's
+# (`tuning_for`). q5 and the K-quants read 32-value units with their sub-block scales, more
+# work a unit than q4: from the K-quant sweep (matvec_sweep_kquant_h200.json), 2 units an
+# invocation and 512 workgroups scored 1.22x the per-shape best against 1.31x for TUNING, and
+# in the engine (bench/engine.py --matvec-tuning, same run) see docs/RESULTS.md.
+KQUANT_TUNING = Tuning(activations="f32", wide_f16=True, units_per_invocation=2, rows=4, min_workgroups=512)
+TUNINGS: dict[str, Tuning] = {encoding: KQUANT_TUNING for encoding in ("q5", "q4k", "q5k", "q6k")}
 ACTIVATIONS = ("f32", "int8", "int8x2")
+
+
+def tuning_for(encoding: str) -> Tuning:
+    """The rule `choose_kernel` follows for an encoding when the caller gives none."""
+    return TUNINGS.get(encoding, TUNING)
 
 
 def variant_of(name: str) -> str:
@@ -212,11 +224,11 @@ def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None
                   rows_per_group: int | None = None, input: str = "plain", accumulate: bool = False,
                   variant: str | None = None, tuning: Tuning | None = None) -> tuple[str, dict[str, int]]:
     """The kernel and overrides for this device: subgroup sums when the device has them; the
-    variant, workgroup size and rows per workgroup by `tuning` (default TUNING) unless the
+    variant, workgroup size and rows per workgroup by `tuning` (default `tuning_for`) unless the
     caller gives them; never more invocations or workgroup memory than the limits admit.
     `input` picks the input mode ("plain", "norm", "swiglu"); `accumulate` adds ACCUMULATE=1
     (left out when False, the WGSL default 0)."""
-    tuning = tuning or TUNING
+    tuning = tuning or tuning_for(weights.encoding)
     if tuning.activations not in ACTIVATIONS:
         raise MatvecShapeError("variant", f"activations must be one of {ACTIVATIONS}, not {tuning.activations!r}")
     if variant is None:
