@@ -132,7 +132,7 @@ fn store_w(stage: u32, k0: u32, item: u32, raw: WRaw) {
     if (item >= 8u * WG_X * (BK / 16u)) {
         return;
     }
-    let values = decode_w(raw);
+    var values = decode_w(raw);   // a var: indexed below by a loop variable
     let row = item / (BK / 16u);
     let unit = item % (BK / 16u);
     let column = row / 4u;
