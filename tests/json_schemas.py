@@ -46,7 +46,7 @@ SCHEMAS = [
          "required": ["title", "author"], "additionalProperties": False,
          "$defs": {"name": {"type": "object", "properties": {"first": {"type": "string"}, "last": {"type": "string"}},
                             "required": ["first", "last"], "additionalProperties": False}}}},
-    {"name": "free", "prompt": "Describe a cat in JSON.", "schema": {"type": "object"}},
+    {"name": "free", "prompt": "Give a cat's name and colour.", "schema": {"type": "object"}},
     {"name": "weather", "prompt": "What is the weather in Oslo? Use celsius.",
      "schema": {"type": "object", "properties": {"location": {"type": "string"},
                                                  "unit": {"enum": ["celsius", "fahrenheit"]},

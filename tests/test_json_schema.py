@@ -255,15 +255,21 @@ def schema_answer(model, backend, case, seed, max_tokens=96):
     return "".join(d.text for d in deltas), deltas[-1].finish_reason, list(ledger.committed_ids)
 
 
-@needs_smollm2
-def test_smollm2_answers_every_schema_with_valid_json():
+@pytest.fixture(scope="module")
+def smollm2():
     model = webslm.open_model(SMOLLM2)
-    backend = CpuBackend(model)
-    for n, case in enumerate(SCHEMAS):
-        text, reason, _ = schema_answer(model, backend, case, seed=n)
-        print(f"{case['name']}: {text!r} ({reason})")
-        assert reason == "stop", (case["name"], text)
-        assert errors(json.loads(text), case["schema"]) == [], (case["name"], text)
+    return model, CpuBackend(model)
+
+
+@needs_smollm2
+@pytest.mark.parametrize("n", range(len(SCHEMAS)), ids=[case["name"] for case in SCHEMAS])
+def test_smollm2_answers_every_schema_with_valid_json(smollm2, n):
+    model, backend = smollm2
+    case = SCHEMAS[n]
+    text, reason, _ = schema_answer(model, backend, case, seed=n)
+    print(f"{case['name']}: {text!r} ({reason})")
+    assert reason == "stop", (case["name"], text)
+    assert errors(json.loads(text), case["schema"]) == [], (case["name"], text)
 
 
 @needs_smollm2

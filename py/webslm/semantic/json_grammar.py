@@ -159,6 +159,10 @@ class ObjectGrammar:
 
     finished = accepting
 
+    @staticmethod
+    def in_string(state: State) -> bool:
+        return state[1] == STRING
+
 
 class JsonMask(GrammarMask):
     """The tokens that keep the text a JSON-object prefix, per recognizer state (module docstring)."""

@@ -333,6 +333,10 @@ class SchemaGrammar:
     def finished(self, state: frozenset) -> bool:
         return state == frozenset({()})
 
+    def in_string(self, state: frozenset) -> bool:
+        """Whether every stack is in a string's text: a plain byte then leaves the state as it is."""
+        return all(stack and stack[-1] == (STR, 0) for stack in state)
+
     def advance(self, state, data: bytes):
         for byte in data:
             state = self.step(state, byte)
