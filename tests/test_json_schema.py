@@ -279,3 +279,53 @@ def test_the_same_seed_gives_the_same_tokens():
     first = schema_answer(model, CpuBackend(model), case, seed=7, max_tokens=24)
     again = schema_answer(model, CpuBackend(model), case, seed=7, max_tokens=24)
     assert first == again
+
+
+# -- fifty answers of random weights -----------------------------------------------------------------
+# Schemas whose texts have a bounded length (no free strings or numbers; blank runs are at most
+# 24 bytes), so that random weights always finish them: an answer that does not end "stop" within
+# max_tokens would be a bug, not bad luck.
+BOUNDED = [
+    {"enum": ["yes", "no", "maybe"]},
+    {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "level": {"enum": [1, 2, 3]},
+                                      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+     "required": ["ok"], "additionalProperties": False},
+    {"anyOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "boolean"}},
+                "required": ["kind", "x"], "additionalProperties": False},
+               {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"enum": [1, 12, None]}},
+                "required": ["kind", "y"], "additionalProperties": False}]},
+    {"type": "object", "properties": {"inner": {"type": "object", "properties": {"on": {"type": ["boolean", "null"]}},
+                                                "required": ["on"], "additionalProperties": False}},
+     "required": ["inner"], "additionalProperties": False},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """bench/synthetic_model.py's tiny shape (random weights) with room for long answers."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("synthetic_model", ROOT / "bench/synthetic_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    path = tmp_path_factory.mktemp("schema") / "tiny.slm"
+    module.write_synthetic(path, "tiny", context_length=1024)
+    model = webslm.open_model(path)
+    return model, CpuBackend(model)
+
+
+def test_fifty_answers_of_random_weights_all_end_and_validate(tiny_model):
+    model, backend = tiny_model
+    kinds = set()
+    for n in range(50):
+        schema = BOUNDED[n % len(BOUNDED)]
+        s = sampler_settings(model, {"response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": schema}},
+                                     "temperature": 1.0, "seed": n, "max_tokens": 900})
+        deltas = list(generate(model, backend, prompt_ids(model, [{"role": "user", "content": f"JSON {n}"}]), s))
+        text = "".join(d.text for d in deltas)
+        assert deltas[-1].finish_reason == "stop", (n, text)
+        value = json.loads(text)
+        assert errors(value, schema) == [], (n, text)
+        if isinstance(value, dict) and "kind" in value:
+            kinds.add(value["kind"])
+    assert kinds == {"a", "b"}                     # both anyOf branches were taken
