@@ -180,6 +180,8 @@ def test_numbers_and_enums_that_may_end_or_go_on():
     ({"enum": []}, "bad-schema", "schema.enum"),
     ({"type": "string", "enum": [1, 2]}, "bad-schema", "schema.enum"),
     (False, "bad-schema", "schema"),
+    ({"anyOf": [{"type": "array", "items": {"anyOf": [{"enum": [i, j]} for j in range(20)]}} for i in range(20)]},
+     "bad-schema", "schema"),                               # 400 readings alive at once
     ("{not json", "bad-schema", "schema"),
 ])
 def test_a_schema_outside_the_subset_is_refused_naming_the_keyword(schema, code, where):

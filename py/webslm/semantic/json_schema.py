@@ -40,7 +40,8 @@ MAX_WHITESPACE = jg.MAX_WHITESPACE
 MAX_SCHEMA_CHARS = 65536     # the schema as JSON text
 MAX_NODES = 2048             # compiled schema nodes ($ref inlined)
 MAX_DEPTH = 32               # nested schemas
-MAX_STEP_CACHE = 1 << 20     # (state, byte) -> state entries kept per grammar
+MAX_STEP_CACHE = 1 << 18     # (state, byte) -> state entries kept per grammar
+MAX_ALTERNATIVES = 256       # anyOf branches that may be live at once (nested ones multiply)
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions"})
@@ -275,7 +276,23 @@ def compile_schema(text: str) -> "SchemaGrammar":
     schema = json.loads(text)
     compiler = _Compiler(schema if isinstance(schema, dict) else {})
     root = compiler.compile(schema, "schema")
+    if _alternatives(compiler.nodes, root) > MAX_ALTERNATIVES:
+        raise SchemaError("bad-schema", "schema", f"its anyOf branches (nested ones multiplied) could keep more "
+                                                  f"than {MAX_ALTERNATIVES} readings of one text alive")
     return SchemaGrammar(compiler.nodes, root)
+
+
+def _alternatives(nodes: list[tuple], node_id: int) -> int:
+    """A bound on how many stacks a value of this node may keep alive at once: the recognizer
+    follows every anyOf branch that still fits, inside every branch of an enclosing one."""
+    node = nodes[node_id]
+    if node[0] == UNION:
+        return sum(_alternatives(nodes, b) for b in node[1])
+    if node[0] == OBJECT:
+        return max((_alternatives(nodes, v) for v in node[2]), default=1)
+    if node[0] == ARRAY:
+        return _alternatives(nodes, node[1])
+    return 1
 
 
 # -- the recognizer ---------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-MAX_CACHED = 4096          # masks kept per grammar: 49152 tokens packed are 6 KiB each
+MAX_CACHED = 1024          # masks kept per grammar: 49152 tokens packed are 6 KiB each
 
 
 # String text: the bytes a JSON string takes as they are (not '"', not '\\', no control byte).
