@@ -113,7 +113,8 @@ def _messages(value, tools: bool = False) -> list[dict]:
         if extra and not tools and set(message) & extra:
             raise RequestError("bad-request", f"messages[{n}]", "tool calls and tool results need the request's "
                                                                 "tools (and a model that supports them)")
-        if not isinstance(message, dict) or "role" not in message or set(message) - {"role", "content"} - (extra or set()):
+        if not isinstance(message, dict) or "role" not in message or set(message) - {"role", "content"} - (extra or set()) \
+                or not ("content" in message or (tools and message.get("tool_calls"))):
             raise RequestError("bad-request", f"messages[{n}]", "must be {role, content}")
         content = message.get("content")
         if content is None and message.get("tool_calls"):
