@@ -228,7 +228,8 @@ def test_the_mask_is_exactly_the_tokens_the_recognizer_accepts():
     eos = list(model.manifest.tokenizer["eos_ids"])
     cases = [("person", b""), ("person", b'{"na'), ("person", b'{"name": "A'), ("person", b'{"name": "Ada", '),
              ("person", b'{"name": "Ada", "age": 3'), ("team", b'{"team": "x", "members": [{"name": "a", "age": 1}'),
-             ("answer", b"4"), ("colour", b'"re'), ("point", b"[1, 2, 3"), ("free", b'{"a": [')]
+             ("answer", b"4"), ("colour", b'"re'), ("point", b"[1, 2, 3"), ("free", b'{"a": ['),
+             ("free", b'{"a": ["x'), ("free", b'{"k')]
     for name, prefix in cases:
         mask = schema_mask_for(tokenizer, vocab, eos, canonical_schema(BY_NAME[name]))
         g = mask.grammar

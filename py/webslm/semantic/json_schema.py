@@ -352,7 +352,8 @@ class SchemaGrammar:
 
     def in_string(self, state: frozenset) -> bool:
         """Whether every stack is in a string's text: a plain byte then leaves the state as it is."""
-        return all(stack and stack[-1] == (STR, 0) for stack in state)
+        return all(stack and (stack[-1] == (STR, 0) or (stack[-1][0] == ANYV and stack[-1][1][1] == jg.STRING))
+                   for stack in state)
 
     def advance(self, state, data: bytes):
         for byte in data:
