@@ -8,7 +8,7 @@ One Engine on the native adapter, one prompt ("Answer in JSON: a colour and whet
 primary."), at most `--tokens` new tokens per answer (an answer may end sooner: the figures
 are per token), after one warm-up answer. Rows:
 text-greedy, text-sampled (seeded, top_k 40), json-object, json-schema cold (the schema's
-masks not cached: the tokenizer's mask caches dropped first) and json-schema warm (the same
+masks and the compiled recognizer dropped first) and json-schema warm (the same
 request again). Per row: decode ms per token (wall, the engine's decode timer), the mask's
 host CPU time per token (time.thread_time around Answer.allowed) and what the engine read
 back. Random weights are fine for the readback and the loop; the mask's cost depends on the
@@ -33,6 +33,7 @@ from webslm.answer import Answer  # noqa: E402
 from webslm.engine import Engine  # noqa: E402
 from webslm.engine.engine import want_for  # noqa: E402
 from webslm.request import prompt_ids, sampler_settings  # noqa: E402
+from webslm.semantic.json_schema import compile_schema  # noqa: E402
 from webslm.semantic.sampler import Sampler  # noqa: E402
 from webslm.webgpu.native import NativeGpu  # noqa: E402
 
@@ -93,7 +94,8 @@ async def main_async(args) -> dict:
         await answer(engine, model, ids, sampler_settings(model, {"temperature": 0, "max_tokens": 4}))  # warm-up
         for name, overrides in variants():
             if name == "json-schema-cold":
-                getattr(model.tokenizer, "_schema_masks", {}).clear()
+                getattr(model.tokenizer, "_schema_masks", {}).clear()      # the masks
+                compile_schema.cache_clear()                                 # and the recognizer's steps
             settings = sampler_settings(model, {**overrides, "max_tokens": args.tokens})
             rows[name] = await answer(engine, model, ids, settings)
             print(f"{name:>17}: {rows[name]['tokens']:4d} tokens ({rows[name]['finish_reason']}), decode "
