@@ -2,7 +2,7 @@
 a seeded answer with penalties, logit_bias or logprobs is the CPU oracle's, token for token,
 whatever the engine asked the GPU to read back for them (engine.want_for: candidates for
 lowering biases and positive penalties, the full row for a raising bias, logprobs or JSON
-mode's token mask)."""
+(schema) mode's token mask)."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +20,9 @@ pytestmark = pytest.mark.usefixtures("self_test_once")
 
 SEEDED = SamplerSettings(temperature=0.8, top_k=20, seed=2024, max_tokens=MAX_TOKENS)
 GREEDY = dataclasses.replace(SEEDED, temperature=0.0)
+# JSON-schema mode's case: a schema with a choice at every turn (keys, numbers, an array's length)
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "flags": {"type": "array", "items": {
+    "type": "boolean"}, "maxItems": 3}, "tag": {"enum": ["a", "bc"]}}, "required": ["n", "flags"]}
 
 
 def fields_for(name: str, seeded: tuple[int, ...], greedy: tuple[int, ...]) -> tuple[SamplerSettings, str]:
@@ -36,13 +39,15 @@ def fields_for(name: str, seeded: tuple[int, ...], greedy: tuple[int, ...]) -> t
         return dataclasses.replace(SEEDED, logprobs=True, top_logprobs=3), "full"
     if name == "json-object":
         return dataclasses.replace(SEEDED, response_format="json_object"), "full"
+    if name == "json-schema":
+        return dataclasses.replace(SEEDED, response_format="json_schema", json_schema=SCHEMA), "full"
     if name == "greedy-banned":
         return dataclasses.replace(GREEDY, logit_bias={greedy[0]: -100.0}), "top-k"
     raise ValueError(name)
 
 
 @pytest.mark.parametrize("name", ["penalties", "lowering-bias", "raising-bias", "logprobs", "greedy-banned",
-                                  "json-object"])
+                                  "json-object", "json-schema"])
 def test_a_seeded_answer_with_the_fields_is_the_cpu_oracles(native_gpu, model, ids, run, policy, name):  # noqa: F811
     plain = {"seeded": cpu_answer(model, ids, SEEDED), "greedy": cpu_answer(model, ids, GREEDY)}
     settings, readback = fields_for(name, plain["seeded"], plain["greedy"])

@@ -52,6 +52,22 @@ def test_json_mode_becomes_the_samplers_response_format():
     assert check({"messages": HI, "response_format": {"type": "text"}})["ok"]["settings"] == {}
 
 
+def test_json_schema_and_tools_pass_to_the_worker():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    openai = {"type": "json_schema", "json_schema": {"name": "a", "strict": True, "schema": schema}}
+    assert check({"messages": HI, "response_format": openai})["ok"]["settings"] == {"response_format": openai}
+    webllm = {"type": "json_object", "schema": '{"type": "object"}'}
+    assert check({"messages": HI, "response_format": webllm})["ok"]["settings"] == {"response_format": webllm}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    choice = {"type": "function", "function": {"name": "f"}}
+    got = check({"messages": HI, "tools": tools, "tool_choice": choice})["ok"]
+    assert got["settings"] == {"tools": tools, "tool_choice": choice}
+    assert check({"messages": HI, "tools": [], "tool_choice": "none"})["ok"]["settings"] == {}
+    turn = [*HI, {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
+        "name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c", "content": "3"}]
+    assert check({"messages": turn, "tools": tools})["ok"]["prompt"] == turn
+
+
 def test_text_parts_pass_as_parts_and_a_raw_prompt_as_a_string():
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert check({"messages": parts})["ok"]["prompt"] == parts
@@ -79,13 +95,21 @@ def test_defaults_apply_unless_the_request_sets_the_field():
     ({"messages": HI, "logprobs": True, "top_logprobs": 21}, "chat", "top_logprobs must be"),
     ({"messages": HI, "max_tokens": 5, "max_completion_tokens": 6}, "chat", "disagree"),
     ({"messages": HI, "ignore_eos": "yes"}, "chat", "ignore_eos must be"),
-    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}}, "chat", "json_schema is not supported yet"),
-    ({"messages": HI, "response_format": {"type": "json_object", "schema": "{}"}}, "chat", "response_format.schema"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}}, "chat", "must be {name, schema}"),
+    ({"messages": HI, "response_format": {"type": "json_schema", "schema": {}}}, "chat", "response_format.schema is not"),
+    ({"messages": HI, "response_format": {"type": "json_object", "schema": 3}}, "chat", "response_format.schema must"),
+    ({"messages": HI, "response_format": {"type": "grammar", "grammar": "x"}}, "chat", "grammar (EBNF) is not supported"),
     ({"messages": HI, "response_format": {"type": "json_object"}, "ignore_eos": True}, "chat", "JSON mode"),
     ({"messages": HI, "response_format": {"type": "xml"}}, "chat", "response_format must be"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}]}, "chat", "tools are not supported"),
-    ({"messages": HI, "tool_choice": "auto"}, "chat", "tool_choice"),
-    ({"messages": [{"role": "tool", "content": "1", "tool_call_id": "0"}]}, "chat", "tool messages"),
+    ({"messages": HI, "tools": {"f": 1}}, "chat", "tools must be a list"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "stream": True}, "chat",
+     "without streaming"),
+    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+      "response_format": {"type": "json_object"}}, "chat", "forced tool call"),
+    ({"messages": HI, "tools": [{"type": "retrieval"}]}, "chat", "tools[0] must be"),
+    ({"messages": HI, "tool_choice": "sometimes"}, "chat", "tool_choice must be"),
+    ({"messages": HI, "tool_choice": "required"}, "chat", "no tools"),
+    ({"messages": [{"role": "tool", "content": "1", "tool_call_id": "0"}]}, "chat", "need the request's tools"),
     ({"messages": [{"role": "user", "content": "hi", "name": "ann"}]}, "chat", 'unknown field "name"'),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "chat",
      "only text parts"),

@@ -14,6 +14,10 @@ examples do, and asks for a few tokens.
 - seed_reproduce: the same seed, penalties and logit bias give the same answer (the first of
   n: 2 choices is drawn with the request's seed); the second choice with the next seed; JSON
   mode gives a JSON object (or, cut at max_tokens, a prefix of one).
+- json_schema: response_format with a schema, in WebLLM's form ({type: "json_object", schema:
+  JSON text}) and OpenAI's ({type: "json_schema", json_schema}): the seeded answer is
+  CPython's CPU answer token for token, ends "stop", parses and matches the schema; a keyword
+  outside the subset and tools on SmolLM2 (its template has none) are refused by name.
 - abort_reload: interruptGenerate ends a stream "abort"; reload; two requests sent at once are
   answered in order (no "busy"); completions.create on a raw prompt; an unknown WebLLM model
   id is a clear error.
@@ -156,3 +160,37 @@ def test_abort_and_reload(booted, brief_reference):
     assert raw["usage"]["prompt_tokens"] == 5 and raw["choices"][0]["text"]     # no chat template
     unknown = r["unknownModel"]
     assert unknown["code"] == "unknown-model" and "Llama-3.1-8B-Instruct-q4f32_1-MLC" in unknown["message"]
+
+
+# json_schema.mjs's request, for the CPython reference
+COLOUR_SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "green", "blue"]},
+                                                  "primary": {"type": "boolean"}},
+                 "required": ["colour", "primary"], "additionalProperties": False}
+COLOUR = [{"role": "system", "content": "Answer in JSON."}, {"role": "user", "content": "Name a primary colour."}]
+
+
+def test_json_schema(booted):
+    import webslm
+    from webslm.cpu import CpuBackend
+    from webslm.generate import generate, prompt_ids
+    from webslm.request import sampler_settings
+    from webslm.semantic.ledger import Ledger
+    r = run_program(booted, "json_schema")
+    entry = next(m for m in json.loads((ROOT / serve.MANIFEST).read_text())["models"] if m["default"])
+    model = webslm.open_model(ROOT / ".assets/site" / entry["file"])
+    settings = sampler_settings(model, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "colour", "schema": COLOUR_SCHEMA}}, "temperature": 0.7, "seed": 11, "max_tokens": 40})
+    ledger = Ledger()
+    for _ in generate(model, CpuBackend(model), prompt_ids(model, COLOUR), settings, ledger=ledger):
+        pass
+    for reply in (r["asWebllm"], r["asOpenai"]):
+        choice = reply["choices"][0]
+        text = choice["message"]["content"]
+        print(f"{booted.row.name}: JSON-schema mode answered {text!r} ({choice['finish_reason']}, "
+              f"{reply['webslm']['backends']})")
+        assert choice["finish_reason"] == "stop" and reply["webslm"]["token_ids"] == list(ledger.committed_ids)
+        value = json.loads(text)
+        assert list(value) == ["colour", "primary"] and value["colour"] in ("red", "green", "blue")
+        assert isinstance(value["primary"], bool)
+    assert r["unsupported"]["code"] == "bad-request" and "'pattern' is not supported" in r["unsupported"]["message"]
+    assert r["tools"]["code"] == "bad-request" and "no tool support" in r["tools"]["message"]

@@ -67,7 +67,11 @@ export function checkRequest(request, kind = "chat", defaults = {}) {
   put("repetition_penalty", number("repetition_penalty", r.repetition_penalty, (v) => v > 0, "> 0"));
   put("logit_bias", logitBias(r.logit_bias));
   put("ignore_eos", flag("ignore_eos", r.ignore_eos));
-  if (r.response_format?.type === "json_object") settings.response_format = "json_object";
+  const format = responseFormat(r.response_format);
+  if (format !== undefined) settings.response_format = format;
+  if (format !== undefined && r.ignore_eos) throw new BadRequest("ignore_eos cannot be set in JSON mode: the answer ends when its JSON is complete.");
+  const tools = checkTools(r, stream);
+  if (tools) Object.assign(settings, tools);
   const logprobs = flag("logprobs", r.logprobs) ?? false;
   const top = number("top_logprobs", r.top_logprobs, (v) => Number.isInteger(v) && v >= 0 && v <= MAX_TOP_LOGPROBS,
                      `an integer from 0 to ${MAX_TOP_LOGPROBS}`);
@@ -86,33 +90,77 @@ export function checkRequest(request, kind = "chat", defaults = {}) {
   }
   const seed = number("seed", r.seed, (v) => Number.isInteger(v) && v >= 0 && v < 2 ** 32, "an integer in [0, 2^32)") ?? null;
   if (present(r.model) && typeof r.model !== "string") throw new BadRequest("model must be a string.");
-  const prompt = kind === "chat" ? checkMessages(r.messages) : checkPrompt(r.prompt);
+  const prompt = kind === "chat" ? checkMessages(r.messages, Boolean(tools)) : checkPrompt(r.prompt);
   return { prompt, settings, stream, includeUsage, n, seed, logprobs, signal: r.signal };
 }
 
-// Fields with a value webslm cannot serve yet: refused, with what would have been needed.
+// Fields with a value webslm cannot serve: refused, with what would have been needed.
 function refuseUnsupported(r, kind) {
-  const format = r.response_format;
-  if (present(format)) {
-    if (typeof format !== "object" || !["text", "json_object", "json_schema", "grammar"].includes(format.type)) {
-      throw new BadRequest('response_format must be {type: "text"} (or json_object, json_schema, grammar).');
-    }
-    if (format.type === "json_schema" || format.type === "grammar") {
-      throw new BadRequest(`response_format ${format.type} is not supported yet: only json_object (any JSON object) is enforced.`);
-    }
-    const extra = Object.keys(format).filter((k) => k !== "type" && format[k] !== undefined && format[k] !== null);
-    if (extra.length) throw new BadRequest(`response_format.${extra[0]} is not supported yet (no schema or grammar): give {type: "json_object"}.`);
-    if (format.type === "json_object" && r.ignore_eos) throw new BadRequest("ignore_eos cannot be set in JSON mode: the answer ends when its object is complete.");
-  }
-  if (present(r.tools) && !(Array.isArray(r.tools) && r.tools.length === 0)) {
-    throw new BadRequest("tools are not supported yet: no function calling (the chat template's tool rendering and tool_calls parsing are not built).");
-  }
-  if (present(r.tool_choice) && r.tool_choice !== "none") throw new BadRequest('tool_choice must be "none": tools are not supported yet.');
   if (kind === "completion") {
     if (present(r.echo) && r.echo !== false) throw new BadRequest("echo is not supported: the prompt is not repeated in the answer.");
     if (present(r.suffix)) throw new BadRequest("suffix is not supported: no model here fills in the middle.");
     if (present(r.best_of) && r.best_of !== 1) throw new BadRequest("best_of is not supported (use n).");
   }
+}
+
+// response_format -> the worker's: "json_object", or the object itself with a schema (its
+// subset is checked in Python: py/webslm/semantic/json_schema.py, a keyword outside it is
+// refused by name); undefined for text.
+function responseFormat(format) {
+  if (!present(format)) return undefined;
+  if (typeof format !== "object" || Array.isArray(format) || !["text", "json_object", "json_schema", "grammar"].includes(format.type)) {
+    throw new BadRequest('response_format must be {type: "text"}, {type: "json_object"} (optionally with a schema) or {type: "json_schema", json_schema: {name, schema}}.');
+  }
+  const given = Object.keys(format).filter((k) => format[k] !== undefined && format[k] !== null);
+  const only = (...keys) => {
+    const extra = given.filter((k) => !keys.includes(k));
+    if (extra.length) throw new BadRequest(`response_format.${extra[0]} is not a field of a ${format.type} response_format.`);
+  };
+  if (format.type === "grammar") throw new BadRequest("response_format grammar (EBNF) is not supported: give json_object or json_schema.");
+  if (format.type === "text") {
+    only("type");
+    return undefined;
+  }
+  if (format.type === "json_object") {
+    only("type", "schema");
+    if (!present(format.schema)) return "json_object";
+    if (typeof format.schema !== "string" && (typeof format.schema !== "object" || Array.isArray(format.schema))) {
+      throw new BadRequest("response_format.schema must be a JSON schema, or its JSON text.");
+    }
+    return { type: "json_object", schema: format.schema };
+  }
+  only("type", "json_schema");
+  const spec = format.json_schema;
+  if (typeof spec !== "object" || spec === null || typeof spec.schema !== "object" || spec.schema === null) {
+    throw new BadRequest("response_format.json_schema must be {name, schema} with schema a JSON schema.");
+  }
+  return { type: "json_schema", json_schema: spec };
+}
+
+// tools / tool_choice -> the worker's settings {tools, tool_choice} (checked in Python against
+// the model's chat template: py/webslm/semantic/tool_calls.py), or null without tools.
+function checkTools(r, stream) {
+  const tools = present(r.tools) ? r.tools : [];
+  if (!Array.isArray(tools)) throw new BadRequest("tools must be a list of {type: \"function\", function: {name, description, parameters}}.");
+  const choice = r.tool_choice;
+  if (present(choice) && !["auto", "none", "required"].includes(choice)
+      && !(typeof choice === "object" && choice.type === "function" && typeof choice.function?.name === "string")) {
+    throw new BadRequest('tool_choice must be "auto", "none", "required" or {type: "function", function: {name}}.');
+  }
+  if (tools.length === 0) {
+    if (present(choice) && choice !== "none" && choice !== "auto") throw new BadRequest("tool_choice names a tool, but the request has no tools.");
+    return null;
+  }
+  tools.forEach((tool, i) => {
+    if (tool?.type !== "function" || typeof tool.function?.name !== "string") {
+      throw new BadRequest(`tools[${i}] must be {type: "function", function: {name, description, parameters}}.`);
+    }
+  });
+  if (stream && choice !== "none") throw new BadRequest("tools are answered without streaming only (stream: false): the calls are read from the whole answer.");
+  if (present(r.response_format) && r.response_format.type !== "text" && choice !== "none" && choice !== "auto") {
+    throw new BadRequest("response_format cannot be set with a forced tool call: the call's own schema constrains the answer.");
+  }
+  return { tools, ...(present(choice) ? { tool_choice: choice } : {}) };
 }
 
 function number(name, value, ok, range) {
@@ -154,19 +202,29 @@ function logitBias(value) {
   return out;
 }
 
-function checkMessages(messages) {
+// The fields a message may have beyond {role, content} in a request with tools: an assistant's
+// earlier calls, and a tool's result.
+const TOOL_FIELDS = { assistant: ["tool_calls"], tool: ["tool_call_id", "name"] };
+
+function checkMessages(messages, tools = false) {
   if (!Array.isArray(messages) || messages.length < 1 || messages.length > 256) {
     throw new BadRequest("messages must be a list of 1 to 256 messages.");
   }
   return messages.map((m, i) => {
     if (!m || typeof m !== "object") throw new BadRequest(`messages[${i}] must be {role, content}.`);
-    const extra = Object.keys(m).filter((k) => k !== "role" && k !== "content" && m[k] !== undefined);
-    if (m.role === "tool" || extra.includes("tool_calls") || extra.includes("tool_call_id")) {
-      throw new BadRequest(`messages[${i}]: tool messages and tool calls are not supported yet.`);
+    const allowed = ["role", "content", ...(tools ? TOOL_FIELDS[m.role] ?? [] : [])];
+    const extra = Object.keys(m).filter((k) => !allowed.includes(k) && m[k] !== undefined);
+    if (!tools && (m.role === "tool" || extra.includes("tool_calls") || extra.includes("tool_call_id"))) {
+      throw new BadRequest(`messages[${i}]: tool messages and tool calls need the request's tools.`);
     }
     if (extra.length) throw new BadRequest(`messages[${i}]: unknown field "${extra[0]}" (a message is {role, content}).`);
-    if (!ROLES.has(m.role)) throw new BadRequest(`messages[${i}].role must be system, user or assistant.`);
-    if (typeof m.content === "string") return { role: m.role, content: m.content };
+    if (!ROLES.has(m.role) && !(tools && m.role === "tool")) {
+      throw new BadRequest(`messages[${i}].role must be system, user or assistant${tools ? " or tool" : ""}.`);
+    }
+    // tool_calls, tool_call_id, name: passed on as given (worker/requests.py checks them)
+    const extras = Object.fromEntries(allowed.slice(2).filter((k) => present(m[k])).map((k) => [k, m[k]]));
+    if (extras.tool_calls && !present(m.content)) return { role: m.role, content: null, ...extras };
+    if (typeof m.content === "string") return { role: m.role, content: m.content, ...extras };
     if (!Array.isArray(m.content) || m.content.length < 1) {
       throw new BadRequest(`messages[${i}].content must be a string or a list of text parts.`);
     }
@@ -178,7 +236,7 @@ function checkMessages(messages) {
         throw new BadRequest(`messages[${i}].content[${j}] must be {type: "text", text: a string}.`);
       }
     });
-    return { role: m.role, content: m.content.map(({ type, text }) => ({ type, text })) };
+    return { role: m.role, content: m.content.map(({ type, text }) => ({ type, text })), ...extras };
   });
 }
 

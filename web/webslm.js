@@ -537,7 +537,7 @@ class Answer {
     return { ...this.#head("chunk"), choices: [choice] };
   }
 
-  #extras({ text, finish_reason, usage: _, logprobs: __, ...rest }) {
+  #extras({ text, finish_reason, usage: _, logprobs: __, tool_calls: ___, content: ____, ...rest }) {
     return { ...rest, seed: this.seed };
   }
 
@@ -573,6 +573,9 @@ class Answer {
     const choice = this.kind === "chat"
       ? { index: this.index, message: { role: "assistant", content: reply.text }, finish_reason: reply.finish_reason }
       : { index: this.index, text: reply.text, finish_reason: reply.finish_reason };
+    if (reply.tool_calls) {             // the answer called tools: content is the text around the calls, or null
+      choice.message = { role: "assistant", content: reply.content ?? null, tool_calls: reply.tool_calls };
+    }
     choice.logprobs = this.logprobs ? { content: reply.logprobs ?? [] } : null;
     return { ...this.#head("completion"), choices: [choice], usage: usage(reply), webslm: this.#extras(reply) };
   }

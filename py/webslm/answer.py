@@ -75,11 +75,17 @@ class Answer:
         self.finish_reason: str | None = None
         self.tokenizer = model.tokenizer
         self._logprobs: list[dict] = []     # entries not yet handed out
-        # JSON mode: the recognizer's state over the committed tokens' bytes, and the masks
-        self._json = None
+        # JSON and JSON-schema modes: the masks, and the recognizer's state over the committed
+        # tokens' bytes
+        self._grammar = self._grammar_state = None
         if settings.response_format == "json_object":
-            from .semantic.json_grammar import INITIAL, json_mask_for
-            self._json = (INITIAL, json_mask_for(model.tokenizer, arch.vocab, self.eos))
+            from .semantic.json_grammar import json_mask_for
+            self._grammar = json_mask_for(model.tokenizer, arch.vocab, self.eos)
+        elif settings.response_format == "json_schema":
+            from .semantic.json_schema import schema_mask_for
+            self._grammar = schema_mask_for(model.tokenizer, arch.vocab, sorted(self.eos), settings.json_schema)
+        if self._grammar is not None:
+            self._grammar_state = self._grammar.initial
         self._committed = 0
         self._decode_started: float | None = None
 
@@ -89,11 +95,10 @@ class Answer:
         return self.sampler.position
 
     def allowed(self):
-        """JSON mode's mask of the tokens that may come next (bool [vocab]), else None."""
-        if self._json is None:
+        """JSON (schema) mode's mask of the tokens that may come next (bool [vocab]), else None."""
+        if self._grammar is None:
             return None
-        state, masks = self._json
-        return masks.allowed(state)
+        return self._grammar.allowed(self._grammar_state)
 
     @property
     def has_room(self) -> bool:
@@ -126,8 +131,8 @@ class Answer:
             return Delta("", None, "abort")
         if self.settings.logprobs:
             self._logprobs.append(self._logprob_entry(logits, token))
-        if self._json is not None:
-            self._advance_json(token)
+        if self._grammar is not None:
+            self._advance_grammar(token)
         self.sampler.commit(token)
         self._committed += 1
         self.timings.generated_tokens = self._committed
@@ -146,13 +151,11 @@ class Answer:
         return {**self._token(token), "logprob": logprob,
                 "top_logprobs": [{**self._token(t), "logprob": lp} for t, lp in top]}
 
-    def _advance_json(self, token: int) -> None:
-        from .semantic.json_grammar import advance
-        state, masks = self._json
-        after = advance(state, self.tokenizer.piece_bytes(token) or b"")
+    def _advance_grammar(self, token: int) -> None:
+        after = self._grammar.advance(self._grammar_state, self.tokenizer.piece_bytes(token) or b"")
         if after is None:                   # the mask allowed it: a bug, never a wrong answer
-            raise ValueError(f"token {token} leaves JSON mode's grammar; the mask allowed it")
-        self._json = (after, masks)
+            raise ValueError(f"token {token} leaves the {self.settings.response_format} grammar; the mask allowed it")
+        self._grammar_state = after
 
     def _token(self, token: int) -> dict:
         raw = self.tokenizer.piece_bytes(token)

@@ -29,7 +29,8 @@ class InvalidRequest(CodedError):
     SamplerSettings does not have). A setting with a bad value raises SamplerError."""
 
 
-def prompt_ids(model, prompt, chat: bool = True, system: str | None = None) -> list[int]:
+def prompt_ids(model, prompt, chat: bool = True, system: str | None = None, tools: list | None = None,
+               suffix: str = "") -> list[int]:
     """The token ids of a prompt given as:
 
     - a string: wrapped as one user message and rendered with the model's chat template,
@@ -41,7 +42,9 @@ def prompt_ids(model, prompt, chat: bool = True, system: str | None = None) -> l
     `system`, for the two templated forms, is put first as a system message unless the
     messages begin with one already. Text is refused (InvalidRequest "prompt-too-long") once
     it has more tokens than the context holds (a prompt that fills it exactly is allowed: its
-    answer ends "length" at once); token ids are taken as given (the backend refuses too many)."""
+    answer ends "length" at once); token ids are taken as given (the backend refuses too many).
+    tools (messages only): OpenAI's tool list, given to the chat template as transformers
+    gives it; suffix: text put after the rendered prompt (a forced tool call's opening)."""
     from .semantic.chat_template import TemplateError
     limit = model.architecture.context_length
     if isinstance(prompt, str):
@@ -60,7 +63,8 @@ def prompt_ids(model, prompt, chat: bool = True, system: str | None = None) -> l
                 if isinstance(value, str):
                     _text(value, f"prompt[{n}].{key}")
         try:
-            text = model.chat_template.render(prompt, add_generation_prompt=True)
+            text = model.chat_template.render(prompt, add_generation_prompt=True,
+                                              **({"tools": tools} if tools else {})) + suffix
         except TemplateError as exc:
             raise InvalidRequest("bad-template", "chat_template",
                                  f"the model's chat template failed on these messages: {exc}"[:400]) from None
@@ -121,11 +125,7 @@ def sampler_settings(model, overrides: Mapping | None = None) -> SamplerSettings
     if "logit_bias" in overrides:
         overrides["logit_bias"] = _json_bias(overrides["logit_bias"])
     if isinstance(overrides.get("response_format"), dict):          # OpenAI's {"type": ...}
-        form = overrides["response_format"]
-        if set(form) != {"type"}:
-            raise SamplerError("out-of-range", "response_format", "must be {type: text or json_object} "
-                                                                  "(no schema or grammar yet)")
-        overrides["response_format"] = form["type"]
+        overrides.update(_response_format(overrides["response_format"]))
     if ignore_eos and overrides.get("response_format", "text") != "text":
         raise SamplerError("out-of-range", "ignore_eos", "cannot be set in JSON mode: the answer ends "
                                                          "when its object is complete")
@@ -141,6 +141,38 @@ def sampler_settings(model, overrides: Mapping | None = None) -> SamplerSettings
         banned = {int(t): -math.inf for t in model.manifest.tokenizer["eos_ids"]}
         settings = dataclasses.replace(settings, logit_bias={**dict(settings.logit_bias), **banned})
     return settings
+
+
+def _response_format(form: dict) -> dict:
+    """OpenAI's and WebLLM's response_format as SamplerSettings fields:
+    {type: "text"}, {type: "json_object"}, {type: "json_object", schema: <schema or its JSON
+    text>} (WebLLM's) and {type: "json_schema", json_schema: {name, description, strict,
+    schema}} (OpenAI's; name, description and strict are taken and not used: the schema is
+    always enforced)."""
+    kind = form.get("type")
+    given = {k for k, v in form.items() if v is not None}
+    if kind == "json_schema":
+        spec = form.get("json_schema")
+        if given - {"type", "json_schema"} or not isinstance(spec, dict) or spec.get("schema") is None:
+            raise SamplerError("out-of-range", "response_format", "json_schema must be {type: \"json_schema\", "
+                                                                  "json_schema: {name, schema}}")
+        unknown = sorted(set(spec) - {"name", "description", "strict", "schema"})
+        if unknown:
+            raise SamplerError("out-of-range", f"response_format.json_schema.{unknown[0]}", "is not a field of "
+                                                                                            "json_schema")
+        return {"response_format": "json_schema", "json_schema": spec["schema"]}
+    if kind == "json_object" and given <= {"type", "schema"}:
+        if form.get("schema") is not None:
+            return {"response_format": "json_schema", "json_schema": form["schema"]}
+        return {"response_format": "json_object"}
+    if kind == "grammar":
+        raise SamplerError("out-of-range", "response_format", "grammar (EBNF) is not supported: give "
+                                                              "json_object or json_schema")
+    if kind == "text" and given == {"type"}:
+        return {"response_format": "text"}
+    raise SamplerError("out-of-range", "response_format", "must be {type: text}, {type: json_object}, "
+                                                          "{type: json_object, schema} or {type: json_schema, "
+                                                          "json_schema: {name, schema}}")
 
 
 def _json_bias(value):

@@ -9,11 +9,10 @@ Two parts:
   integer), so it can be a dict key. Bytes >= 0x80 are taken as string content (UTF-8 is
   left to the tokenizer's decoder); whitespace runs are at most MAX_WHITESPACE bytes and
   nesting at most MAX_DEPTH, so a model cannot stall in blanks or recurse without end.
-- `JsonMask(tokenizer, vocab, eos_ids)`: per tokenizer, every token's bytes sorted once;
-  `allowed(state)` walks them from `state` sharing the work of common prefixes (sorted
-  order: a prefix that fails is skipped for every token that starts with it) and returns a
-  bool [vocab] mask, cached per state. Special tokens are never allowed; the EOS ids are
-  allowed exactly when the object is complete, and then nothing else is.
+- `JsonMask(tokenizer, vocab, eos_ids)`: token_mask.GrammarMask over this recognizer:
+  `allowed(state)` is a bool [vocab] mask, cached per state. Special tokens are never
+  allowed; the EOS ids are allowed exactly when the object is complete, and then nothing
+  else is.
 
 The mask is a function of the committed tokens only, so it is the same on the GPU and the
 CPU, after a device loss's replay, and in every browser: the sampler's determinism holds.
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import numpy as np
+from .token_mask import GrammarMask, token_pieces
 
 MAX_WHITESPACE = 24          # consecutive blanks between tokens of the JSON text
 MAX_DEPTH = 32               # nested objects and arrays
@@ -149,63 +148,27 @@ def advance(state: State, data: bytes) -> State | None:
     return state
 
 
-class JsonMask:
+class ObjectGrammar:
+    """The recognizer above as token_mask's grammar: a whole object ends the answer."""
+    initial = INITIAL
+    step = staticmethod(step)
+
+    @staticmethod
+    def accepting(state: State) -> bool:
+        return state[1] == DONE
+
+    finished = accepting
+
+    @staticmethod
+    def in_string(state: State) -> bool:
+        return state[1] == STRING
+
+
+class JsonMask(GrammarMask):
     """The tokens that keep the text a JSON-object prefix, per recognizer state (module docstring)."""
 
     def __init__(self, tokenizer, vocab: int, eos_ids):
-        pieces = []
-        for token in range(min(vocab, len(tokenizer.tokens))):
-            raw = tokenizer.piece_bytes(token)
-            if raw and token not in tokenizer.special_ids:
-                pieces.append((raw, token))
-        pieces.sort()
-        self.vocab = vocab
-        self._bytes = [raw for raw, _ in pieces]
-        self._ids = np.array([token for _, token in pieces], dtype=np.int64)
-        self._shared = [0] + [_common_prefix(a, b) for a, b in zip(self._bytes, self._bytes[1:])]
-        self._eos = np.zeros(vocab, dtype=bool)
-        self._eos[[t for t in eos_ids if 0 <= t < vocab]] = True
-        self._cache: dict[State, np.ndarray] = {}
-
-    def allowed(self, state: State) -> np.ndarray:
-        """bool [vocab]: the tokens that may follow `state` (read-only; cached per state)."""
-        if state[1] == DONE:
-            return self._eos
-        cached = self._cache.get(state)
-        if cached is None:
-            cached = self._cache[state] = self._walk(state)
-            cached.flags.writeable = False
-        return cached
-
-    def _walk(self, state: State) -> np.ndarray:
-        ok = np.zeros(len(self._bytes), dtype=bool)
-        states = [state]              # states[d]: after the first d bytes of the token at hand
-        dead = None                   # a prefix length that no JSON object continues
-        for k, (raw, shared) in enumerate(zip(self._bytes, self._shared)):
-            if dead is not None and shared >= dead:
-                continue              # starts with the prefix that failed
-            dead = None
-            del states[shared + 1:]
-            current = states[shared]
-            for depth in range(shared, len(raw)):
-                current = step(current, raw[depth])
-                if current is None:
-                    dead = depth + 1
-                    break
-                states.append(current)
-            else:
-                ok[k] = True
-        mask = np.zeros(self.vocab, dtype=bool)
-        mask[self._ids[ok]] = True
-        return mask
-
-
-def _common_prefix(a: bytes, b: bytes) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+        super().__init__(token_pieces(tokenizer, vocab), ObjectGrammar, eos_ids)
 
 
 def json_mask_for(tokenizer, vocab: int, eos_ids) -> JsonMask:

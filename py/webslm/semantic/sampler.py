@@ -57,9 +57,10 @@ MAX_BIAS = 100.0
 MAX_BIASED_TOKENS = 4096
 # top_logprobs: OpenAI allows up to 20 alternatives per position (WebLLM up to 5).
 MAX_TOP_LOGPROBS = 20
-# response_format: "text", or "json_object" (the engine masks every token that would leave
-# the answer no JSON object: semantic/json_grammar.py; the mask comes to choose() as `allowed`).
-RESPONSE_FORMATS = ("text", "json_object")
+# response_format: "text", "json_object" (the engine masks every token that would leave the
+# answer no JSON object: semantic/json_grammar.py; the mask comes to choose() as `allowed`) or
+# "json_schema" (the same, for the JSON texts valid against json_schema: semantic/json_schema.py).
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 # == 1. Settings ==============================================================================
@@ -115,6 +116,7 @@ class SamplerSettings:
     logprobs: bool = False
     top_logprobs: int = 0
     response_format: str = "text"
+    json_schema: str = ""          # response_format "json_schema": the schema as compact JSON text
 
     def __post_init__(self):
         inf = math.inf
@@ -136,6 +138,7 @@ class SamplerSettings:
             "top_logprobs": _integer("top_logprobs", self.top_logprobs, low=0, high=MAX_TOP_LOGPROBS),
             "response_format": _choice("response_format", self.response_format, RESPONSE_FORMATS),
         }
+        checked["json_schema"] = _schema(self.json_schema, checked["response_format"])
         if checked["top_logprobs"] and not checked["logprobs"]:
             raise SamplerError("out-of-range", "top_logprobs", "needs logprobs: true")
         for name, value in checked.items():
@@ -172,6 +175,19 @@ def _choice(name: str, value, choices) -> str:
     if value not in choices or not isinstance(value, str):
         raise SamplerError("out-of-range", name, f"must be one of {', '.join(choices)}, not {str(value)[:40]!r}")
     return value
+
+
+def _schema(value, response_format: str) -> str:
+    """json_schema as compact JSON text, compiled once to check it is in the supported subset
+    (json_schema.SchemaError otherwise); "" unless response_format is "json_schema"."""
+    if response_format != "json_schema":
+        if value not in ("", None):
+            raise SamplerError("out-of-range", "json_schema", 'needs response_format "json_schema"')
+        return ""
+    if value in ("", None):
+        raise SamplerError("out-of-range", "json_schema", 'response_format "json_schema" needs a schema')
+    from .json_schema import canonical_schema
+    return canonical_schema(value)
 
 
 def _flag(name: str, value) -> bool:
@@ -419,6 +435,8 @@ def _settings_bytes(s: SamplerSettings, vocab_size: int) -> bytes:
         out.append(struct.pack(">I", len(s.logit_bias)))
         out.extend(struct.pack(">Id", token, bias) for token, bias in s.logit_bias)
         out.append(struct.pack(">BIB", s.logprobs, s.top_logprobs, RESPONSE_FORMATS.index(s.response_format)))
+        if s.response_format == "json_schema":         # the schema's text, by its sha256
+            out.append(hashlib.sha256(s.json_schema.encode("utf-8")).digest())
     out.append(struct.pack(">I", vocab_size))
     return b"".join(out)
 

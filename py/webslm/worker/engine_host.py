@@ -25,7 +25,7 @@ import json
 import time
 from typing import Callable
 
-from .requests import WorkerRequestFailed, cache_prompt, generation_request
+from .requests import WorkerRequestFailed, cache_prompt, generation_plan
 
 CONFORMANCE_PROMPT = "What is the capital of France?"
 
@@ -252,11 +252,14 @@ class EngineHost:
         logprobs entries of every committed token (null without logprobs), usage (with the prompt tokens kept in the KV cache
         from the answer before), timings (engine timings, time to first token, GPU per-step
         overhead), the backend(s) that answered, the committed token ids and the engine
-        summary."""
+        summary. With tools (semantic/tool_calls.py): tool_calls (null when the answer makes
+        no call), content (the text around the calls, or null), and finish_reason
+        "tool_calls" when it made one."""
         started = time.perf_counter()
         model = self.semantic_model()
         request = json.loads(request_json)
-        ids, settings = generation_request(model, request)     # RequestError: "bad-field"
+        plan = generation_plan(model, request)                  # RequestError: "bad-field"
+        ids, settings = plan.ids, plan.settings
         reuse = cache_prompt(request)
         engine = await self.ensure_engine()
         gpu = self.gpu_backend if engine.backend_kind == "gpu" else None
@@ -298,7 +301,14 @@ class EngineHost:
                 # the delta posted to the page, the event loop's turns
                 per_step = 1000 * t.decode_seconds / steps["decode_steps"]
                 steps["outside_executor_ms"] = round(per_step - steps["prepare_ms"] - steps["run_ms"] - steps["finish_ms"], 3)
-        return json.dumps({"text": "".join(pieces), "finish_reason": finish, "logprobs": logprobs,
+        text, calls = "".join(pieces), None
+        if plan.tools is not None and finish == "stop":
+            read = plan.tools.read(text, salt=f"{settings.seed}:{len(ids)}")
+            if read is not None:             # the answer is calls (with any text around them)
+                _, calls = read
+                finish = "tool_calls"
+        return json.dumps({"text": text, "finish_reason": finish, "logprobs": logprobs,
+                           **({"tool_calls": calls, "content": read[0] if calls else text} if plan.tools else {}),
                            "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens,
                                      "prompt_tokens_details": {"cached_tokens": t.cached_tokens}},
                            "timings": timings, "backend": engine.backend_kind, "backends": backends,
