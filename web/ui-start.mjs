@@ -51,6 +51,7 @@ function stepFor(key, detail) {
   const name = key === "download" ? READING[detail.source] ?? STEP_NAMES.download : STEP_NAMES[key];
   const step = { key, name, started: now, ended: null, numbers: "", now: name };
   steps.push(step);
+  $("start-step").textContent = `${name}…`;     // a live region: a screen reader says each step once
   return step;
 }
 
@@ -67,8 +68,7 @@ function draw() {
   const bar = $("start-bar");
   bar.value = at;
   bar.setAttribute("aria-valuetext", `${Math.round(at * 100)} percent`);
-  const now = current && current.ended === null ? `${current.now}…` : "";
-  if ($("start-now").textContent !== now) $("start-now").textContent = now;   // a live region: said when it changes
+  $("start-now").textContent = current && current.ended === null ? `${current.now}…` : "";
 }
 
 // A start begins (the engine's boot, or a model's load): the card shows with this title.
@@ -124,6 +124,7 @@ export function failStart(message) {
   $("start-title").textContent = "The model did not load";
   $("start-now").textContent = "";
   $("start-error").textContent = message;
+  $("start-step").textContent = "";
   draw();
 }
 
