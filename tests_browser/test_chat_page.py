@@ -62,6 +62,8 @@ const ui = {
     finish: li.dataset.finishReason ?? null,
   })),
   lastAssistant: () => [...document.querySelectorAll("#messages li.assistant")].pop() ?? null,
+  // what an answer's text looks like on the page: rendered as Markdown (web/markdown.mjs)
+  shown: async (text) => (await import("./markdown.mjs")).renderMarkdown(text, document.createElement("div")).textContent,
   until: (check, ms) => new Promise((ok, fail) => {
     const t = setInterval(() => { const v = check(); if (v) { clearInterval(t); ok(v); } }, 20);
     setTimeout(() => { clearInterval(t); fail(new Error("timed out: " + check)); }, ms);
@@ -215,13 +217,14 @@ def test_escape_stops_an_answer_mid_way(booted):
       await ui.until(() => ui.lastAssistant()?.querySelector(".content")?.textContent, %d);
       ui.key(document.activeElement ?? document.body, "Escape");
       await ui.until(() => ui.lastAssistant()?.dataset.finishReason, %d);
-      return { turns: ui.turns(), last: window.webslm.lastAnswer, send: ui.$("send").disabled };
+      return { turns: ui.turns(), last: window.webslm.lastAnswer, send: ui.$("send").disabled,
+               shown: await ui.shown(window.webslm.lastAnswer.text) };
     """ % (json.dumps(LONG_PROMPT), ANSWER_TIMEOUT_S * 1000, ANSWER_TIMEOUT_S * 1000))
     last, turns = out["last"], out["turns"]
     assert last["finish_reason"] == "abort", last
     assert turns[-1]["finish"] == "abort" and "stopped" in turns[-1]["meta"], turns[-1]
     assert 1 <= last["usage"]["completion_tokens"] < 40
-    assert turns[-1]["text"] == last["text"] and last["text"]
+    assert turns[-1]["text"] == out["shown"] and last["text"]
     assert out["send"] is False
     print(f"\n{booted.row.name}: stopped after {last['usage']['completion_tokens']} tokens: {last['text']!r}")
 
@@ -237,14 +240,14 @@ def test_regenerate_answers_the_same_conversation_again(booted):
       ui.set("temperature", 0.8); ui.set("max-tokens", 2); ui.set("seed", "");
       ui.$("regenerate").click();
       await ui.until(() => window.webslm.lastAnswer !== previous && ui.lastAssistant()?.dataset.finishReason, %d);
-      return { before, after: ui.turns(), previous, last: window.webslm.lastAnswer };
+      return { before, after: ui.turns(), previous, last: window.webslm.lastAnswer, shown: await ui.shown(window.webslm.lastAnswer.text) };
     """ % (ANSWER_TIMEOUT_S * 1000))
     before, after, last = out["before"], out["after"], out["last"]
     assert [t["role"] for t in before] == [t["role"] for t in after] == ["user", "assistant"], (before, after)
     assert after[0]["text"] == before[0]["text"] == LONG_PROMPT
     assert last["finish_reason"] in ("length", "stop") and after[1]["finish"] == last["finish_reason"]
     assert 1 <= last["usage"]["completion_tokens"] <= 2
-    assert after[1]["text"] == last["text"]
+    assert after[1]["text"] == out["shown"]
     assert last["seed"] != out["previous"].get("seed"), "an empty seed box means a fresh seed"
 
 

@@ -10,6 +10,7 @@ import * as chat from "./ui-chat.mjs";
 import * as engineView from "./ui-engine.mjs";
 import * as modelPanel from "./ui-model.mjs";
 import { setTheme, showModelDefaults, wireTheme } from "./ui-settings.mjs";
+import * as startCard from "./ui-start.mjs";
 
 const $ = (id) => document.getElementById(id);
 
@@ -37,9 +38,9 @@ const page = {
 };
 window.webslm = page;
 
-function setReady(ready) {
+function setReady(ready, reason = null) {
   page.ready = ready;
-  chat.setReady(ready);
+  chat.setReady(ready, reason);
   if (ready && page.timings.page_ready_s === undefined) page.timings.page_ready_s = performance.now() / 1000;
 }
 
@@ -54,32 +55,44 @@ function refuse(message, code) {
   return Object.assign(new Error(message), { code });
 }
 
+// A picked or dropped file must be named .slm: a photo or a GGUF is refused by its name
+// before a byte of it is read (the validator refuses a misnamed one by its first bytes).
+const notSlm = (source) => typeof source?.name === "string" && typeof source.arrayBuffer === "function" && !/\.slm$/i.test(source.name);
+
 async function loadModel(source) {
   const engine = page.engine;
   if (!engine) throw refuse("The engine is still starting: load the model again in a moment.", "no-engine");
   if (loading) throw refuse("A model is already loading: wait for it to finish, then load this one.", "busy");
+  if (notSlm(source)) {
+    const error = refuse(`"${source.name}" is not a .slm file: only webslm's .slm model files load here (the command line's \`webslm convert\` makes one from a GGUF).`, "not-slm");
+    startCard.failStart(error.message);
+    throw error;
+  }
   loading = true;
   let previous = null;
   try {
     await chat.stopAndWait();
     previous = engine.model;
-    setReady(false);
+    setReady(false, "A model is loading: Send works once it is ready.");
     modelPanel.startLoad(source, { replacing: Boolean(previous) });
+    startCard.beginStart(`Loading ${modelPanel.describeSource(source)}`);
     engineView.showLoading();
     await engine.load(source);
     page.model = engine.model;
     modelPanel.showModel(engine.model);
     engineView.showAfterLoad(engine, { gpuDisabled: !useGpu });
     showModelDefaults(engine.model.generation);
+    startCard.endStart();
     return engine.model;
   } catch (error) {
-    modelPanel.showLoadFailure(error, source, previous);
+    const said = modelPanel.showLoadFailure(error, source, previous);
+    startCard.failStart(said);
     if (!previous) page.model = { error: error.message, code: error.code ?? null };
     throw error;
   } finally {
     loading = false;
     engineView.showEngine(engine);
-    setReady(Boolean(engine.model));
+    setReady(Boolean(engine.model), engine.model ? null : "No model is loaded: open a .slm file or enter its URL in Model & settings.");
     modelPanel.showCache(engine, engine.model?.artifact_sha256);
   }
 }
@@ -103,6 +116,7 @@ function follow(engine) {
     }
     if (!loading) return;       // a load the page did not start (a tool on engine.protocol) is not shown
     modelPanel.showProgress(detail);
+    startCard.showStartProgress(detail);
     if (detail.phase === "admission") engineView.showAdmissionStage(detail.stage);
   });
   engine.addEventListener("admission", ({ detail }) => {
@@ -115,6 +129,8 @@ function follow(engine) {
 // The worker (or the engine's script) could not start: nothing can answer, and the page says why.
 function failStart(error) {
   engineView.showEngineFailure(error);
+  startCard.failStart([error.message, error.advice].filter(Boolean).join(" "));
+  setReady(false, "The engine did not start: nothing can answer (the note at the top says why).");
   page.model = { error: error.message, code: error.code ?? "worker-failed" };
   $("model-state").textContent = "No model: the engine did not start.";
   $("model-error").textContent = `Nothing can be loaded: the engine did not start (${error.code ?? "worker-failed"}).`;
@@ -158,10 +174,19 @@ function wireDrawer() {
 async function start() {
   wireTheme();
   wireDrawer();
-  chat.wireChat({ getEngine: () => page.engine, onAnswer: (record) => { page.lastAnswer = record; } });
+  chat.wireChat({
+    getEngine: () => page.engine,
+    onAnswer: (record) => { page.lastAnswer = record; },
+    // a message sent: a failed load before it is old news (the model that answers is named in the panel)
+    onSend: () => {
+      startCard.dismissStart();
+      $("model-error").textContent = "";
+    },
+  });
   modelPanel.wireModelControls({ load: loadModel, remove: removeCached });
   if (firstModel !== "default") $("model-url").value = firstModel;
   engineView.showStarting("Starting Python in a worker…");
+  startCard.beginStart("Starting the engine");
 
   // Imported here rather than at the top so that a missing or broken engine script is
   // reported on the page instead of leaving it blank.
@@ -179,7 +204,11 @@ async function start() {
     // first model arrives, and a failed first load still leaves an engine to load another.
     // The worker's boot is reported before there is an engine to listen to: through
     // onProgress. Everything later comes as the engine's progress events (follow()).
-    const onProgress = (detail) => { if (detail.phase === "boot") modelPanel.showProgress(detail); };
+    const onProgress = (detail) => {
+      if (detail.phase !== "boot") return;
+      modelPanel.showProgress(detail);
+      startCard.showStartProgress(detail);
+    };
     engine = await api.createEngine({ model: null, gpu: gpuOption, onProgress });
   } catch (error) {
     failStart(error);

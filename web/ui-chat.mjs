@@ -4,7 +4,9 @@
 // the same DOM. The whole conversation (system prompt, then every turn) is sent each time;
 // the engine keeps its KV cache between requests and re-reads only what changed
 // (py/webslm/engine/prompt_cache.py). While the prompt is read, the answer's bubble says how
-// far it got (followProgress).
+// far it got (followProgress). Answers are shown as Markdown (markdown.mjs), rendered as they
+// stream; what the user typed is shown as typed.
+import { MarkdownView } from "./markdown.mjs";
 import { backendName, backendOf, sentence } from "./ui-engine.mjs";
 import { samplingSettings, systemPrompt } from "./ui-settings.mjs";
 
@@ -12,7 +14,10 @@ const $ = (id) => document.getElementById(id);
 
 let getEngine = () => null;
 let onAnswer = () => {};
+let onSend = () => {};       // a message is about to be sent (the page clears old load errors)
 let ready = false;           // a model is loaded and the engine can answer
+let waiting = "The engine is starting: Send works once a model is ready.";   // why not ready, in words
+const KEYS = "Enter sends · Shift+Enter adds a line · Esc stops the answer";
 const turns = [];            // {role, content, item, failed}: the conversation, oldest first
 let current = null;          // the answer streaming now: {item, meta, reading, backends, lossNoted, done}
 
@@ -27,16 +32,24 @@ function conversation() {
   return system === null ? said : [{ role: "system", content: system }, ...said];
 }
 
+// Send disabled says why, in its tooltip and in the line under the composer (shown on phones too).
 function updateControls() {
   $("send").disabled = current !== null || !ready;
+  const why = !ready ? waiting : current !== null ? "An answer is being written: Stop (or Esc) ends it." : "";
+  $("send").title = why;
+  const hint = $("composer-hint");
+  hint.textContent = why && !ready ? why : KEYS;
+  hint.classList.toggle("why", Boolean(why) && !ready);
   $("stop").disabled = current === null;
   $("regenerate").disabled = current !== null || !ready || turns.length === 0;
   $("new-chat").disabled = turns.length === 0;
   $("empty-state").hidden = turns.length > 0;
 }
 
-export function setReady(value) {
+// value: whether the engine can answer; reason: why not, in words (kept until the next one).
+export function setReady(value, reason = null) {
   ready = value;
+  if (reason) waiting = reason;
   updateControls();
 }
 
@@ -50,7 +63,9 @@ function scrollToEnd(force = false) {
 function addTurn(role, content) {
   const item = Object.assign(document.createElement("li"), { className: `message ${role}` });
   const who = Object.assign(document.createElement("span"), { className: "visually-hidden", textContent: role === "user" ? "You said:" : "The model answered:" });
-  const text = Object.assign(document.createElement("div"), { className: "content", textContent: content });
+  // an answer's content is filled by answer(), as Markdown; the user's text is shown as typed
+  const text = Object.assign(document.createElement("div"), role === "assistant"
+    ? { className: "content markdown" } : { className: "content", textContent: content });
   item.append(who, text);
   const turn = { role, content, item, failed: false };
   turns.push(turn);
@@ -122,6 +137,7 @@ async function answer(overrides) {
   const settings = samplingSettings(overrides);
   const turn = addTurn("assistant", "");
   const content = turn.item.querySelector(".content");
+  const view = new MarkdownView(content);   // the answer's text, rendered as it grows
   const meta = Object.assign(document.createElement("p"), { className: "meta" });
   turn.item.append(meta);
   turn.item.classList.add("streaming");
@@ -149,11 +165,12 @@ async function answer(overrides) {
         }
         first ??= performance.now();
         text += piece;
-        content.append(piece);
+        view.append(piece);
         scrollToEnd();
       }
       if (choice?.finish_reason) final = chunk;
     }
+    view.finish();
     const numbers = final?.webslm ?? {};
     const record = {
       ...numbers,
@@ -176,6 +193,7 @@ async function answer(overrides) {
     onAnswer(record);
     return record;
   } catch (error) {
+    view.finish();
     turn.failed = true;
     turn.item.classList.add("failed");
     turn.item.dataset.finishReason = "error";
@@ -211,6 +229,7 @@ export function followEngine(detail) {
 export function send(text, overrides = {}) {
   if (current) return Promise.reject(busy());
   if (!getEngine()) return Promise.reject(notStarted());
+  onSend();
   addTurn("user", text);
   return answer(overrides);
 }
@@ -254,7 +273,7 @@ export function newChat() {
 }
 
 export function wireChat(options) {
-  ({ getEngine, onAnswer } = options);
+  ({ getEngine, onAnswer, onSend = () => {} } = options);
   const prompt = $("prompt");
   const ignore = () => {};   // the failure is already shown under the answer
   $("composer").addEventListener("submit", (e) => {

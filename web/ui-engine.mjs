@@ -28,10 +28,13 @@ function gpuLabel(features = []) {
   return ["GPU", ...(names.length ? names : ["f32"])].join(" · ");
 }
 
-// Python's and the worker's sentences start in lower case and may lack the full stop.
+// Python's and the worker's sentences start in lower case and may lack the full stop. Only a
+// plain word is capitalised: a sentence that starts with a URL, a path or a name from code
+// ("https://…/m.slm could not be downloaded", "load-model: cancelled") starts as it is.
 export const sentence = (text) => {
   const trimmed = String(text).trim();
-  return trimmed.charAt(0).toUpperCase() + trimmed.slice(1) + (/[.!?]$/.test(trimmed) ? "" : ".");
+  const plainWord = /^[a-z]+(?:'[a-z]+)?(?=[\s,;.!?]|:\s|$)/.test(trimmed);
+  return (plainWord ? trimmed.charAt(0).toUpperCase() + trimmed.slice(1) : trimmed) + (/[.!?]$/.test(trimmed) ? "" : ".");
 };
 
 // The GPU loss arrives as statechange {to: "Lost", code, sentence}; the engine's cpuReason

@@ -31,7 +31,7 @@ function progressNumbers(phase, done, total) {
 }
 
 // "the default model", "model.slm", "https://…/model.slm"
-function describeSource(source) {
+export function describeSource(source) {
   if (source === "default") return "the default model";
   if (typeof source === "string") return source;
   return source?.name || "the file";
@@ -114,9 +114,11 @@ export function showLoadFailure(error, source, previous) {
   const still = previous
     ? `${previous.name || "The previous model"} is still loaded and answering.`
     : "No model is loaded: open a .slm file or enter its URL.";
-  $("model-error").textContent = `Could not load ${describeSource(source)}: ${what} ${still}`;
+  const message = `Could not load ${describeSource(source)}: ${what} ${still}`;
+  $("model-error").textContent = message;
   $("header-status").textContent = previous ? previous.name || "Model loaded" : "No model loaded";
   if (!previous) $("model-state").textContent = "No model loaded.";
+  return message;
 }
 
 function cachedDate(at) {

@@ -17,12 +17,18 @@ const SAMPLING = {
 // The sampling fields of a request: the controls' values, then `overrides` (window.webslm.ask's
 // settings) on top. Out-of-range values are passed on as typed: the engine rejects them with a
 // bad-request error that says which field is wrong, which is shown under the answer.
+// The page's own default length of an answer: the model's (its manifest's max_new_tokens),
+// at most this many tokens, so that an answer that loops ends in reasonable time.
+export const PAGE_MAX_TOKENS = 1024;
+let defaultMaxTokens = null;   // set from the loaded model's defaults (showModelDefaults)
+
 export function samplingSettings(overrides = {}) {
   const settings = {};
   for (const [id, [key, parse]] of Object.entries(SAMPLING)) {
     const raw = $(id).value.trim();
     if (raw !== "") settings[key] = parse(raw);
   }
+  if (settings.max_tokens === undefined && defaultMaxTokens !== null) settings.max_tokens = defaultMaxTokens;
   return Object.assign(settings, overrides);
 }
 
@@ -35,11 +41,15 @@ export function systemPrompt() {
 // The model's generation defaults as the placeholders of the sampling boxes, when the engine
 // reports them (engine.model.generation, the .slm manifest's); "default" otherwise.
 export function showModelDefaults(generation) {
+  const modelMax = generation?.max_new_tokens ?? generation?.max_tokens;
+  defaultMaxTokens = Number.isInteger(modelMax) ? Math.min(modelMax, PAGE_MAX_TOKENS) : PAGE_MAX_TOKENS;
   const defaults = {
     "temperature": generation?.temperature, "top-p": generation?.top_p,
-    "top-k": generation?.top_k, "max-tokens": generation?.max_new_tokens ?? generation?.max_tokens,
+    "top-k": generation?.top_k, "max-tokens": defaultMaxTokens,
   };
   for (const [id, value] of Object.entries(defaults)) $(id).placeholder = value === undefined ? "default" : `${value} (default)`;
+  $("length-note").textContent = `An answer ends after at most ${defaultMaxTokens} new tokens unless Max tokens says otherwise`
+    + (Number.isInteger(modelMax) && modelMax > defaultMaxTokens ? ` (the model allows ${modelMax}; this page stops at ${PAGE_MAX_TOKENS}).` : ".");
 }
 
 // Theme: "light" or "dark" pins data-theme on <html> (the CSS follows it); "system" removes

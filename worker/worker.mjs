@@ -82,8 +82,12 @@ const HANDLERS = {
   admit: ({ featureLevel, fault, gpu }, context) => enqueue(context, async () => {
     const { model } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
-    const onStage = (stage) => postMessage(event("admission-stage", { stage }));
     const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
+    // a stage's last progress (the upload's 100 %) is sent before the next stage begins
+    const onStage = (stage) => {
+      progress.flush();
+      postMessage(event("admission-stage", { stage }));
+    };
     try {
       return JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent, onStage, progress, gpu)));
     } finally {
@@ -278,9 +282,9 @@ async function openModel(source, url, sha256, { lookup, keep }) {
   try {
     response = await fetch(url);
   } catch (error) {
-    throw new RequestFailure(ERROR_CODES.fetchFailed, `${url.href} could not be downloaded (${error.message}): the network is down, or the server does not allow this site to read it (CORS)`);
+    throw new RequestFailure(ERROR_CODES.fetchFailed, `the download of ${url.href} failed (${error.message}): the network is down, or the server does not allow this site to read it (CORS)`);
   }
-  if (!response.ok) throw new RequestFailure(ERROR_CODES.fetchFailed, `${url.href} could not be downloaded: HTTP ${response.status}`);
+  if (!response.ok) throw new RequestFailure(ERROR_CODES.fetchFailed, `the download of ${url.href} failed: HTTP ${response.status}`);
   const total = Number(response.headers.get("content-length")) || null;
   const identity = (response.headers.get("content-encoding") ?? "identity") === "identity";
   const exact = total !== null && identity && url.origin === SITE.origin;
@@ -355,7 +359,10 @@ async function validateStream(opened, context, cancelled) {
 const cancelledLoad = () => new RequestFailure(ERROR_CODES.cancelled, "load-model: cancelled by unload");
 const badArtifact = (artifact) => new RequestFailure(ERROR_CODES.badArtifact, `${artifact.code} at ${artifact.where}: ${artifact.sentence}`, artifact);
 
-// At most one message per key (a phase, a stage) every 100 ms, and the last one always (flush()).
+// At most one message per key (a phase, a stage) every 100 ms, and the last one always: when
+// another key's message goes (a phase ends where the next begins), or at flush(). Without
+// that, a phase's last value waited for the flush at the end of the whole admission, and its
+// bar stood still short of its end through compilation and self-tests.
 function throttled(post) {
   const last = new Map();
   const pending = new Map();
@@ -364,6 +371,8 @@ function throttled(post) {
       pending.set(key, values);
       return;
     }
+    for (const [other, held] of pending) if (other !== key) post(other, ...held);
+    for (const other of [...pending.keys()]) if (other !== key) pending.delete(other);
     last.set(key, performance.now());
     pending.delete(key);
     post(key, ...values);
