@@ -175,8 +175,8 @@ def test_threads_split_rows_without_changing_a_bit():
     rng = np.random.default_rng(3)
     w = rng.standard_normal((301, 256)).astype(np.float32)
     x = rng.standard_normal((5, 256)).astype(np.float32)
-    one = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._block_sums, "1 thread", threads=1)
-    two = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._block_sums, "2 threads", threads=2)
+    one = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, "1 thread", threads=1)
+    two = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, "2 threads", threads=2)
     two.THREAD_MIN_WEIGHTS = 0
     for encoding, zero in (("q8", None), ("q4", "min"), ("q4", "offset")):
         a, b = matrix(encoding, zero, w, 32, kernel=one), matrix(encoding, zero, w, 32, kernel=two)

@@ -28,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCE = "py/webslm/cpu/qmatmul.c"
 WASM = "py/webslm/cpu/build/webslm_qmatmul.wasm"
 NATIVE = "py/webslm/cpu/build/libwebslm_qmatmul.so"
-EXPORTS = ("webslm_q8_matmul", "webslm_q4_matmul", "webslm_block_sums")
+EXPORTS = ("webslm_q8_matmul", "webslm_q4_matmul", "webslm_block_sums", "webslm_prepare")
 # The arithmetic is qmatmul.c's only with these: no contraction into fused multiply-adds,
 # no fast-math reassociation; freestanding so that no loop turns into a libc call.
 COMMON = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-ffreestanding", "-fno-builtin", "-Wall", "-Wextra", "-Werror"]

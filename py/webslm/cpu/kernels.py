@@ -20,6 +20,7 @@ import ctypes
 import os
 import pathlib
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,12 +33,15 @@ def address(a: np.ndarray) -> int:
 
 
 class Kernels:
-    """The three entry points of qmatmul.c, called on numpy arrays, and how rows of W are
-    shared among threads (natively; the Pyodide worker has one)."""
+    """qmatmul.c's entry points as the CPU path calls them, and how rows of W are shared
+    among threads (natively; the Pyodide worker has one). Its scratch arrays (x' and block
+    sums) are allocated once per layout and thread, so that a product costs Python no more
+    than it must: under Pyodide, asking numpy for an array's address costs several us."""
 
-    def __init__(self, q8, q4, block_sums, name: str, threads: int = 1):
-        self._q8, self._q4, self._block_sums = q8, q4, block_sums
+    def __init__(self, q8, q4, prepare, name: str, threads: int = 1):
+        self._q8, self._q4, self._prepare = q8, q4, prepare
         self.name, self.threads = name, threads
+        self._local = threading.local()
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
 
     # Below this many weights a product runs on one thread: handing work to a thread costs
@@ -53,32 +57,41 @@ class Kernels:
         for f in [self._pool.submit(call, a, b) for a, b in zip(edges, edges[1:]) if b > a]:
             f.result()
 
-    def q8_matmul(self, x, codes, scales, y, block: int) -> None:
-        """y [m, n] = x [m, nblocks*block] . codes [n, nblocks*block] int8 with scales [n, nblocks]."""
-        m, n, nblocks = x.shape[0], codes.shape[0], scales.shape[1]
-        cb, sb = codes.strides[0], scales.strides[0]
+    def prepare(self, x: np.ndarray, nblocks: int, block: int, q4: bool, sums: bool) -> tuple[int, int]:
+        """x [m, k] -> the addresses of x' [m, nblocks*block] and (sums: q4 "min") its block
+        sums [m, nblocks] (0 without), in this thread's scratch arrays for this layout: valid
+        until the next prepare of the same layout in this thread."""
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, np.float32)
+        m, k = x.shape
+        layout = (nblocks, block, q4, sums)
+        xp_at = self._scratch(layout + ("x",), m * nblocks * block)
+        sums_at = self._scratch(layout + ("sums",), m * nblocks) if sums else 0
+        self._prepare(address(x), m, k, k, nblocks, block, int(q4), xp_at, sums_at)
+        return xp_at, sums_at
 
-        def call(j0, j1):
-            self._q8(address(x), m, address(codes) + j0 * cb, address(scales) + j0 * sb,
-                     j1 - j0, nblocks, block, address(y) + 4 * j0, n)
-        self._split(call, n, x.shape[1])
+    def _scratch(self, key, floats: int) -> int:
+        """The address of this thread's scratch array `key`, of at least `floats` f32."""
+        arrays = vars(self._local).setdefault("arrays", {})
+        held = arrays.get(key)
+        if held is None or held[0].size < floats:
+            array = np.empty(max(floats, 1024), np.float32)
+            held = arrays[key] = (array, address(array))
+        return held[1]
 
-    def q4_matmul(self, x, codes, scales, mins, xsums, y, block: int) -> None:
-        """y [m, n] = x (de-interleaved) . q4 codes [n, nblocks*block/2]; mins None: "offset"."""
-        m, n, nblocks = x.shape[0], codes.shape[0], scales.shape[1]
-        cb, sb = codes.strides[0], scales.strides[0]
-
-        def call(j0, j1):
-            self._q4(address(x), m, address(codes) + j0 * cb, address(scales) + j0 * sb,
-                     0 if mins is None else address(mins) + j0 * sb, 0 if xsums is None else address(xsums),
-                     j1 - j0, nblocks, block, address(y) + 4 * j0, n)
-        self._split(call, n, x.shape[1])
-
-    def block_sums(self, x, block: int) -> np.ndarray:
-        """[m, nblocks] sums of each block of x [m, nblocks*block], in the kernel's order."""
-        out = np.empty((x.shape[0], x.shape[1] // block), np.float32)
-        self._block_sums(address(x), x.shape[0], out.shape[1], block, address(out))
-        return out
+    def matmul(self, w, m: int, xp_at: int, sums_at: int, y: np.ndarray) -> None:
+        """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
+        mins are taken once, when it is made) and x' from prepare()."""
+        n, ya = w.shape[0], address(y)
+        cb, sb = w.codes.strides[0], w.scales.strides[0]
+        if w.encoding == "q8":
+            def call(j0, j1):
+                self._q8(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+        else:
+            def call(j0, j1):
+                self._q4(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, w.mins_at and w.mins_at + j0 * sb,
+                         sums_at, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+        self._split(call, n, w.nblocks * w.block)
 
 
 def _native() -> Kernels | None:
@@ -91,11 +104,11 @@ def _native() -> Kernels | None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.webslm_q8_matmul.argtypes = [p, i, p, p, i, i, i, p, i]
     lib.webslm_q4_matmul.argtypes = [p, i, p, p, p, p, i, i, i, p, i]
-    lib.webslm_block_sums.argtypes = [p, i, i, i, p]
-    for f in (lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_block_sums):
+    lib.webslm_prepare.argtypes = [p, i, i, i, i, i, i, p, p]
+    for f in (lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare):
         f.restype = None
     threads = int(os.environ.get("WEBSLM_CPU_THREADS", min(os.cpu_count() or 1, 4)))
-    return Kernels(lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_block_sums,
+    return Kernels(lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare,
                    f"native {path.name}", max(1, threads))
 
 
@@ -105,7 +118,7 @@ def _pyodide() -> Kernels | None:
     except ImportError:
         return None
     return Kernels(webslm_qmatmul.webslm_q8_matmul, webslm_qmatmul.webslm_q4_matmul,
-                   webslm_qmatmul.webslm_block_sums, "wasm simd128 webslm_qmatmul.wasm")
+                   webslm_qmatmul.webslm_prepare, "wasm simd128 webslm_qmatmul.wasm")
 
 
 _loaded: list = []

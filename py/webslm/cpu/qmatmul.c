@@ -168,3 +168,23 @@ EXPORT void webslm_block_sums(const float *x, int m, int nblocks, int block, flo
         out[i] = hsum(d);
     }
 }
+
+/* x [m, k] (rows ldx apart) -> x' [m, nblocks * block]: zero-padded to whole blocks and
+ * permuted inside every 32 values so that x'[4g + l] meets the code in lane l of group g:
+ * q4: x[8l + g]; q8: x[16h + 4l + g'] for g = 4h + g'. With xsums (q4 "min"), also its
+ * block sums [m, nblocks] (webslm_block_sums). Only moves values: no rounding. */
+EXPORT void webslm_prepare(const float *x, int m, int k, int ldx, int nblocks, int block, int q4,
+                           float *out, float *xsums) {
+    const int padded = nblocks * block;
+    for (int i = 0; i < m; i++) {
+        const float *row = x + (long)i * ldx;
+        float *o = out + (long)i * padded;
+        for (int c = 0; c < padded; c += 32)
+            for (int g = 0; g < 8; g++)
+                for (int l = 0; l < 4; l++) {
+                    const int e = c + (q4 ? 8 * l + g : 16 * (g / 4) + 4 * l + g % 4);
+                    o[c + 4 * g + l] = e < k ? row[e] : 0.0f;
+                }
+    }
+    if (xsums) webslm_block_sums(out, m, nblocks, block, xsums);
+}

@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from ..artifact import quant
-from .kernels import kernels
+from .kernels import address, kernels
 
 STRIP_BYTES = 4 << 20          # a decoded strip's f32 size at most (StripMatrix)
 
@@ -84,33 +84,31 @@ class QuantizedMatrix(StripMatrix):
         mins = arrays.get("mins")
         self.mins = None if mins is None else np.ascontiguousarray(mins, np.float32)
         self.nblocks = self.scales.shape[1]
+        self._addresses()
+
+    def _addresses(self) -> None:
+        """The data addresses the kernel is called with (fixed: the arrays never move)."""
+        self.codes_at, self.scales_at = address(self.codes), address(self.scales)
+        self.mins_at = 0 if self.mins is None else address(self.mins)
 
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
 
-    def prepare(self, x: np.ndarray) -> np.ndarray:
-        """x [M, K] -> x' [M, blocks*block] f32 as the kernel reads it (qmatmul.c): zero-padded
-        to whole blocks, then permuted inside every 32 values to meet the codes' groups:
-        q4: x'[4k + l] = x[8l + k] (k < 8, l < 4); q8: the same per 16 values with k < 4."""
-        m, k = x.shape
-        padded = self.nblocks * self.block
-        xp = np.zeros((m, padded), np.float32)
-        xp[:, :k] = x
-        if self.encoding == "q4":
-            xp = xp.reshape(m, padded // 32, 4, 8).transpose(0, 1, 3, 2)
-        else:
-            xp = xp.reshape(m, padded // 16, 4, 4).transpose(0, 1, 3, 2)
-        return np.ascontiguousarray(xp).reshape(m, padded)
+    def layout(self) -> tuple:
+        """What prepare() depends on: matrices of one layout share a prepared x."""
+        return self.nblocks, self.block, self.encoding == "q4", self.mins is not None
 
-    def matmul(self, x: np.ndarray, prepared: np.ndarray | None = None) -> np.ndarray:
-        xp = self.prepare(x) if prepared is None else prepared
-        out = np.empty((len(xp), self.shape[0]), np.float32)
-        if self.encoding == "q8":
-            self.kernel.q8_matmul(xp, self.codes, self.scales, out, self.block)
-        else:
-            xsums = None if self.mins is None else self.kernel.block_sums(xp, self.block)
-            self.kernel.q4_matmul(xp, self.codes, self.scales, self.mins, xsums, out, self.block)
+    def prepare(self, x: np.ndarray) -> tuple[int, int, int]:
+        """x [M, K] -> (M, and the addresses of x' and its block sums) as the kernel reads
+        them: x zero-padded to whole blocks, then permuted inside every 32 values to meet
+        the codes' groups (qmatmul.c: webslm_prepare)."""
+        return (len(x), *self.kernel.prepare(x, *self.layout()))
+
+    def matmul(self, x: np.ndarray, prepared: tuple | None = None) -> np.ndarray:
+        m, xp_at, sums_at = self.prepare(x) if prepared is None else prepared
+        out = np.empty((m, self.shape[0]), np.float32)
+        self.kernel.matmul(self, m, xp_at, sums_at, out)
         return out
 
     def row_slice(self, count: int) -> "QuantizedMatrix":
@@ -120,6 +118,7 @@ class QuantizedMatrix(StripMatrix):
         view.arrays = {p: a[:count] for p, a in self.arrays.items()}
         view.codes, view.scales = self.codes[:count], self.scales[:count]
         view.mins = None if self.mins is None else self.mins[:count]
+        view._addresses()
         return view
 
 
@@ -143,7 +142,7 @@ def multiply(x: np.ndarray, *matrices: StripMatrix) -> list[np.ndarray]:
     out = []
     for w in matrices:
         if isinstance(w, QuantizedMatrix):
-            key = (w.encoding, w.block, w.nblocks)
+            key = w.layout()
             if key not in prepared:
                 prepared[key] = w.prepare(x)
             out.append(w.matmul(x, prepared[key]))
