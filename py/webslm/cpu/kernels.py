@@ -48,15 +48,6 @@ class Kernels:
     # ~30-50 us in CPython, more than a small product.
     THREAD_MIN_WEIGHTS = 1 << 20
 
-    def _split(self, call, n: int, k: int) -> None:
-        """call(j0, j1) over the rows of W, split among the threads when the matrix is large."""
-        if self._pool is None or n * k < self.THREAD_MIN_WEIGHTS:
-            call(0, n)
-            return
-        edges = [n * t // self.threads for t in range(self.threads + 1)]
-        for f in [self._pool.submit(call, a, b) for a, b in zip(edges, edges[1:]) if b > a]:
-            f.result()
-
     def prepare(self, x: np.ndarray, nblocks: int, block: int, q4: bool, sums: bool) -> tuple[int, int]:
         """x [m, k] -> the addresses of x' [m, nblocks*block] and (sums: q4 "min") its block
         sums [m, nblocks] (0 without), in this thread's scratch arrays for this layout: valid
@@ -83,15 +74,22 @@ class Kernels:
         """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
         mins are taken once, when it is made) and x' from prepare()."""
         n, ya = w.shape[0], address(y)
-        cb, sb = w.codes.strides[0], w.scales.strides[0]
+        if self._pool is None or n * w.nblocks * w.block < self.THREAD_MIN_WEIGHTS:
+            self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
+            return
+        edges = [n * t // self.threads for t in range(self.threads + 1)]
+        jobs = [self._pool.submit(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in zip(edges, edges[1:]) if b > a]
+        for job in jobs:
+            job.result()
+
+    def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int) -> None:
+        """Rows j0..j1 of W (columns j0..j1 of y)."""
+        n, cb, sb = w.shape[0], w.codes.strides[0], w.scales.strides[0]
         if w.encoding == "q8":
-            def call(j0, j1):
-                self._q8(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+            self._q8(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
         else:
-            def call(j0, j1):
-                self._q4(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, w.mins_at and w.mins_at + j0 * sb,
-                         sums_at, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
-        self._split(call, n, w.nblocks * w.block)
+            self._q4(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, w.mins_at and w.mins_at + j0 * sb,
+                     sums_at, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
 
 
 def _native() -> Kernels | None:

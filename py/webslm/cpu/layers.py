@@ -85,11 +85,12 @@ def _attention_rows(q, k_cache, v_cache, start, scale, window) -> np.ndarray:
     v = v_cache.transpose(1, 0, 2)                                     # [K, n, E]
     scale = np.float32(1.0 / np.sqrt(e) if scale is None else scale)
     scores = (qg @ k[:, None]) * scale                                 # [K, G, T, n]
-    query_positions = (start + np.arange(t))[:, None]
-    hidden = np.arange(n)[None, :] > query_positions                   # [T, n]: future positions
-    if window is not None:
-        hidden |= np.arange(n)[None, :] <= query_positions - window    # [T, n]: out of the window
-    scores = np.where(hidden, np.float32(-np.inf), scores)
+    if t > 1 or (window is not None and n > window):     # one row at the end sees all n: no mask
+        query_positions = (start + np.arange(t))[:, None]
+        hidden = np.arange(n)[None, :] > query_positions               # [T, n]: future positions
+        if window is not None:
+            hidden |= np.arange(n)[None, :] <= query_positions - window  # [T, n]: out of the window
+        scores = np.where(hidden, np.float32(-np.inf), scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
