@@ -41,7 +41,7 @@ class Kernels:
     def __init__(self, q8, q4, prepare, name: str, threads: int = 1):
         self._q8, self._q4, self._prepare = q8, q4, prepare
         self.name, self.threads = name, threads
-        self._local = threading.local()
+        self._scratch: dict = {}          # (thread, layout) -> (rows, x', its address, sums, address)
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
 
     # Below this many weights a product runs on one thread: handing work to a thread costs
@@ -52,23 +52,15 @@ class Kernels:
         """x [m, k] -> the addresses of x' [m, nblocks*block] and (sums: q4 "min") its block
         sums [m, nblocks] (0 without), in this thread's scratch arrays for this layout: valid
         until the next prepare of the same layout in this thread."""
-        if x.dtype != np.float32 or not x.flags.c_contiguous:
-            x = np.ascontiguousarray(x, np.float32)
+        x = np.ascontiguousarray(x, np.float32)          # x itself when it already is
         m, k = x.shape
-        layout = (nblocks, block, q4, sums)
-        xp_at = self._scratch(layout + ("x",), m * nblocks * block)
-        sums_at = self._scratch(layout + ("sums",), m * nblocks) if sums else 0
-        self._prepare(address(x), m, k, k, nblocks, block, int(q4), xp_at, sums_at)
-        return xp_at, sums_at
-
-    def _scratch(self, key, floats: int) -> int:
-        """The address of this thread's scratch array `key`, of at least `floats` f32."""
-        arrays = vars(self._local).setdefault("arrays", {})
-        held = arrays.get(key)
-        if held is None or held[0].size < floats:
-            array = np.empty(max(floats, 1024), np.float32)
-            held = arrays[key] = (array, address(array))
-        return held[1]
+        key = (threading.get_ident(), nblocks, block, q4, sums)
+        held = self._scratch.get(key)
+        if held is None or held[0] < m:
+            xp, xs = np.empty(m * nblocks * block, np.float32), np.empty(m * nblocks, np.float32)
+            held = self._scratch[key] = (m, xp, address(xp), xs, address(xs) if sums else 0)
+        self._prepare(address(x), m, k, k, nblocks, block, int(q4), held[2], held[4])
+        return held[2], held[4]
 
     def matmul(self, w, m: int, xp_at: int, sums_at: int, y: np.ndarray) -> None:
         """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and

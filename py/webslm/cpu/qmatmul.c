@@ -43,32 +43,36 @@ INLINE v4f load4(const float *p) { v4f v; __builtin_memcpy(&v, p, 16); return v;
 INLINE v4i load_codes(const void *p) { v4i v; __builtin_memcpy(&v, p, 16); return v; }
 INLINE v4f splat(float s) { return (v4f){s, s, s, s}; }
 INLINE float hsum(v4f a) { return (a[0] + a[2]) + (a[1] + a[3]); }
-INLINE v4f to_f32(v4i v) { return __builtin_convertvector(v, v4f); }
 
-/* The 8 groups of one 32-code chunk. */
+/* The 8 groups of one 32-code chunk (or, for pairs below, of two rows' chunks side by side). */
 typedef struct { v4f c[8]; } chunk;
 
-/* q8: 32 bytes; byte k of each lane, sign-extended: shift it to the top, shift back. */
+/* The groups as integer vectors, for any lane count (V: v4i, v8i):
+ * q8: byte k of each lane of a (groups 0-3) and b (4-7), sign-extended: to the top and back.
+ * q4 "offset": code - 8 is the 4-bit two's complement of code ^ 8: flip every nibble's top bit
+ *   once, then sign-extend nibble k as q8 does bytes.
+ * q4 "min": nibble k as it is (0..15). */
+#define Q8_GROUPS(a, b, F) {F((a << 24) >> 24), F((a << 16) >> 24), F((a << 8) >> 24), F(a >> 24), \
+                            F((b << 24) >> 24), F((b << 16) >> 24), F((b << 8) >> 24), F(b >> 24)}
+#define Q4_OFFSET_GROUPS(q, F) {F((q << 28) >> 28), F((q << 24) >> 28), F((q << 20) >> 28), F((q << 16) >> 28), \
+                                F((q << 12) >> 28), F((q << 8) >> 28), F((q << 4) >> 28), F(q >> 28)}
+#define Q4_MIN_GROUPS(u, F) {F(u & 15), F((u >> 4) & 15), F((u >> 8) & 15), F((u >> 12) & 15), \
+                             F((u >> 16) & 15), F((u >> 20) & 15), F((u >> 24) & 15), F(u >> 28)}
+#define TO_F4(v) __builtin_convertvector((v4i)(v), v4f)
+
 INLINE chunk unpack_q8(const int8_t *p) {
     v4i a = load_codes(p), b = load_codes(p + 16);
-    return (chunk){{to_f32((a << 24) >> 24), to_f32((a << 16) >> 24), to_f32((a << 8) >> 24), to_f32(a >> 24),
-                    to_f32((b << 24) >> 24), to_f32((b << 16) >> 24), to_f32((b << 8) >> 24), to_f32(b >> 24)}};
+    return (chunk){Q8_GROUPS(a, b, TO_F4)};
 }
 
-/* q4 "offset": code - 8 is the 4-bit two's complement of code ^ 8, so flip every nibble's top
- * bit once and sign-extend nibble k as q8 does bytes. */
 INLINE chunk unpack_q4_offset(const uint8_t *p) {
     v4i q = load_codes(p) ^ (int32_t)0x88888888;
-    return (chunk){{to_f32((q << 28) >> 28), to_f32((q << 24) >> 28), to_f32((q << 20) >> 28), to_f32((q << 16) >> 28),
-                    to_f32((q << 12) >> 28), to_f32((q << 8) >> 28), to_f32((q << 4) >> 28), to_f32(q >> 28)}};
+    return (chunk){Q4_OFFSET_GROUPS(q, TO_F4)};
 }
 
-/* q4 "min": nibble k as it is (0..15). */
 INLINE chunk unpack_q4_min(const uint8_t *p) {
-    v4u q = (v4u)load_codes(p);
-    return (chunk){{to_f32((v4i)(q & 15)), to_f32((v4i)((q >> 4) & 15)), to_f32((v4i)((q >> 8) & 15)),
-                    to_f32((v4i)((q >> 12) & 15)), to_f32((v4i)((q >> 16) & 15)), to_f32((v4i)((q >> 20) & 15)),
-                    to_f32((v4i)((q >> 24) & 15)), to_f32((v4i)(q >> 28))}};
+    v4u u = (v4u)load_codes(p);
+    return (chunk){Q4_MIN_GROUPS(u, TO_F4)};
 }
 
 /* p for the 32 values of x' at xp and one chunk of codes. */
@@ -112,10 +116,69 @@ INLINE void tile(const float *x, int ldx, int rows, const uint8_t *codes, const 
     if (rows > 3) out[3 * ldy] = hsum(a3);
 }
 
+/* Two rows of W at once, one in each half of 8-lane vectors: each half does exactly what
+ * tile() does for its row (same operations, same order), so the results are the same bits;
+ * the x' values are shared (native AVX2 does both rows in one instruction). One row of x. */
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef struct { v8f c[8]; } chunk2;
+#define TO_F8(v) __builtin_convertvector((v8i)(v), v8f)
+
+INLINE v8i load_codes2(const uint8_t *p0, const uint8_t *p1) {
+    v4i a = load_codes(p0), b = load_codes(p1);
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
+INLINE v8f twice(v4f x) { return __builtin_shufflevector(x, x, 0, 1, 2, 3, 0, 1, 2, 3); }
+
+INLINE v8f chunk_dot2(const float *xp, chunk2 c) {
+    v8f g0 = twice(load4(xp)) * c.c[0], g1 = twice(load4(xp + 4)) * c.c[1], g2 = twice(load4(xp + 8)) * c.c[2];
+    v8f g3 = twice(load4(xp + 12)) * c.c[3], g4 = twice(load4(xp + 16)) * c.c[4], g5 = twice(load4(xp + 20)) * c.c[5];
+    v8f g6 = twice(load4(xp + 24)) * c.c[6], g7 = twice(load4(xp + 28)) * c.c[7];
+    return ((g0 + g1) + (g2 + g3)) + ((g4 + g5) + (g6 + g7));
+}
+
+INLINE void pair(const float *x, const uint8_t *row0, const uint8_t *row1, const float *s0, const float *s1,
+                 int nblocks, int block, enum kind kind, float *out) {
+    v8f a = {0, 0, 0, 0, 0, 0, 0, 0};
+    const int chunks = block / 32, chunk_bytes = kind == Q8 ? 32 : 16;
+    for (int b = 0; b < nblocks; b++) {
+        v8f d = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < chunks; k++) {
+            const int at = (b * chunks + k) * chunk_bytes;
+            chunk2 c;
+            if (kind == Q8) {
+                v8i lo = load_codes2(row0 + at, row1 + at), hi = load_codes2(row0 + at + 16, row1 + at + 16);
+                c = (chunk2){Q8_GROUPS(lo, hi, TO_F8)};
+            } else if (kind == Q4_OFFSET) {
+                v8i q = load_codes2(row0 + at, row1 + at) ^ (int32_t)0x88888888;
+                c = (chunk2){Q4_OFFSET_GROUPS(q, TO_F8)};
+            } else {
+                v8u u = (v8u)load_codes2(row0 + at, row1 + at);
+                c = (chunk2){Q4_MIN_GROUPS(u, TO_F8)};
+            }
+            v8f p = chunk_dot2(x + (b * chunks + k) * 32, c);
+            d = k ? d + p : p;
+        }
+        const v8f s = {s0[b], s0[b], s0[b], s0[b], s1[b], s1[b], s1[b], s1[b]};
+        a = a + s * d;
+    }
+    out[0] = (a[0] + a[2]) + (a[1] + a[3]);
+    out[1] = (a[4] + a[6]) + (a[5] + a[7]);
+}
+
 INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, const float *scales,
                    int n, int nblocks, int block, enum kind kind, float *y, int ldy) {
     const int ldx = nblocks * block;
-    for (int j = 0; j < n; j++) {
+    int j = 0;
+    if (m < M_TILE)                        /* a few rows of x (decoding): rows of W in pairs */
+        for (; j + 2 <= n; j += 2)
+            for (int i = 0; i < m; i++)
+                pair(x + (long)i * ldx, codes + (long)j * row_bytes, codes + (long)(j + 1) * row_bytes,
+                     scales + (long)j * nblocks, scales + (long)(j + 1) * nblocks, nblocks, block, kind,
+                     y + (long)i * ldy + j);
+    for (; j < n; j++) {
         const uint8_t *row = codes + (long)j * row_bytes;
         const float *s = scales + (long)j * nblocks;
         int i = 0;
@@ -125,7 +188,6 @@ INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, c
             tile(x + (long)i * ldx, ldx, 1, row, s, nblocks, block, kind, y + (long)i * ldy + j, ldy);
     }
 }
-
 /* y [m, ldy] (columns 0..n-1 written) = x' [m, nblocks * block] . W^T, W q8:
  * codes [n, nblocks * block] int8, scales [n, nblocks] f32. block: 32, 64, 128 or 256. */
 EXPORT void webslm_q8_matmul(const float *x, int m, const int8_t *codes, const float *scales,
