@@ -37,7 +37,7 @@ typedef uint32_t v4u __attribute__((vector_size(16)));
 
 #define EXPORT __attribute__((visibility("default")))
 #define INLINE static inline __attribute__((always_inline))
-#define M_TILE 4   /* rows of x that share one unpacking of a weight chunk */
+#define M_TILE 4   /* rows of x that share one unpacking of a weight chunk (tile) */
 
 INLINE v4f load4(const float *p) { v4f v; __builtin_memcpy(&v, p, 16); return v; }
 INLINE v4i load_codes(const void *p) { v4i v; __builtin_memcpy(&v, p, 16); return v; }
@@ -139,12 +139,14 @@ INLINE v8f chunk_dot2(const float *xp, chunk2 c) {
     return ((g0 + g1) + (g2 + g3)) + ((g4 + g5) + (g6 + g7));
 }
 
-INLINE void pair(const float *x, const uint8_t *row0, const uint8_t *row1, const float *s0, const float *s1,
-                 int nblocks, int block, enum kind kind, float *out) {
-    v8f a = {0, 0, 0, 0, 0, 0, 0, 0};
+/* rows (1 or 2) rows of x' against two rows of W; out[0], out[1] for x row 0, out[ldy],
+ * out[ldy + 1] for x row 1. */
+INLINE void pair(const float *x, int ldx, int rows, const uint8_t *row0, const uint8_t *row1,
+                 const float *s0, const float *s1, int nblocks, int block, enum kind kind, float *out, int ldy) {
+    v8f a0 = {0, 0, 0, 0, 0, 0, 0, 0}, a1 = a0;
     const int chunks = block / 32, chunk_bytes = kind == Q8 ? 32 : 16;
     for (int b = 0; b < nblocks; b++) {
-        v8f d = {0, 0, 0, 0, 0, 0, 0, 0};
+        v8f d0 = {0, 0, 0, 0, 0, 0, 0, 0}, d1 = d0;
         for (int k = 0; k < chunks; k++) {
             const int at = (b * chunks + k) * chunk_bytes;
             chunk2 c;
@@ -158,26 +160,38 @@ INLINE void pair(const float *x, const uint8_t *row0, const uint8_t *row1, const
                 v8u u = (v8u)load_codes2(row0 + at, row1 + at);
                 c = (chunk2){Q4_MIN_GROUPS(u, TO_F8)};
             }
-            v8f p = chunk_dot2(x + (b * chunks + k) * 32, c);
-            d = k ? d + p : p;
+            const float *xp = x + (b * chunks + k) * 32;
+            v8f p0 = chunk_dot2(xp, c);
+            d0 = k ? d0 + p0 : p0;
+            if (rows > 1) { v8f p1 = chunk_dot2(xp + ldx, c); d1 = k ? d1 + p1 : p1; }
         }
         const v8f s = {s0[b], s0[b], s0[b], s0[b], s1[b], s1[b], s1[b], s1[b]};
-        a = a + s * d;
+        a0 = a0 + s * d0;
+        if (rows > 1) a1 = a1 + s * d1;
     }
-    out[0] = (a[0] + a[2]) + (a[1] + a[3]);
-    out[1] = (a[4] + a[6]) + (a[5] + a[7]);
+    out[0] = (a0[0] + a0[2]) + (a0[1] + a0[3]);
+    out[1] = (a0[4] + a0[6]) + (a0[5] + a0[7]);
+    if (rows > 1) {
+        out[ldy] = (a1[0] + a1[2]) + (a1[1] + a1[3]);
+        out[ldy + 1] = (a1[4] + a1[6]) + (a1[5] + a1[7]);
+    }
 }
 
+/* Rows of W in pairs against rows of x in twos (pair), then an odd last row of W against rows
+ * of x in fours (tile): every output by the same arithmetic. */
 INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, const float *scales,
                    int n, int nblocks, int block, enum kind kind, float *y, int ldy) {
     const int ldx = nblocks * block;
     int j = 0;
-    if (m < M_TILE)                        /* a few rows of x (decoding): rows of W in pairs */
-        for (; j + 2 <= n; j += 2)
-            for (int i = 0; i < m; i++)
-                pair(x + (long)i * ldx, codes + (long)j * row_bytes, codes + (long)(j + 1) * row_bytes,
-                     scales + (long)j * nblocks, scales + (long)(j + 1) * nblocks, nblocks, block, kind,
-                     y + (long)i * ldy + j);
+    for (; j + 2 <= n; j += 2) {
+        const uint8_t *r0 = codes + (long)j * row_bytes, *r1 = r0 + row_bytes;
+        const float *s0 = scales + (long)j * nblocks, *s1 = s0 + nblocks;
+        int i = 0;
+        for (; i + 2 <= m; i += 2)
+            pair(x + (long)i * ldx, ldx, 2, r0, r1, s0, s1, nblocks, block, kind, y + (long)i * ldy + j, ldy);
+        if (i < m)
+            pair(x + (long)i * ldx, ldx, 1, r0, r1, s0, s1, nblocks, block, kind, y + (long)i * ldy + j, ldy);
+    }
     for (; j < n; j++) {
         const uint8_t *row = codes + (long)j * row_bytes;
         const float *s = scales + (long)j * nblocks;
@@ -188,6 +202,7 @@ INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, c
             tile(x + (long)i * ldx, ldx, 1, row, s, nblocks, block, kind, y + (long)i * ldy + j, ldy);
     }
 }
+
 /* y [m, ldy] (columns 0..n-1 written) = x' [m, nblocks * block] . W^T, W q8:
  * codes [n, nblocks * block] int8, scales [n, nblocks] f32. block: 32, 64, 128 or 256. */
 EXPORT void webslm_q8_matmul(const float *x, int m, const int8_t *codes, const float *scales,
