@@ -87,12 +87,12 @@ def _output_norm(model) -> np.ndarray:
 
 class CpuBackend:
     KV_GROWTH = 256      # KV cache capacity grows in steps of this many positions
-    # Tokens of a prompt per forward pass. Under Pyodide (numpy without BLAS: every row costs
-    # the same, ~0.25 s a token for SmolLM2 on 2 cores) half a layer of 16 tokens is about
-    # 0.1 s, the longest stretch the CPU path cannot be interrupted. Natively BLAS streams
-    # every weight once per product whatever its rows, so small chunks cost throughput
-    # (SmolLM2, one thread: 36 tok/s at 16 rows, 80 at 64, 109 unchunked), and 64 rows are
-    # still only ~15 ms a half layer.
+    # Tokens of a prompt per forward pass; half a layer of a chunk is the longest stretch the
+    # CPU path cannot be interrupted. The kernel reads each weight once per two rows of x,
+    # so chunks cost little throughput; under Pyodide (SmolLM2, ~30 prompt tokens a CPU
+    # second: bench/cpu_pyodide.py) half a layer of 16 tokens is ~10-20 ms, natively 64
+    # tokens about the same. (These sizes were chosen for the f32 engine, whose BLAS made
+    # small chunks costly natively; they still bound a pause well.)
     PREFILL_CHUNK = 16 if sys.platform == "emscripten" else 64
 
     def __init__(self, model, prefill_chunk: int | None = None, use_kernel: bool = True):
