@@ -65,8 +65,6 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: in
     t, heads, e = q.shape
     n = k_cache.shape[0]
     rows = max(1, ATTENTION_SCORES_BYTES // (4 * heads * n))
-    if t == 1:
-        return _attention_last_row(q, k_cache, v_cache, scale, window)
     if t <= rows:
         return _attention_rows(q, k_cache, v_cache, start, scale, window)
     out = np.empty((t, heads * e), np.float32)
@@ -75,24 +73,6 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: in
         end = min(t, r + rows)
         out[r:end] = _attention_rows(q[r:end], k_cache[:start + end], v_cache[:start + end], start + r, scale, window)
     return out
-
-
-def _attention_last_row(q, k_cache, v_cache, scale, window) -> np.ndarray:
-    """attention() for one query row, the cache's last position (decoding), with np.einsum's
-    own loops: numpy's matmul hands these small products to a multithreaded BLAS, whose
-    threads then spin against the kernel's (measured: most of a decode step's CPU time on a
-    busy 2-core machine)."""
-    _, heads, e = q.shape
-    n, kv_heads, _ = k_cache.shape
-    qg = q.reshape(kv_heads, heads // kv_heads, e)                       # [K, G, E]
-    scale = np.float32(1.0 / np.sqrt(e) if scale is None else scale)
-    scores = np.einsum("kge,jke->kgj", qg, k_cache) * scale               # [K, G, n]
-    if window is not None and n > window:
-        scores[:, :, :n - window] = -np.inf                              # out of the window
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=-1, keepdims=True)
-    return np.einsum("kgj,jke->kge", weights, v_cache).reshape(1, heads * e)
 
 
 def _attention_rows(q, k_cache, v_cache, start, scale, window) -> np.ndarray:
