@@ -302,6 +302,8 @@ def agreement(a: list[int], b: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    if "--child" in (sys.argv[1:] if argv is None else argv):
+        return run_ours_child()                # webslm from PYTHONPATH, as run_ours_in set it
     if str(ROOT / "py") not in sys.path:
         sys.path.insert(0, str(ROOT / "py"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -318,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        return run_ours_child()
 
     import webslm
     model = webslm.open_model(args.model)

@@ -44,8 +44,8 @@ class Kernels:
         self._scratch: dict = {}          # (thread, layout) -> (rows, x', its address, sums, address)
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
 
-    # Below this many weights a product runs on one thread: handing work to a thread costs
-    # ~30-50 us in CPython, more than a small product.
+    # Below this many products (rows of x times weights) a call runs on one thread: handing
+    # work to a thread costs ~30-50 us in CPython, more than a small product.
     THREAD_MIN_WEIGHTS = 1 << 20
 
     def prepare(self, x: np.ndarray, nblocks: int, block: int, q4: bool, sums: bool) -> tuple[int, int]:
@@ -66,7 +66,7 @@ class Kernels:
         """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
         mins are taken once, when it is made) and x' from prepare()."""
         n, ya = w.shape[0], address(y)
-        if self._pool is None or n * w.nblocks * w.block < self.THREAD_MIN_WEIGHTS:
+        if self._pool is None or m * n * w.nblocks * w.block < self.THREAD_MIN_WEIGHTS:
             self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
             return
         edges = [n * t // self.threads for t in range(self.threads + 1)]
