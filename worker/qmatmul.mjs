@@ -21,17 +21,22 @@ async function sha256Hex(buffer) {
 }
 
 // Registers "webslm_qmatmul" and returns { kernel: "wasm simd128" }, or { kernel: null,
-// reason } when the site has no kernel, this browser lacks Wasm SIMD, or the memory is not
-// found. Throws only when the file is there but corrupt.
+// reason } when the site has no kernel, it cannot be fetched, this browser lacks Wasm SIMD,
+// or the memory is not found. Throws only when the file is there but corrupt.
 export async function loadQmatmul(pyodide, manifest, assets) {
   const entry = manifest.kernels?.qmatmul;
   if (!entry) return { kernel: null, reason: "the site has no kernel (built without clang)" };
   const memory = pyodideMemory(pyodide);
   if (!memory) return { kernel: null, reason: "Pyodide's Wasm memory was not found" };
   const url = new URL(entry.file, assets);
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`${url.pathname}: HTTP ${response.status}`);
-  const bytes = await response.arrayBuffer();
+  let bytes;
+  try {                      // unreachable (offline without a copy): the CPU path runs in numpy
+    const response = await fetch(url);
+    if (!response.ok) return { kernel: null, reason: `${url.pathname}: HTTP ${response.status}` };
+    bytes = await response.arrayBuffer();
+  } catch (error) {
+    return { kernel: null, reason: `${url.pathname}: ${error?.message ?? error}` };
+  }
   const actual = await sha256Hex(bytes);
   if (actual !== entry.sha256) throw new Error(`${url.pathname}: sha256 ${actual} does not match the manifest's ${entry.sha256}`);
   if (!WebAssembly.validate(bytes)) return { kernel: null, reason: "this browser cannot run Wasm SIMD" };
