@@ -9,9 +9,11 @@
  *     arrays' data). It must never touch memory it was not given: no static data and no
  *     stack (the build script refuses a module that uses the stack pointer or has data).
  *   native (clang -O3, ctypes in CPython).
- * Both are built with -ffp-contract=off and without -ffast-math and use 4-lane vectors only,
- * so the f32 operations below happen in the order written: the two builds give bit-identical
- * results, and an output element never depends on how many rows of x or W a call covers.
+ * Both are built with -ffp-contract=off and without -ffast-math, so the f32 operations below
+ * happen in the order written: the two builds give bit-identical results, and an output
+ * element never depends on how many rows of x or W a call covers. The arithmetic is defined
+ * on 4 lanes; pair() runs two rows of W side by side in 8-lane vectors (one AVX2 instruction
+ * natively, two simd128 ones in Wasm), each half exactly as tile() runs one row.
  *
  * Codes are read 16 bytes at a time as four 32-bit lanes; the code in bits 4k.. of every lane
  * (q4: nibble k, k = 0..7; q8: byte k, k = 0..3) forms "group" k, a 4-lane vector of exact
