@@ -1,6 +1,14 @@
 """Prefill and decode tokens/s of webslm's numpy CPU engine vs llama.cpp on the same model.
 
     .venv/bin/python bench/cpu.py [--repeat 3] [--prompt-tokens 128] [--decode 64] [--skip-peer]
+                                  [--numpy] [--baseline REV]
+
+--numpy also runs this checkout's CPU path without its compiled kernel (WEBSLM_QMATMUL=off:
+every product decoded strip by strip for numpy); --baseline REV also runs the CPU path of git
+revision REV (its py/ tree, from `git archive`), e.g. the f32 engine before the quantized
+one, so that before and after are measured in the same conditions. Every variant of ours runs
+in its own subprocess (its own peak RSS), one after the other; CPU seconds are recorded
+beside wall seconds, since a shared machine's load moves wall times more.
 
 Ours: webslm.cpu.CpuBackend on the converted .slm (.assets/site/models/smollm2-135m-instruct-q4.slm).
 Peer: llama.cpp through llama-cpp-python, on the GGUF the .slm was converted from
@@ -196,6 +204,41 @@ def run_ours(model, ids: list[int], decode: int, repeat: int) -> dict:
             "held_bytes": int(backend.memory_bytes())}
 
 
+def run_ours_child() -> int:
+    """--child: run_ours with the webslm that PYTHONPATH names, args as JSON on stdin, the
+    result as JSON on stdout's last line."""
+    import webslm
+    args = json.load(sys.stdin)
+    model = webslm.open_model(pathlib.Path(args["model"]))
+    raw = run_ours(model, args["ids"], args["decode"], args["repeat"])
+    try:
+        from webslm.cpu import kernels
+        raw["kernel"] = kernels.describe()
+    except ImportError:
+        raw["kernel"] = "none (f32 weights, numpy BLAS)"
+    print(json.dumps(raw))
+    return 0
+
+
+def run_ours_in(py_dir: pathlib.Path, model: pathlib.Path, ids: list[int], decode: int, repeat: int,
+                env: dict | None = None, timeout_s: float = 3600) -> dict:
+    """run_ours in a subprocess importing webslm from py_dir."""
+    args = {"model": str(model), "ids": ids, "decode": decode, "repeat": repeat}
+    full_env = {**os.environ, "PYTHONPATH": str(py_dir), **(env or {})}
+    proc = subprocess.run([sys.executable, str(pathlib.Path(__file__).resolve()), "--child"], input=json.dumps(args),
+                          text=True, capture_output=True, timeout=timeout_s, cwd=ROOT, env=full_env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ours ({py_dir}) failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def checkout_py(rev: str, dest: pathlib.Path) -> pathlib.Path:
+    """The py/ tree of git revision rev, unpacked under dest."""
+    archive = subprocess.run(["git", "archive", rev, "py"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest / "py"
+
+
 def run_peer(ids: list[int], decode: int, repeat: int, n_threads: int = 2, n_ctx: int = 512,
              python: pathlib.Path = PEER_PYTHON, gguf: pathlib.Path = GGUF, timeout_s: float = 1800) -> dict:
     args = {"model": str(gguf), "ids": ids, "decode": decode, "repeat": repeat,
@@ -259,6 +302,8 @@ def agreement(a: list[int], b: list[int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    if "--child" in (sys.argv[1:] if argv is None else argv):
+        return run_ours_child()                # webslm from PYTHONPATH, as run_ours_in set it
     if str(ROOT / "py") not in sys.path:
         sys.path.insert(0, str(ROOT / "py"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -270,10 +315,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2, help="llama.cpp n_threads")
     parser.add_argument("--skip-peer", action="store_true", help="measure ours only")
     parser.add_argument("--skip-ours", action="store_true", help="measure llama.cpp only")
+    parser.add_argument("--numpy", action="store_true", help="also ours without the compiled kernel")
+    parser.add_argument("--baseline", metavar="REV", help="also the CPU path of git revision REV")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    rss_start = peak_rss_bytes()
     import webslm
     model = webslm.open_model(args.model)
     ids = prompt_ids(model, args.prompt_tokens)
@@ -292,19 +339,27 @@ def main(argv: list[str] | None = None) -> int:
                     "decode_tokens": args.decode, "repeat": args.repeat, "ids": ids, "ours_blas": info}
     ours = peer = None
     if not args.skip_ours:
-        try:
-            raw = run_ours(model, ids, args.decode, args.repeat)
-        except ImportError as e:
-            print(f"ours: webslm.cpu not available ({e})", file=sys.stderr)
-            rows.append(("webslm numpy (ours)", None, f"unavailable: {e}"))
-            result["ours"] = {"error": f"ImportError: {e}"}
-        else:
-            raw["rss_start_bytes"] = rss_start
-            ours = summarize(raw, n_prompt, args.decode)
-            rows.append((f"webslm numpy (ours), CPython {platform.python_version()}", ours, ""))
-            result["ours"] = {"summary": ours, "raw": raw}
-            print(f"ours: load {raw['load_s']:.2f} s, prefill cold {ours['prefill_cold_tok_s']:.1f} tok/s, "
-                  f"decode {ours['decode_tok_s']:.2f} tok/s", flush=True)
+        variants = [("ours", ROOT / "py", {}, "webslm (ours), this checkout")]
+        if args.numpy:
+            variants.append(("ours_numpy", ROOT / "py", {"WEBSLM_QMATMUL": "off"}, "webslm (ours), no kernel"))
+        tmp = None
+        if args.baseline:
+            import tempfile
+            tmp = tempfile.TemporaryDirectory()
+            variants.append(("baseline", checkout_py(args.baseline, pathlib.Path(tmp.name)), {},
+                             f"webslm at {args.baseline}"))
+        for key, py_dir, env, label in variants:
+            raw = run_ours_in(py_dir, args.model, ids, args.decode, args.repeat, env)
+            summary = summarize(raw, n_prompt, args.decode)
+            summary["decode_cpu_tok_s"] = args.decode / min(r["decode_cpu_s"] for r in (raw["runs"][1:] or raw["runs"]))
+            rows.append((f"{label} [{raw['kernel']}], CPython {platform.python_version()}", summary, ""))
+            result[key] = {"summary": summary, "raw": raw, "loadavg_after": os.getloadavg()}
+            print(f"{key}: {raw['kernel']}; load {raw['load_s']:.2f} s, prefill cold {summary['prefill_cold_tok_s']:.1f} "
+                  f"tok/s, decode {summary['decode_tok_s']:.2f} tok/s ({summary['decode_cpu_tok_s']:.2f} a CPU "
+                  f"second), load average {os.getloadavg()[0]:.2f}", flush=True)
+        ours = result["ours"]["summary"]
+        if tmp is not None:
+            tmp.cleanup()
     if not args.skip_peer:
         if not PEER_PYTHON.exists():
             print(BUILD_HINT, file=sys.stderr)

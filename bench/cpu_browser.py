@@ -1,7 +1,10 @@
 """The CPU path inside browser workers: prefill and decode tokens/s of the numpy engine in
 Pyodide, for the rows of the browser matrix.
 
-    .venv/bin/python bench/cpu_browser.py [--rows chromium,firefox,webkit] [--tokens 32]
+    .venv/bin/python bench/cpu_browser.py [--rows chromium,firefox,webkit] [--tokens 32] [--query ?gpu=0]
+
+--query ?gpu=0 opens the page without trying the GPU: the CPU path answers in every row,
+and no software GPU (SwiftShader, lavapipe) works beside it.
 
 The page loads the default model; the worker builds the CPU backend (weights dequantized
 once; that first request is "cold") and answers a fixed greedy ChatML prompt; the second,
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
@@ -30,10 +34,10 @@ from app_session import BootedRow, serve_in_thread  # noqa: E402
 PROMPT = "Write a short paragraph about the history of the printing press."
 
 
-def measure(name: str, url: str, tokens: int) -> dict:
+def measure(name: str, url: str, tokens: int, query: str = "") -> dict:
     row = drivers.launch(name)
     try:
-        booted = BootedRow(row, url)
+        booted = BootedRow(row, url, query=query)
         booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
         request = {"messages": [{"role": "user", "content": PROMPT}], "settings": {"temperature": 0, "max_tokens": tokens}}
         runs = []
@@ -45,7 +49,10 @@ def measure(name: str, url: str, tokens: int) -> dict:
                          "prompt_tokens": usage["prompt_tokens"], "completion_tokens": usage["completion_tokens"],
                          "prefill_tokens_per_s": round(usage["prompt_tokens"] / t["prefill_seconds"], 2),
                          "decode_tokens_per_s": t["decode_tokens_per_s"]})
-        return {"row": name, "browser": booted.status["user_agent"], "runs": runs}
+        memory = booted.request("memory-status")
+        return {"row": name, "browser": booted.status["user_agent"], "query": query,
+                "wasm_heap_bytes": memory.get("wasm_heap_bytes"),
+                "cpu_kernel": booted.status.get("cpu_kernel"), "runs": runs}
     finally:
         row.close()
 
@@ -54,10 +61,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="chromium")
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--query", default="", help='added to the page URL, e.g. "?gpu=0"')
     args = ap.parse_args(argv)
     server, url = serve_in_thread(serve.url_map(ROOT))
     try:
-        results = [measure(name, url, args.tokens) for name in args.rows.split(",")]
+        load = os.getloadavg()
+        results = [measure(name, url, args.tokens, args.query) for name in args.rows.split(",")]
+        for r in results:
+            r["loadavg_before"], r["loadavg_after"] = load, os.getloadavg()
     finally:
         server.shutdown()
     out = ROOT / "bench/results/cpu_browser.json"
@@ -67,6 +78,8 @@ def main(argv=None) -> int:
         for run in r["runs"]:
             print(f"| {r['row']} | {run['label']} | {run['prompt_tokens']} | {run['prefill_tokens_per_s']} | "
                   f"{run['decode_tokens_per_s']} | {run['wall_s']} |")
+        print(f"{r['row']}: CPU kernel {r['cpu_kernel']}; Wasm heap {r['wasm_heap_bytes'] / 2**20:.0f} MiB; load average {r['loadavg_before'][0]:.2f} -> "
+              f"{r['loadavg_after'][0]:.2f}")
     return 0
 
 

@@ -330,7 +330,8 @@ def test_requantizing_values_beyond_f16_scales_is_a_conversion_error(tmp_path):
 
 def test_cpu_path_on_new_encodings_equals_the_same_model_in_f32(tmp_path):
     """CpuBackend over q5/q4k/q5k/q6k tensors computes exactly what it computes over their
-    gguf-dequantized values stored as f32 (ordinary scales here: adversarial ones overflow)."""
+    gguf-dequantized values stored as f32 (ordinary scales here: adversarial ones overflow),
+    both strip by strip in numpy (the q8 kernel's own check: tests/test_cpu_qmatmul.py)."""
     from webslm.artifact.quant import encode_f32
     from webslm.artifact.writer import TensorRecord, write_slm
     from webslm.cpu import CpuBackend
@@ -351,8 +352,8 @@ def test_cpu_path_on_new_encodings_equals_the_same_model_in_f32(tmp_path):
         f32_records.append(TensorRecord(record.name, record.shape, "f32", None, encode_f32(f32)))
     write_slm(tmp_path / "k.slm", kquant_model.kquant_manifest(), records)
     write_slm(tmp_path / "f.slm", kquant_model.kquant_manifest(), f32_records)
-    quantized = CpuBackend(validate_bytes((tmp_path / "k.slm").read_bytes()))
-    plain = CpuBackend(validate_bytes((tmp_path / "f.slm").read_bytes()))
+    quantized = CpuBackend(validate_bytes((tmp_path / "k.slm").read_bytes()), use_kernel=False)
+    plain = CpuBackend(validate_bytes((tmp_path / "f.slm").read_bytes()), use_kernel=False)
     ids = [5, 17, 99, 250, 3]
     a, b = quantized.prefill(ids), plain.prefill(ids)
     assert np.isfinite(a).all() and a.std() > 0

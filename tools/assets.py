@@ -16,6 +16,8 @@ Layout written under REPO/.assets/ (git-ignored):
         wheels/webslm-*.whl         the webslm wheel, built from REPO with pip, less what runs only
                                     natively (NATIVE_ONLY: the CLI, converters, wgpu-native...)
         models/<id>.slm             the default model, converted from the GGUF by webslm's converter
+        kernels/webslm_qmatmul.wasm the CPU path's quantized matrix kernel, built by
+                                    tools/build_kernels.py (absent without clang: numpy then)
         manifest.json               written last: file names and sha256 of everything above
 
 Trust: all downloads are pinned by sha256 below; every Pyodide wheel is accepted only if its
@@ -363,6 +365,26 @@ def install_default_model(python: str, repo: Path, cache: Path, site: Path) -> d
 
 # ---------------------------------------------------------------- main
 
+def install_kernel(root: Path, site: Path) -> dict:
+    """Build the CPU path's Wasm kernel (tools/build_kernels.py) and copy it to kernels/;
+    {"qmatmul": {"file", "sha256"}} for the manifest, or {} when it cannot be built (no
+    clang: the worker then runs the CPU path in numpy). A stale copy is removed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import build_kernels
+    try:
+        for line in build_kernels.build(root):
+            print(f"assets: {line}")
+    except build_kernels.BuildError as e:
+        raise AssetError(f"the CPU kernel: {e}") from e
+    built, dest = root / build_kernels.WASM, site / "kernels" / Path(build_kernels.WASM).name
+    if not built.is_file():
+        dest.unlink(missing_ok=True)
+        return {}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_if_changed(dest, built.read_bytes())
+    return {"qmatmul": {"file": f"kernels/{dest.name}", "sha256": sha256_file(dest)}}
+
+
 def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -> dict:
     """Assemble .assets/ under `root`; returns the manifest."""
     cache, site = root / ".assets" / "cache", root / ".assets" / "site"
@@ -387,6 +409,7 @@ def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -
           f"shader bundle {bundle_hash}")
 
     model = install_default_model(python, root, cache, site)
+    kernel = install_kernel(root, site)
 
     packages = {n: {"file": lock["packages"][n]["file_name"], "sha256": lock["packages"][n]["sha256"]}
                 for n in names}
@@ -398,6 +421,8 @@ def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -
                    "version": version, "shader_bundle_hash": bundle_hash},
         "models": [model],
     }
+    if kernel:
+        manifest["kernels"] = kernel
     text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
     changed = write_if_changed(site / "manifest.json", text.encode())
     print(f"assets: manifest.json {'written' if changed else 'unchanged'}")

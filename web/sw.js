@@ -1,6 +1,6 @@
 // The site's service worker: after one visit, the page opens and answers without a network.
 //
-// It keeps a copy of the page, the worker, Pyodide, numpy and the webslm wheel (the files
+// It keeps a copy of the page, the worker, Pyodide, numpy, the webslm wheel and the CPU kernel (the files
 // SHELL names plus those assets/manifest.json names), and nothing else. Requests go to the
 // network first, so a deployed update is seen at once, and the copy answers only when the
 // network cannot. Models are never copied here, whatever their URL: the worker keeps them in
@@ -15,14 +15,15 @@ const SHELL = [
   "./", "index.html", "style.css", "theme.js", "app.mjs", "webslm.js", "worker-client.mjs", "sw.js",
   "ui-chat.mjs", "ui-engine.mjs", "ui-model.mjs", "ui-settings.mjs", "chat-request.mjs", "init-progress.mjs", "webllm.mjs",
   "markdown.mjs", "ui-start.mjs",
-  "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs",
+  "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs", "worker/qmatmul.mjs",
 ];
 
 async function siteFiles() {
   const manifest = await (await fetch("assets/manifest.json", { cache: "no-cache" })).json();
   const pyodide = ["pyodide.mjs", "pyodide.asm.js", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json",
                    manifest.pyodide.packages.numpy.file].map((f) => `assets/pyodide/${f}`);
-  return [...SHELL, "assets/manifest.json", ...pyodide, `assets/${manifest.webslm.wheel}`];
+  const kernel = manifest.kernels?.qmatmul ? [`assets/${manifest.kernels.qmatmul.file}`] : [];   // if built
+  return [...SHELL, "assets/manifest.json", ...pyodide, `assets/${manifest.webslm.wheel}`, ...kernel];
 }
 
 // Whether a URL is one of the site's files (the copy keeps those only). The list comes from

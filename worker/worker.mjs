@@ -5,8 +5,10 @@
 //   ../assets/pyodide/     Pyodide core, its official lock, numpy wheel (sha256-checked by Pyodide)
 //   ../assets/manifest.json  names the webslm wheel and its sha256, written at set-up
 //   ../assets/wheels/      the webslm wheel (sha256-checked here before it is unpacked)
+//   ../assets/kernels/     the CPU path's Wasm kernel, if the site has one (worker/qmatmul.mjs)
 import * as bridge from "./bridge.mjs";
 import * as modelCache from "./model-cache.mjs";
+import { loadQmatmul } from "./qmatmul.mjs";
 import { ERROR_CODES, ProtocolError, errorReply, event, reply, validate } from "./protocol.mjs";
 
 const ASSETS = new URL("../assets/", import.meta.url);
@@ -39,6 +41,8 @@ async function boot() {
   if (failures.length) throw new Error(`numpy failed to load: ${failures.join("; ")}`);
   const numpyMs = mark();
 
+  const qmatmul = await loadQmatmul(pyodide, manifest, ASSETS);    // before webslm imports it
+
   postMessage(event("booting", { stage: "webslm" }));
   const wheelUrl = new URL(manifest.webslm.wheel, ASSETS);
   const wheel = await (await fetchOk(wheelUrl)).arrayBuffer();
@@ -52,7 +56,7 @@ async function boot() {
   const webslmMs = mark();
 
   const boot = { pyodide_ms: pyodideMs, numpy_ms: numpyMs - pyodideMs, webslm_ms: webslmMs - numpyMs, total_ms: webslmMs };
-  return { pyodide, api, boot, manifest };
+  return { pyodide, api, boot, manifest, qmatmul };
 }
 
 const booted = boot();
@@ -64,8 +68,9 @@ booted.then(
 // Each handler gets the validated fields and returns a JSON-able result.
 const HANDLERS = {
   ping: async () => ({ pong: true }),
-  status: async (_, { pyodide, api, boot: timings, manifest }) => ({
+  status: async (_, { pyodide, api, boot: timings, manifest, qmatmul }) => ({
     ...JSON.parse(api.status()),
+    cpu_kernel_load: qmatmul,
     pyodide: pyodide.version,
     boot: timings,
     manifest_shader_bundle_hash: manifest.webslm.shader_bundle_hash,

@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from . import __version__, shader_bundle
+from .cpu import kernels as cpu_kernels
 from .worker.engine_host import EngineHost
 from .worker.loader import ModelLoader
 from .worker.test_hooks import gpu_probe, kernel_golden, lose_device, memory_status, sampler_check, tokenizer_check
@@ -38,6 +39,7 @@ def status() -> str:
         "webslm": __version__,
         "shader_bundle_hash": bundle.bundle_hash,
         "shader_bundle_origin": bundle.origin,
+        "cpu_kernel": cpu_kernels.describe(),       # what the CPU path's products run on
     })
 
 

@@ -26,11 +26,14 @@ is seen and progress is reported while a long prompt is read. Chunking bounds th
 between two pauses; it changes the float rounding only (BLAS sums a T-row product in
 another order than a 1-row one), as decoding token by token always did.
 
-Weights are dequantized once, tensor by tensor, into f32 (docs/slm-format.md decoding, the
-same as the GPU kernels must match) and stored transposed, [in, out] contiguous, so that
-every projection is `x @ Wt`: numpy's BLAS takes a fast path for that layout at any T,
-while `x @ W.T` with one row fell onto a path 50-100x slower (measured). Every product
-accumulates in f32.
+Weights stay as the artifact stores them (qmatrix.py): a projection is W.matmul(x) = x . W^T,
+computed block by block from the codes by qmatmul.c's kernel (q8, q4) when a build of it is
+loaded (kernels.py), else strip by strip with numpy. Either way no whole matrix is ever
+decoded to f32, every product accumulates in f32, and the embedding lookup decodes only
+the rows it reads. The kernel's arithmetic (its header) gives each output element the same
+value whatever the number of rows in the call, so chunking a prompt changes only the
+attention's rounding (numpy's matmul), not the projections'. Memory: the codes (views of the
+model's bytes), f32 scales, the norms, and the KV cache (f32, grown in KV_GROWTH steps).
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ from typing import Iterator
 import numpy as np
 
 from .layers import apply_rope, attention, geglu, rms_norm, rope_tables, swiglu
+from .qmatrix import multiply, weight_matrix
 
 
 class CpuBackendError(ValueError):
@@ -48,15 +52,15 @@ class CpuBackendError(ValueError):
 
 
 class _Layer:
-    """One block's weights: vectors as stored (norms with the format's offset added),
-    matrices transposed to [in, out]."""
+    """One block's weights: vectors decoded to f32 (norms with the format's offset added),
+    matrices [out, in] as stored (qmatrix.py)."""
 
-    def __init__(self, model, i: int, arch):
+    def __init__(self, model, i: int, arch, use_kernel: bool = True):
         gemma3 = arch.gemma3
         offset = np.float32(gemma3.norm_weight_offset if gemma3 else 0.0)
         vector = lambda name: model.dequantize(f"blk.{i}.{name}")                      # noqa: E731
         norm = lambda name: vector(name) + offset if offset else vector(name)          # noqa: E731
-        matrix = lambda name: np.ascontiguousarray(model.dequantize(f"blk.{i}.{name}").T)  # noqa: E731
+        matrix = lambda name: weight_matrix(model, f"blk.{i}.{name}", use_kernel)      # noqa: E731
         self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
         self.q, self.k, self.v, self.o = matrix("attn_q"), matrix("attn_k"), matrix("attn_v"), matrix("attn_output")
         self.gate, self.up, self.down = matrix("ffn_gate"), matrix("ffn_up"), matrix("ffn_down")
@@ -70,8 +74,8 @@ class _Layer:
         self.post_ffw_norm = norm("post_ffw_norm") if gemma3 else None
         self.window = gemma3.sliding_window if gemma3 and gemma3.layer_types[i] == "sliding" else None
 
-    def arrays(self):
-        return [a for a in vars(self).values() if isinstance(a, np.ndarray)]
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in vars(self).values() if hasattr(a, "nbytes"))
 
 
 def _output_norm(model) -> np.ndarray:
@@ -83,32 +87,33 @@ def _output_norm(model) -> np.ndarray:
 
 class CpuBackend:
     KV_GROWTH = 256      # KV cache capacity grows in steps of this many positions
-    # Tokens of a prompt per forward pass. Under Pyodide (numpy without BLAS: every row costs
-    # the same, ~0.25 s a token for SmolLM2 on 2 cores) half a layer of 16 tokens is about
-    # 0.1 s, the longest stretch the CPU path cannot be interrupted. Natively BLAS streams
-    # every weight once per product whatever its rows, so small chunks cost throughput
-    # (SmolLM2, one thread: 36 tok/s at 16 rows, 80 at 64, 109 unchunked), and 64 rows are
-    # still only ~15 ms a half layer.
+    # Tokens of a prompt per forward pass; half a layer of a chunk is the longest stretch the
+    # CPU path cannot be interrupted. The kernel reads each weight once per two rows of x,
+    # so chunks cost little throughput; under Pyodide (SmolLM2, ~30 prompt tokens a CPU
+    # second: bench/cpu_pyodide.py) half a layer of 16 tokens is ~10-20 ms, natively 64
+    # tokens about the same. (These sizes were chosen for the f32 engine, whose BLAS made
+    # small chunks costly natively; they still bound a pause well.)
     PREFILL_CHUNK = 16 if sys.platform == "emscripten" else 64
 
-    def __init__(self, model, prefill_chunk: int | None = None):
+    def __init__(self, model, prefill_chunk: int | None = None, use_kernel: bool = True):
+        """use_kernel=False: every product strip by strip in numpy (qmatrix.StripMatrix),
+        even where the qmatmul kernel is loaded."""
         a = model.architecture
-        embedding = model.dequantize("token_embd")                             # [V, D]
-        head = embedding if a.tied_output else model.dequantize("output")
-        self._set_up(a, embedding, head, _output_norm(model), [_Layer(model, i, a) for i in range(a.n_layers)],
-                     prefill_chunk)
+        embedding = weight_matrix(model, "token_embd", use_kernel)                         # [V, D]
+        head = embedding if a.tied_output else weight_matrix(model, "output", use_kernel)  # [V, D]
+        self._set_up(a, embedding, head, _output_norm(model),
+                     [_Layer(model, i, a, use_kernel) for i in range(a.n_layers)], prefill_chunk)
 
     @classmethod
-    def for_timing(cls, model, head_rows: int = 4096, seed: int = 0) -> "CpuBackend":
-        """A CpuBackend that times what a decode step of `model` costs without dequantizing
-        all of it (engine/choice.py): layer 0 with its real weights, run by this class's own
-        code, and an embedding/LM head of head_rows random rows (the whole table would cost
-        its dequantization, ~1 s for SmolLM2; the values do not change the time). Its
-        architecture says one layer and a vocabulary of head_rows: time one layer and the
-        head, then scale by n_layers and vocab / head_rows."""
+    def for_timing(cls, model, head_rows: int = 4096) -> "CpuBackend":
+        """A CpuBackend that times what a decode step of `model` costs (engine/choice.py):
+        layer 0 with its real weights, run by this class's own code, and the first head_rows
+        rows of the embedding as the LM head (views: nothing is decoded). Its architecture
+        says one layer and a vocabulary of head_rows: time one layer and the head, then
+        scale by n_layers and vocab / head_rows."""
         a = model.architecture
         rows = min(int(head_rows), a.vocab)
-        table = np.random.default_rng(seed).standard_normal((rows, a.hidden), dtype=np.float32)   # [rows, D]
+        table = weight_matrix(model, "token_embd").row_slice(rows)            # [rows, D]
         probe = cls.__new__(cls)
         probe._set_up(dataclasses.replace(a, n_layers=1, vocab=rows), table, table, _output_norm(model),
                       [_Layer(model, 0, a)], None)
@@ -151,9 +156,8 @@ class CpuBackend:
 
     def memory_bytes(self) -> int:
         """Bytes held in weights and the KV cache."""
-        weights = {id(x): x.nbytes for x in [self.embedding, self.head, self.output_norm]}
-        weights.update({id(x): x.nbytes for layer in self.layers for x in layer.arrays()})
-        return sum(weights.values()) + self._k.nbytes + self._v.nbytes
+        held = {id(x): x.nbytes for x in [self.embedding, self.head, self.output_norm]}
+        return sum(held.values()) + sum(layer.nbytes() for layer in self.layers) + self._k.nbytes + self._v.nbytes
 
     # -- the forward pass ----------------------------------------------------------------------
     def forward_steps(self, ids: list[int], all_rows: bool = False) -> Iterator[int]:
@@ -177,7 +181,7 @@ class CpuBackend:
             chunk = ids[begin:begin + self.prefill_chunk]
             start, t = self.position, len(chunk)
             self._reserve(start + t)
-            x = self.embedding[np.asarray(chunk)]                              # [t, D]
+            x = self.embedding.rows(chunk)                                     # [t, D]
             if self.embedding_scale is not None:
                 x = x * self.embedding_scale
             positions = np.arange(start, start + t) + a.rope.position_offset
@@ -185,7 +189,7 @@ class CpuBackend:
             local_rope = rope_tables(positions, a.rope.rotary_dim, a.gemma3.local_rope_base) if a.gemma3 else None
             for i, layer in enumerate(self.layers):
                 h = rms_norm(x, layer.attn_norm, a.norm_eps)
-                q, k, v = h @ layer.q, h @ layer.k, h @ layer.v
+                q, k, v = multiply(h, layer.q, layer.k, layer.v)
                 if layer.bq is not None:
                     q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
                 q, k = q.reshape(t, a.n_heads, a.head_dim), k.reshape(t, a.n_kv_heads, a.head_dim)
@@ -196,8 +200,8 @@ class CpuBackend:
                 k = apply_rope(k, cos, sin, a.rope.convention)
                 self._k[i, start:start + t] = k
                 self._v[i, start:start + t] = v.reshape(t, a.n_kv_heads, a.head_dim)
-                o = attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
-                              self.attention_scale, layer.window) @ layer.o
+                o = layer.o.matmul(attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
+                                             self.attention_scale, layer.window))
                 if layer.post_attention_norm is not None:
                     o = rms_norm(o, layer.post_attention_norm, a.norm_eps)
                 x = x + o
@@ -212,10 +216,8 @@ class CpuBackend:
         return np.concatenate(rows) if all_rows else rows[-1]
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """[T, D] -> [T, V]. The head stays [V, D] (it doubles as the embedding when tied);
-        one row goes through a matrix-vector product, its fast path."""
-        h = rms_norm(x, self.output_norm, self.arch.norm_eps)
-        return (self.head @ h[0])[None] if len(h) == 1 else h @ self.head.T
+        """[T, D] -> [T, V]. The head is [V, D] (the embedding when tied)."""
+        return self.head.matmul(rms_norm(x, self.output_norm, self.arch.norm_eps))
 
     # -- the backend surface, as step generators (forward_steps' pauses) and run to the end --------
     def prefill_steps(self, ids: list[int], all_logits: bool = False) -> Iterator[int]:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from .qmatrix import multiply
+
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x [T, D] -> x / sqrt(mean(x^2) + eps) * weight, accumulated in f32."""
-    variance = np.mean(np.square(x), axis=-1, keepdims=True, dtype=np.float32)
+    # np.mean's own arithmetic (a float32 add.reduce, then / count) without its Python
+    # wrapper, which costs ~4x the sum itself under Pyodide
+    variance = np.add.reduce(np.square(x), axis=-1, keepdims=True, dtype=np.float32) / x.shape[-1]
     return (x / np.sqrt(variance + np.float32(eps))) * weight
 
 
@@ -43,6 +47,11 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, convention: str)
     return out
 
 
+# Scores of one pass of attention() at most (f32): a prompt's query rows are taken in groups
+# so that this temporary, and so the memory of attention, grows linearly with the positions.
+ATTENTION_SCORES_BYTES = 8 << 20
+
+
 def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
               scale: float | None = None, window: int | None = None) -> np.ndarray:
     """Causal grouped-query attention.
@@ -50,7 +59,23 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: in
     q [T, H, E] for positions start..start+T-1; k_cache, v_cache [start+T, K, E] hold every
     position so far. Query head h reads KV head h // (H / K). Scores are q.k * scale
     (default 1/sqrt(E)); with a window, position i sees only positions i-window+1..i.
-    Returns [T, H * E]."""
+    Returns [T, H * E]. Query rows are taken ATTENTION_SCORES_BYTES at a time: the scores of
+    a group [K, G, rows, n] are the only temporary that grows with n = start + T, and a row's
+    result does not depend on the others (each row's softmax is its own)."""
+    t, heads, e = q.shape
+    n = k_cache.shape[0]
+    rows = max(1, ATTENTION_SCORES_BYTES // (4 * heads * n))
+    if t <= rows:
+        return _attention_rows(q, k_cache, v_cache, start, scale, window)
+    out = np.empty((t, heads * e), np.float32)
+    for r in range(0, t, rows):
+        # rows r.. see the cache up to their own last position only
+        end = min(t, r + rows)
+        out[r:end] = _attention_rows(q[r:end], k_cache[:start + end], v_cache[:start + end], start + r, scale, window)
+    return out
+
+
+def _attention_rows(q, k_cache, v_cache, start, scale, window) -> np.ndarray:
     t, heads, e = q.shape
     kv_heads = k_cache.shape[1]
     group = heads // kv_heads
@@ -72,10 +97,11 @@ def attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, start: in
     return out.transpose(2, 0, 1, 3).reshape(t, heads * e)
 
 
-def swiglu(x: np.ndarray, gate_t: np.ndarray, up_t: np.ndarray, down_t: np.ndarray) -> np.ndarray:
-    """down(silu(gate x) * up x); x [T, D]; weights transposed: gate_t/up_t [D, F], down_t [F, D]."""
-    g = x @ gate_t
-    return ((g / (np.float32(1) + np.exp(-g))) * (x @ up_t)) @ down_t
+def swiglu(x: np.ndarray, gate, up, down) -> np.ndarray:
+    """down(silu(gate x) * up x); x [T, D]; gate, up [F, D] and down [D, F] weight matrices
+    (qmatrix.py)."""
+    g, u = multiply(x, gate, up)
+    return down.matmul((g / (np.float32(1) + np.exp(-g))) * u)
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -84,6 +110,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
 
 
-def geglu(x: np.ndarray, gate_t: np.ndarray, up_t: np.ndarray, down_t: np.ndarray) -> np.ndarray:
+def geglu(x: np.ndarray, gate, up, down) -> np.ndarray:
     """down(gelu_tanh(gate x) * up x); shapes as swiglu's."""
-    return (gelu_tanh(x @ gate_t) * (x @ up_t)) @ down_t
+    g, u = multiply(x, gate, up)
+    return down.matmul(gelu_tanh(g) * u)

@@ -1,0 +1,126 @@
+"""Finding a build of qmatmul.c (the quantized matrix products) for this process.
+
+    native (CPython): build/libwebslm_qmatmul.so next to this file, loaded with ctypes
+                      (tools/build_kernels.py makes it; WEBSLM_QMATMUL_LIB names another file)
+    Pyodide:          the worker instantiates build/webslm_qmatmul.wasm on Pyodide's own memory
+                      and registers its exports as the JS module "webslm_qmatmul" before it
+                      imports webslm (worker/qmatmul.mjs)
+    neither:          None; qmatrix.py then decodes strips of rows with numpy instead
+
+WEBSLM_QMATMUL=off (native) turns the kernel off, for comparisons. The build in use is
+reported by describe() (the worker's status, bench/cpu.py).
+
+Every entry point takes addresses: numpy arrays' data pointers, which under Pyodide are
+offsets in the Wasm heap the .wasm module shares. The callers (qmatrix.py) pass C-contiguous
+arrays of the right dtypes and shapes; nothing here checks them again.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pathlib
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+LIBRARY = pathlib.Path(__file__).with_name("build") / "libwebslm_qmatmul.so"
+
+
+def address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class Kernels:
+    """qmatmul.c's entry points as the CPU path calls them, and how rows of W are shared
+    among threads (natively; the Pyodide worker has one). Its scratch arrays (x' and block
+    sums) are allocated once per layout and thread, so that a product costs Python no more
+    than it must: under Pyodide, asking numpy for an array's address costs several us."""
+
+    def __init__(self, q8, q4, prepare, name: str, threads: int = 1):
+        self._q8, self._q4, self._prepare = q8, q4, prepare
+        self.name, self.threads = name, threads
+        self._scratch: dict = {}          # (thread, layout) -> (rows, x', its address, sums, address)
+        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+
+    # Below this many products (rows of x times weights) a call runs on one thread: handing
+    # work to a thread costs ~30-50 us in CPython, more than a small product.
+    THREAD_MIN_WEIGHTS = 1 << 20
+
+    def prepare(self, x: np.ndarray, nblocks: int, block: int, q4: bool, sums: bool) -> tuple[int, int]:
+        """x [m, k] -> the addresses of x' [m, nblocks*block] and (sums: q4 "min") its block
+        sums [m, nblocks] (0 without), in this thread's scratch arrays for this layout: valid
+        until the next prepare of the same layout in this thread."""
+        x = np.ascontiguousarray(x, np.float32)          # x itself when it already is
+        m, k = x.shape
+        key = (threading.get_ident(), nblocks, block, q4, sums)
+        held = self._scratch.get(key)
+        if held is None or held[0] < m:
+            xp, xs = np.empty(m * nblocks * block, np.float32), np.empty(m * nblocks, np.float32)
+            held = self._scratch[key] = (m, xp, address(xp), xs, address(xs) if sums else 0)
+        self._prepare(address(x), m, k, k, nblocks, block, int(q4), held[2], held[4])
+        return held[2], held[4]
+
+    def matmul(self, w, m: int, xp_at: int, sums_at: int, y: np.ndarray) -> None:
+        """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
+        mins are taken once, when it is made) and x' from prepare()."""
+        n, ya = w.shape[0], address(y)
+        if self._pool is None or m * n * w.nblocks * w.block < self.THREAD_MIN_WEIGHTS:
+            self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
+            return
+        edges = [n * t // self.threads for t in range(self.threads + 1)]
+        jobs = [self._pool.submit(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in zip(edges, edges[1:]) if b > a]
+        for job in jobs:
+            job.result()
+
+    def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int) -> None:
+        """Rows j0..j1 of W (columns j0..j1 of y)."""
+        n, cb, sb = w.shape[0], w.codes.strides[0], w.scales.strides[0]
+        if w.encoding == "q8":
+            self._q8(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+        else:
+            self._q4(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, w.mins_at and w.mins_at + j0 * sb,
+                     sums_at, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+
+
+def _native() -> Kernels | None:
+    if os.environ.get("WEBSLM_QMATMUL", "").lower() == "off":
+        return None
+    path = pathlib.Path(os.environ.get("WEBSLM_QMATMUL_LIB", LIBRARY))
+    if not path.is_file():
+        return None
+    lib = ctypes.CDLL(str(path))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.webslm_q8_matmul.argtypes = [p, i, p, p, i, i, i, p, i]
+    lib.webslm_q4_matmul.argtypes = [p, i, p, p, p, p, i, i, i, p, i]
+    lib.webslm_prepare.argtypes = [p, i, i, i, i, i, i, p, p]
+    for f in (lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare):
+        f.restype = None
+    threads = int(os.environ.get("WEBSLM_CPU_THREADS", min(os.cpu_count() or 1, 4)))
+    return Kernels(lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare,
+                   f"native {path.name}", max(1, threads))
+
+
+def _pyodide() -> Kernels | None:
+    try:
+        import webslm_qmatmul        # registered by the worker when the .wasm loaded
+    except ImportError:
+        return None
+    return Kernels(webslm_qmatmul.webslm_q8_matmul, webslm_qmatmul.webslm_q4_matmul,
+                   webslm_qmatmul.webslm_prepare, "wasm simd128 webslm_qmatmul.wasm")
+
+
+_loaded: list = []
+
+
+def kernels() -> Kernels | None:
+    """The build for this process (found once), or None."""
+    if not _loaded:
+        _loaded.append(_pyodide() if sys.platform == "emscripten" else _native())
+    return _loaded[0]
+
+
+def describe() -> str:
+    k = kernels()
+    return "numpy (no qmatmul build)" if k is None else f"{k.name}, {k.threads} thread(s)"

@@ -1,0 +1,151 @@
+"""Weight matrices of the CPU path, kept as the artifact stores them.
+
+A matrix W [N, K] (N outputs, K inputs) is one tensor of the .slm. The CPU path never makes
+an f32 copy of a whole one; it needs two things from it:
+
+    W.matmul(x)   x [M, K] f32 -> x . W^T [M, N] f32     every projection and the LM head
+    W.rows(ids)   -> W[ids] [len(ids), K] f32           the embedding lookup
+
+QuantizedMatrix (q8; q4 "offset" and "min"): numpy views of the artifact's codes (no copy) and
+its scales (and mins) widened once to f32 (exact; 4 bytes a block of 32 or more, so q8 holds
+~1.13 bytes a weight and q4 ~0.63-0.75). Products run in qmatmul.c's kernel when a build of
+it is loaded (kernels.py), which defines their arithmetic (its header): every output element
+is computed by the same f32 operations in the same order whatever M, the thread count or the
+platform (CPython's native build and Pyodide's Wasm build agree bit for bit).
+
+StripMatrix (every other encoding, and q8/q4 without a kernel build): decodes strips of rows
+with the format's own dequantizer (quant.dequantize, bit-identical to decoding the whole
+tensor) and multiplies each strip with numpy; the temporary stays under STRIP_BYTES (f32
+tensors: a view, no copy). Its strips are the same for every encoding, so a model computes
+exactly the same through it as the same model stored as the f32 values its codes decode to.
+
+Both compute x . W^T with every product accumulated in f32; they differ from each other (and
+from decoding the whole matrix first) only in the order of the f32 sums.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..artifact import quant
+from .kernels import address, kernels
+
+STRIP_BYTES = 4 << 20          # a decoded strip's f32 size at most (StripMatrix)
+
+
+class StripMatrix:
+    """Any tensor of the format, decoded strip by strip."""
+
+    def __init__(self, encoding: str, shape: tuple[int, int], quant_descriptor: dict | None,
+                 arrays: dict[str, np.ndarray]):
+        self.encoding, self.shape, self.quant = encoding, shape, quant_descriptor
+        self.arrays = arrays                                  # {part: [rows, ...] view of the artifact}
+        self.strip = max(1, STRIP_BYTES // (4 * shape[1]))    # rows decoded at once
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def _decode(self, rows) -> np.ndarray:
+        """W[rows] as f32; rows a slice or an index array."""
+        parts = {part: np.ascontiguousarray(a[rows]) for part, a in self.arrays.items()}
+        count = next(iter(parts.values())).shape[0]
+        return quant.dequantize(self.encoding, (count, self.shape[1]), self.quant, parts)
+
+    def rows(self, ids) -> np.ndarray:
+        return self._decode(np.asarray(ids, np.int64))
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        n = self.shape[0]
+        out = np.empty((len(x), n), np.float32)
+        for a in range(0, n, self.strip):
+            w = self._decode(slice(a, a + self.strip))               # [strip, K] (f32: a view)
+            out[:, a:a + len(w)] = (w @ x[0])[None] if len(x) == 1 else x @ w.T   # one row: mat-vec
+        return out
+
+    def row_slice(self, count: int) -> "StripMatrix":
+        """The first `count` rows (a view; CpuBackend.for_timing)."""
+        return StripMatrix(self.encoding, (count, self.shape[1]), self.quant,
+                           {p: a[:count] for p, a in self.arrays.items()})
+
+
+class QuantizedMatrix(StripMatrix):
+    """q8 or q4: products in qmatmul.c; rows() as StripMatrix."""
+
+    KINDS = ("q8", "q4")
+
+    def __init__(self, encoding, shape, quant_descriptor, arrays, kernel):
+        super().__init__(encoding, shape, quant_descriptor, arrays)
+        self.kernel = kernel
+        self.block = quant_descriptor["block_elements"]
+        self.codes = arrays["codes"]                                      # [N, blocks*block(/2)]
+        self.scales = np.ascontiguousarray(arrays["scales"], np.float32)  # [N, blocks] exact widening
+        mins = arrays.get("mins")
+        self.mins = None if mins is None else np.ascontiguousarray(mins, np.float32)
+        self.nblocks = self.scales.shape[1]
+        self._addresses()
+
+    def _addresses(self) -> None:
+        """The data addresses the kernel is called with (fixed: the arrays never move)."""
+        self.codes_at, self.scales_at = address(self.codes), address(self.scales)
+        self.mins_at = 0 if self.mins is None else address(self.mins)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
+
+    def layout(self) -> tuple:
+        """What prepare() depends on: matrices of one layout share a prepared x."""
+        return self.nblocks, self.block, self.encoding == "q4", self.mins is not None
+
+    def prepare(self, x: np.ndarray) -> tuple[int, int, int]:
+        """x [M, K] -> (M, and the addresses of x' and its block sums) as the kernel reads
+        them: x zero-padded to whole blocks, then permuted inside every 32 values to meet
+        the codes' groups (qmatmul.c: webslm_prepare)."""
+        return (len(x), *self.kernel.prepare(x, *self.layout()))
+
+    def matmul(self, x: np.ndarray, prepared: tuple | None = None) -> np.ndarray:
+        m, xp_at, sums_at = self.prepare(x) if prepared is None else prepared
+        out = np.empty((m, self.shape[0]), np.float32)
+        self.kernel.matmul(self, m, xp_at, sums_at, out)
+        return out
+
+    def row_slice(self, count: int) -> "QuantizedMatrix":
+        view = QuantizedMatrix.__new__(QuantizedMatrix)
+        vars(view).update(vars(self))
+        view.shape = (count, self.shape[1])
+        view.arrays = {p: a[:count] for p, a in self.arrays.items()}
+        view.codes, view.scales = self.codes[:count], self.scales[:count]
+        view.mins = None if self.mins is None else self.mins[:count]
+        view._addresses()
+        return view
+
+
+def weight_matrix(model, name: str, use_kernel: bool = True) -> StripMatrix:
+    """The tensor `name` of a validated model as the CPU path holds it; use_kernel=False
+    takes StripMatrix whatever the encoding."""
+    info = model.manifest.tensors[name]
+    shape = tuple(info.shape) if len(info.shape) == 2 else (1, info.shape[0])
+    descriptor = None if info.quant is None else dataclasses.asdict(info.quant)
+    arrays = model.tensor_arrays(name)
+    kernel = kernels() if use_kernel else None
+    if kernel is not None and info.encoding in QuantizedMatrix.KINDS:
+        return QuantizedMatrix(info.encoding, shape, descriptor, arrays, kernel)
+    return StripMatrix(info.encoding, shape, descriptor, arrays)
+
+
+def multiply(x: np.ndarray, *matrices: StripMatrix) -> list[np.ndarray]:
+    """x . W^T for several matrices of the same input (q, k, v; gate, up): x is prepared for
+    the kernel once per layout."""
+    prepared: dict = {}
+    out = []
+    for w in matrices:
+        if isinstance(w, QuantizedMatrix):
+            key = w.layout()
+            if key not in prepared:
+                prepared[key] = w.prepare(x)
+            out.append(w.matmul(x, prepared[key]))
+        else:
+            out.append(w.matmul(x))
+    return out
