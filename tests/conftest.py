@@ -1,6 +1,7 @@
 """Shared fixtures: a native WebGPU device on wgpu-native (lavapipe on CI machines)."""
 import asyncio
 import copy
+import pathlib
 
 import pytest
 
@@ -77,6 +78,41 @@ def qwen2_slm_path(tmp_path_factory):
     """The stacked shape with Qwen2's q/k/v biases (--shape qwen2). A fixture, not an import of
     synthetic_slm: `pytest tests tests_browser` resolves `conftest` to tests_browser's."""
     return synthetic_slm(tmp_path_factory, "qwen2")
+
+
+SMOLLM2_GGUF = pathlib.Path(__file__).resolve().parents[1] / ".assets" / "cache" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_hf_tokenizer():
+    """transformers' tokenizer built from the SmolLM2 GGUF (an oracle of tests/test_chat_template.py
+    and tests/test_tokenizer.py), once a session: building it from the GGUF takes seconds."""
+    pytest.importorskip("torch", reason="transformers' GGUF reader needs torch")
+    transformers = pytest.importorskip("transformers")
+    if not SMOLLM2_GGUF.exists():
+        pytest.skip(f"{SMOLLM2_GGUF} is missing (run set-up)")
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return transformers.AutoTokenizer.from_pretrained(str(SMOLLM2_GGUF.parent), gguf_file=SMOLLM2_GGUF.name)
+
+
+GEMMA3_270M_GGUF = pathlib.Path(__file__).resolve().parents[1] / ".assets" / "cache" / "gemma-3-270m-q4_k_m.gguf"
+
+
+@pytest.fixture(scope="session")
+def gemma3_270m_slm_path(tmp_path_factory):
+    """`webslm convert gemma-3-270m-q4_k_m.gguf -o g.slm` (lossless: every tensor as stored),
+    through the CLI, once a session: tests/test_gemma3_gguf.py checks the conversion and the CPU
+    path on it, tests/test_gpu_gemma3_native.py the GPU (each conversion takes ~20 s). Skips
+    without the GGUF (`python tools/test_data.py gemma3` fetches it)."""
+    if not GEMMA3_270M_GGUF.is_file():
+        pytest.skip(f"{GEMMA3_270M_GGUF.name} is not in {GEMMA3_270M_GGUF.parent} "
+                    "(python tools/test_data.py gemma3 fetches it)")
+    pytest.importorskip("gguf")
+    from webslm.cli import main
+    out = tmp_path_factory.mktemp("gemma3") / "g.slm"
+    assert main(["convert", str(GEMMA3_270M_GGUF), "-o", str(out)]) == 0
+    return out
 
 
 def synthetic_slm(tmp_path_factory, shape: str):

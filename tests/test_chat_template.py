@@ -12,7 +12,6 @@ message; any other Jinja error against any TemplateError of ours).
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -387,14 +386,9 @@ def test_corpus_matches_transformers_render(name, transformers_render):
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    pytest.importorskip("torch", reason="transformers' GGUF reader needs torch")
-    pytest.importorskip("transformers")
-    if not SMOLLM2_GGUF.exists():
-        pytest.skip(f"{SMOLLM2_GGUF} not present")
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(SMOLLM2_GGUF.parent), gguf_file=SMOLLM2_GGUF.name)
+def smollm2_tokenizer(smollm2_gguf_hf_tokenizer):
+    """transformers' tokenizer from the SmolLM2 GGUF (conftest.py: built once a session)."""
+    return smollm2_gguf_hf_tokenizer
 
 
 def test_smollm2_matches_apply_chat_template(smollm2_tokenizer):

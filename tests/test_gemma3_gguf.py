@@ -64,12 +64,10 @@ def gemma_gguf() -> Path:
 
 
 @pytest.fixture(scope="module")
-def converted(gemma_gguf, tmp_path_factory):
-    """`webslm convert gemma-3-270m-q4_k_m.gguf -o g.slm`, through the CLI."""
-    from webslm.cli import main
-    out = tmp_path_factory.mktemp("gemma3") / "g.slm"
-    assert main(["convert", str(gemma_gguf), "-o", str(out)]) == 0
-    return out
+def converted(gemma_gguf, gemma3_270m_slm_path):
+    """`webslm convert gemma-3-270m-q4_k_m.gguf -o g.slm`, through the CLI (conftest.py: once
+    a session, shared with the GPU's tests of it)."""
+    return gemma3_270m_slm_path
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +140,24 @@ def test_the_gpu_admits_it_as_stored(model):
     the device (tests/test_gpu_gemma3_native.py runs it on the GPU)."""
     from webslm.admission.pipelines import unsupported
     assert unsupported(model.manifest) is None
+
+
+@pytest.fixture(scope="module")
+def hf_greedy(hf_model):
+    """transformers' greedy continuation of a prompt (NEW_TOKENS ids, and each step's scores),
+    once a prompt: the greedy test and the CLI's test ask it for the same prompt."""
+    import torch
+    answers = {}
+
+    def greedy(ids: list[int]) -> tuple[list[int], list[np.ndarray]]:
+        if tuple(ids) not in answers:
+            with torch.no_grad():
+                out = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                        output_scores=True, return_dict_in_generate=True, eos_token_id=None,
+                                        pad_token_id=0)
+            answers[tuple(ids)] = (out.sequences[0, len(ids):].tolist(), [s[0].float().numpy() for s in out.scores])
+        return answers[tuple(ids)]
+    return greedy
 
 
 # -- tokenizer and chat template -----------------------------------------------------------
@@ -218,19 +234,13 @@ def test_sliding_window_layers_match_past_the_window(model, cpu, hf_model):
     assert np.abs(unwindowed - ref[-1]).max() > 100 * LONG_LOGITS_ATOL
 
 
-def test_cpu_greedy_continuations_equal_transformers(model, cpu, hf_model):
-    import torch
+def test_cpu_greedy_continuations_equal_transformers(model, cpu, hf_greedy):
     chat = model.chat_template.render([{"role": "user", "content": "What is the capital of Japan?"}],
                                       add_generation_prompt=True)
     prompts = [model.tokenizer.encode(p) for p in PROMPTS] + [model.tokenizer.encode(chat, add_special=False)]
     compared = near_ties = 0
     for ids in prompts:
-        with torch.no_grad():
-            out = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                    output_scores=True, return_dict_in_generate=True, eos_token_id=None,
-                                    pad_token_id=0)
-        want = out.sequences[0, len(ids):].tolist()
-        scores = [s[0].float().numpy() for s in out.scores]
+        want, scores = hf_greedy(ids)
         cpu.reset()
         logits = cpu.prefill(ids)
         for step, token in enumerate(want):
@@ -248,20 +258,17 @@ def test_cpu_greedy_continuations_equal_transformers(model, cpu, hf_model):
     assert len(prompts) >= 10 and compared >= (len(prompts) - near_ties) * NEW_TOKENS
 
 
-def test_cli_generate_greedy_on_the_cpu_equals_transformers(converted, model, hf_model, capsys):
+def test_cli_generate_greedy_on_the_cpu_equals_transformers(converted, model, hf_greedy, capsys):
     """`webslm generate --model g.slm --greedy --backend cpu`: the whole engine (sampler,
     ledger, stream decoding) gives transformers' greedy ids and text."""
     import json
-    import torch
     from webslm.cli import main
     prompt = PROMPTS[0]
     assert main(["generate", "--model", str(converted), "--prompt", prompt, "--greedy", "--backend", "cpu",
                  "--max-tokens", str(NEW_TOKENS), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     ids = model.tokenizer.encode(prompt)
-    with torch.no_grad():
-        want = hf_model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                                 eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    want, _ = hf_greedy(ids)
     assert result["prompt_ids"] == ids and result["backend"] == "cpu"
     assert result["token_ids"] == want
     assert result["text"] == model.tokenizer.decode(want, skip_special=True)

@@ -205,16 +205,14 @@ def test_real_gemma3_270m_requantized_to_q8_on_the_gpu(native_gpu, tmp_path, run
 
 
 @pytest.mark.skipif(not GEMMA_GGUF.is_file(), reason="set-up did not fetch gemma-3-270m-q4_k_m.gguf")
-def test_real_gemma3_270m_q4_k_m_as_stored_on_the_gpu(native_gpu, tmp_path, run):
+def test_real_gemma3_270m_q4_k_m_as_stored_on_the_gpu(native_gpu, gemma3_270m_slm_path, run):
     """The same GGUF converted losslessly (Q5_0 x81, Q4_K x27, Q8_0 x10, Q6_K x9 kept as q5,
-    q4k, q8, q6k): its attn_v is q8 in some layers and q5 in the others, its ffn_down q6k or
-    q4k, so those projections run with a params slot per form (program/ops.py weight_forms).
-    Teacher-forced conformance with the CPU path: 100% top-1 over 16 positions. About 60 s on
-    lavapipe here (conversion ~20 s, admission, then the CPU oracle and the GPU step)."""
-    from webslm.convert.gguf import convert_gguf
-    path = tmp_path / "gemma3-270m-q4_k_m.slm"
-    convert_gguf(GEMMA_GGUF, path)
-    model = webslm.open_model(path)
+    q4k, q8, q6k; conftest.py converts it once a session, test_gemma3_gguf.py checks that
+    conversion tensor by tensor): its attn_v is q8 in some layers and q5 in the others, its
+    ffn_down q6k or q4k, so those projections run with a params slot per form (program/ops.py
+    weight_forms). Teacher-forced conformance with the CPU path: 100% top-1 over 16 positions.
+    About 40 s on lavapipe here (admission, then the CPU oracle and the GPU step)."""
+    model = webslm.open_model(gemma3_270m_slm_path)
     encodings = {model.manifest.tensors[f"blk.{i}.{kind}"].encoding for i in range(18) for kind in ("attn_v", "ffn_down")}
     assert encodings == {"q5", "q8", "q4k", "q6k"} and unsupported(model.manifest) is None
 

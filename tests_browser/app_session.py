@@ -85,11 +85,11 @@ class BootedRow:
         self.results: dict = {"row": row.name, "launch_s": round(row.launch_s, 2)}
         self.status = self.boot("cold")
 
-    def boot(self, label: str) -> dict:
-        """Open the URL, wait for the worker; record the timings as results["boot_<label>"] and
-        return the worker's status."""
+    def boot(self, label: str, query: str | None = None) -> dict:
+        """Open the URL (with `query`, else the row's), wait for the worker; record the timings
+        as results["boot_<label>"] and return the worker's status."""
         started = time.monotonic()
-        self.row.open(self.url + self.query)
+        self.row.open(self.url + (self.query if query is None else query))
         # the page sets window.webslm at once, and its client once the engine's worker exists
         self.wait_for("window.webslm && window.webslm.client", timeout_s=BOOT_TIMEOUT_S)
         self.row.eval("window.webslm.client.ready", timeout_s=BOOT_TIMEOUT_S)
@@ -98,10 +98,10 @@ class BootedRow:
         self.results[f"boot_{label}"] = {**status["boot"], "page_to_ready_s": status["page_to_ready_s"]}
         return status
 
-    def reload(self, label: str) -> dict:
+    def reload(self, label: str, query: str | None = None) -> dict:
         """Open the page again in the same browser profile (its HTTP cache, Cache Storage and
         service worker stay) and boot as boot() does; the new page's status becomes ``status``."""
-        self.status = self.boot(label)
+        self.status = self.boot(label, query)
         return self.status
 
     def screenshot(self, name: str) -> pathlib.Path:

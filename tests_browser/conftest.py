@@ -37,14 +37,19 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "last_in_row(rank=0): run after the row's other tests, lower ranks first (tests that "
         "leave the engine on the CPU path, so that no GPU test after them has to admit the model again)")
+    config.addinivalue_line(
+        "markers", "first_in_row: run before the row's other tests (a test that checks the page as the "
+        "row's boot left it, before any other test changes it)")
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
     """Within each row (the run of tests that share one `booted` browser, as pytest groups
-    them), tests marked last_in_row go to the end, by rank, else in their order. They leave
-    the engine on the CPU path (a fault admission, a lost device); a GPU test after them would
-    first admit the model again: about a minute on SwiftShader, for nothing it checks."""
+    them), tests marked first_in_row go to the start and tests marked last_in_row to the end,
+    by rank, else in their order. The last ones leave the engine on the CPU path (a fault
+    admission, a lost device); a GPU test after them would first admit the model again: about
+    a minute on SwiftShader, for nothing it checks. The first ones read the page as it booted,
+    so they need not open it again."""
     def row(item):
         callspec = getattr(item, "callspec", None)
         return callspec.params.get("booted") if callspec else None
@@ -60,7 +65,9 @@ def pytest_collection_modifyitems(items):
             if row(items[start]) is None:
                 ordered += run
             else:
-                ordered += [i for i in run if not i.get_closest_marker("last_in_row")]
+                ordered += [i for i in run if i.get_closest_marker("first_in_row")]
+                ordered += [i for i in run if not i.get_closest_marker("last_in_row")
+                            and not i.get_closest_marker("first_in_row")]
                 ordered += sorted((i for i in run if i.get_closest_marker("last_in_row")), key=rank)
             start = end
     items[:] = ordered

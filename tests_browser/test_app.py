@@ -7,6 +7,7 @@ Run with -s to see each row's adapter table and boot times (also in tests_browse
 """
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 from urllib.parse import urlsplit
@@ -149,11 +150,26 @@ def test_load_model_messages_are_validated(booted):
         assert answer["error"]["code"] == "bad-field", (fields, answer)
 
 
+@functools.cache
+def _cpython_sampler_run() -> dict:
+    """The sampler vectors' run in CPython: the same in every row, computed once a session."""
+    from webslm.semantic.sampler_vectors import reference_run
+    return reference_run()
+
+
+@functools.cache
+def _cpython_corpus_digest(chars: int) -> str:
+    """CPython's digest of the default model's token ids for the mixed corpus, once a session."""
+    import webslm
+    from webslm.semantic.corpus import corpus, ids_digest
+    model = webslm.open_model(pathlib.Path(__file__).resolve().parents[1] / ".assets/site" / _default_model_entry()["file"])
+    return ids_digest(model.tokenizer, corpus(chars))
+
+
 def test_sampler_choices_are_bit_identical_to_cpython(booted):
     """Same logits and seeds -> the same tokens and state hashes in this browser's Pyodide as
     in CPython here (deterministic exp, Philox RNG; docs/sampler.md)."""
-    from webslm.semantic.sampler_vectors import reference_run
-    native = reference_run()
+    native = _cpython_sampler_run()
     in_browser = booted.request("sampler-check")
     assert in_browser["digest"] == native["digest"]
     assert in_browser == native
@@ -162,13 +178,10 @@ def test_sampler_choices_are_bit_identical_to_cpython(booted):
 def test_tokenizer_gives_cpythons_token_ids(booted):
     """The default model's tokenizer in this browser's Pyodide encodes a mixed corpus (scripts,
     emoji, code, chat markup) to exactly the ids CPython gets."""
-    import webslm
-    from webslm.semantic.corpus import corpus, ids_digest
     booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
     chars = 100_000
     in_browser = booted.request("tokenizer-check", {"chars": chars}, timeout_s=600)
-    model = webslm.open_model(pathlib.Path(__file__).resolve().parents[1] / ".assets/site" / _default_model_entry()["file"])
-    assert in_browser["digest"] == ids_digest(model.tokenizer, corpus(chars))
+    assert in_browser["digest"] == _cpython_corpus_digest(chars)
     booted.record(tokenizer=in_browser["measure"])
 
 

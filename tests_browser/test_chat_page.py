@@ -6,9 +6,9 @@ streamed answer that names Paris (on the admitted GPU in the GPU rows, whose pag
 with ?gpu=force (conftest.py), on the CPU path in WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again;
 the page in light and dark, desktop and phone width, is photographed (tests_browser/results/
 screenshots/); a corrupted model file, picked or dropped, is refused with the validator's
-error and the model that answered keeps answering; the JS API keeps OpenAI's shapes; after
-unload, a second visit loads the model from Cache Storage without fetching it; and with the
-network gone, the page opens from its service worker and answers.
+error and the model that answered keeps answering; the JS API keeps OpenAI's shapes; and
+after unload, a second visit with the network gone opens the page from its service worker,
+loads the model from Cache Storage without fetching it, and answers.
 
 The UI is driven through DOM events (input, keydown, click, change, drop), the same in every
 driver. Page-ready and first-token times per engine go to tests_browser/results/<row>.json
@@ -16,16 +16,16 @@ under "chat". Answers are short where the test allows: SwiftShader (Chromium) ta
 token.
 
 The Chromium row skips the checks of the page itself (Esc, Regenerate, the JS API's shapes,
-a misfiled cache entry, offline): there each answer or admission costs a minute or more of
-SwiftShader, and the same Chromium runs them in the chromium-compat row, on lavapipe, in
-seconds. It runs the rest (the exact greedy answer on its engine, the bars, the badge, the
-screenshots, a corrupted file, the second visit); its engine is also checked by
-test_engine_browser.py (cancel, conformance, a device loss) and test_kernels_browser.py.
-The second visit runs last in each row (conftest.py, last_in_row): it leaves the page on
-the CPU path.
+a misfiled cache entry): there each admission costs a minute or more of SwiftShader, and
+the same Chromium runs them in the chromium-compat row, on lavapipe, in seconds. It runs
+the rest (the exact greedy answer on its engine, the bars, the badge, the screenshots, a
+corrupted file, the second visit offline); its engine is also checked by
+test_engine_browser.py (cancel, a model switch) and test_kernels_browser.py.
+The second visit runs last in each row (conftest.py, last_in_row): it opens the page anew.
 """
 from __future__ import annotations
 
+import functools
 import json
 import pathlib
 import re
@@ -295,11 +295,14 @@ def test_screenshots_light_and_dark_desktop_and_phone(booted):
 
 # ------------------------------------------------------------------------------ models
 
-def _corrupted(data: bytes, offset: int, length: int | None) -> dict:
+@functools.cache
+def _corrupted(offset: int, length: int | None) -> dict:
     """What the validator says of the default model with the byte at `offset` flipped and the
-    file cut to `length` bytes: the error the page must show. The worker knows a picked or
-    dropped file's size, so it gives it to the validator (a cut file is refused at its header)."""
+    file cut to `length` bytes: the error the page must show (the same in every row: computed
+    once a session). The worker knows a picked or dropped file's size, so it gives it to the
+    validator (a cut file is refused at its header)."""
     from webslm.artifact import ArtifactError, Validator
+    data = (ROOT / ".assets/site" / _default_entry()["file"]).read_bytes()
     bad = bytearray(data if length is None else data[:length])
     bad[offset] ^= 0xFF
     validator = Validator(expected_bytes=len(bad))
@@ -314,9 +317,8 @@ def _corrupted(data: bytes, offset: int, length: int | None) -> dict:
 def test_a_corrupted_model_is_refused_and_the_loaded_one_keeps_answering(booted):
     engine = _ready(booted)
     entry = _default_entry()
-    data = (ROOT / ".assets/site" / entry["file"]).read_bytes()
-    cases = {"picked": (len(data) // 2, None), "dropped": (200_000, 4_000_000)}   # a flipped byte; a flipped byte in a cut file
-    expected = {how: _corrupted(data, *case) for how, case in cases.items()}
+    cases = {"picked": (entry["bytes"] // 2, None), "dropped": (200_000, 4_000_000)}   # a flipped byte; a flipped byte in a cut file
+    expected = {how: _corrupted(*case) for how, case in cases.items()}
     shown = {}
     for how, (offset, length) in cases.items():
         shown[how] = _page(booted, """
@@ -444,14 +446,18 @@ def test_a_misfiled_cache_entry_is_removed_and_the_model_downloaded_again(booted
     assert out["backend"] == engine["backend"], out
 
 
-@pytest.mark.last_in_row(2)       # the page stays on ?gpu=0: after the tests that need the GPU engine
-def test_after_unload_a_second_visit_loads_the_model_from_cache(booted):
-    """unload() frees the engine (state Unloaded, answers refused); the page opened again
-    loads the default model from Cache Storage: no request for the .slm, by the page or its
-    worker. (Opened with ?gpu=0: admission is not what this checks, and on SwiftShader it
-    takes half a minute. The engine unloaded may be on either path: the row's last tests
-    leave it on the CPU.)"""
+@pytest.mark.last_in_row(2)       # the page is opened again: after the tests that need the first one's engine
+def test_after_unload_a_second_visit_offline_loads_the_model_from_cache_and_answers(booted):
+    """unload() frees the engine (state Unloaded, answers refused). Then, with the server
+    unreachable (the proxy refuses every connection), the page opened again opens from its
+    service worker's copy, the worker boots Pyodide from it, the default model comes from Cache
+    Storage without a request for the .slm (by the page or its worker), and the engine answers:
+    on the GPU in the GPU rows (their ?gpu=force, admitted anew), on the CPU path elsewhere
+    (opened with ?gpu=0 there: admission is not what this checks, and on SwiftShader it takes
+    half a minute). One visit checks both the model's cache and the offline copy: each page
+    opened costs a Pyodide boot and a model validation."""
     booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
+    booted.wait_for("navigator.serviceWorker && navigator.serviceWorker.controller", timeout_s=60)
     unloaded = _page(booted, """
       const e = window.webslm.engine;
       await e.unload();
@@ -463,35 +469,23 @@ def test_after_unload_a_second_visit_loads_the_model_from_cache(booted):
     assert entry["artifact_sha256"] in unloaded["cached"], unloaded
     assert unloaded["usage"]["models_bytes"] >= entry["bytes"]
     booted.row.clear_requests()
-    booted.row.open(booted.url + "?gpu=0")           # the model's cache is the point here, not the GPU
-    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
-    model = booted.row.eval("window.webslm.engine.model")
-    worker_urls = booted.request("resource-log")["urls"]
-    seen = booted.row.requests() or []
-    assert model["source"] == "cache" and model["artifact_sha256"] == entry["artifact_sha256"], model
-    assert [u for u in [*worker_urls, *seen] if u.endswith(".slm")] == [], "the model was fetched"
-    assert "cache" in booted.row.eval("document.getElementById('model-state').textContent").lower()
-    _record(booted, "second_visit", {"page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
-                                     "model_total_seconds": model["total_seconds"],
-                                     "validation_seconds": model["validation_seconds"]})
-
-
-def test_offline_the_page_opens_from_its_copy_and_answers(booted):
-    """With the server unreachable (the proxy refuses every connection), the page opens from
-    its service worker's copy, the worker boots Pyodide from it, the model comes from Cache
-    Storage, and the engine answers (on the GPU in the GPU rows)."""
-    _page_check(booted)
-    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
-    booted.wait_for("navigator.serviceWorker && navigator.serviceWorker.controller", timeout_s=60)
     booted.proxy.offline = True
     try:
-        booted.reload("offline")
+        booted.reload("offline", None if booted.row.engine_on_gpu else "?gpu=0")
         engine = _ready(booted)
         answer = booted.row.eval("window.webslm.newChat(), window.webslm.ask(%s, {temperature: 0, max_tokens: 1})"
                                  % json.dumps(PROMPT), timeout_s=ANSWER_TIMEOUT_S)
     finally:
         booted.proxy.offline = False
-    assert engine["model"]["source"] == "cache", engine["model"]
+    model = engine["model"]
+    worker_urls = booted.request("resource-log")["urls"]
+    seen = booted.row.requests() or []
+    assert model["source"] == "cache" and model["artifact_sha256"] == entry["artifact_sha256"], model
+    assert [u for u in [*worker_urls, *seen] if u.endswith(".slm")] == [], "the model was fetched"
+    assert "cache" in booted.row.eval("document.getElementById('model-state').textContent").lower()
+    assert engine["backend"] == ("gpu" if booted.row.engine_on_gpu else "cpu"), engine
     assert answer["usage"]["completion_tokens"] >= 1 and answer["backends"] == [engine["backend"]], answer
-    _record(booted, "offline", {"page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
-                                "backend": engine["backend"]})
+    page_ready_s = booted.row.eval("window.webslm.timings.page_ready_s")
+    _record(booted, "second_visit", {"page_ready_s": page_ready_s, "model_total_seconds": model["total_seconds"],
+                                     "validation_seconds": model["validation_seconds"]})
+    _record(booted, "offline", {"page_ready_s": page_ready_s, "backend": engine["backend"]})

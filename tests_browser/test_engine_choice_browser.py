@@ -7,9 +7,12 @@
 - chromium-compat: the built site served under a sub-path (https://host/app/) opens, boots,
   loads the model, reaches a ready page and answers, every request staying under /app/.
 
-Both open the page anew (the row's other tests use the page opened with ?gpu=force), so they
-run last in their row (conftest.py, last_in_row). Numbers go to tests_browser/results/<row>.json
-under "choice".
+The Chromium row's page is opened as a user opens it (no ?gpu=, conftest.py: its engine is not
+forced onto the GPU), so the first check reads that page as it booted, before any other test
+of the row changes it (conftest.py, first_in_row): opening it again would cost another
+admission and another timed step on SwiftShader, for the same page. The sub-path opens a
+site of its own and leaves the row's page there, so it runs last in its row (last_in_row).
+Numbers go to tests_browser/results/<row>.json under "choice".
 """
 from __future__ import annotations
 
@@ -39,11 +42,14 @@ def _text(booted, element_id: str, attribute: str = "textContent") -> str:
     return booted.row.eval(f"document.getElementById({json.dumps(element_id)}).{attribute}")
 
 
-@pytest.mark.last_in_row(3)       # the page stays on the CPU path
+@pytest.mark.first_in_row          # the row's page as it booted: nothing else has touched it yet
 def test_by_default_swiftshader_is_timed_and_the_cpu_answers_with_the_reason_shown(booted):
     if booted.row.name != "chromium":
         pytest.skip("SwiftShader is Chromium's adapter (the other GPU rows are software too, and force the GPU)")
-    engine = _open_and_wait(booted, booted.url)            # no ?gpu=...: the page's default
+    # the page the row booted is the page's default: opened at the site's URL with no ?gpu=
+    assert booted.query == "" and booted.row.eval("location.href") == booted.url, booted.query
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
+    engine = booted.row.eval("window.webslm.engine")
     admission = booted.row.eval("window.webslm.admission")
     choice, reason = engine["choice"], engine["cpuReason"]
     print(f"\n{booted.row.name}: {json.dumps(choice)}")

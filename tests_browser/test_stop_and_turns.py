@@ -16,6 +16,7 @@ tests_browser/results/<row>.json under "stop"; no test asserts a time.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -127,6 +128,13 @@ def test_the_apis_abort_signal_mid_answer_lets_no_text_through(booted):
 @pytest.fixture(scope="module")
 def two_turn_reference() -> dict:
     """CPython's greedy CPU answers to the two-turn conversation, and its prompts' ids."""
+    return _two_turn_reference()
+
+
+@functools.cache
+def _two_turn_reference() -> dict:
+    """Computed once a session: pytest runs this module once per browser row, and a
+    module-scoped fixture would be computed again in each."""
     from webslm.cpu import CpuBackend
     from webslm.generate import generate
     from webslm.semantic.ledger import Ledger
