@@ -3,8 +3,10 @@
 //   Y[M, N] = X[M, K] W[N, K]^T            (ACCUMULATE: Y += X W^T, e.g. a residual add)
 //
 //   x  [M][x_stride] f32, read as vec4 (x_stride a multiple of 4, >= K)
-//   y  [M][y_stride] f32 (y_stride >= N)
+//   y  [M][y_stride] f32 (y_stride >= N; the host gives this kernel one column section)
 //   W  [N rows][K cols] in the artifact's own parts (bindings 3..)
+//
+// The params, bindings 0..2 and the store (`store_quad`) are gemm_sections.wgsl's.
 //
 // The encoding file (gemm_q4.wgsl, ...) concatenated BEFORE this one declares the weight
 // bindings and `decode_unit(n, k)`: UNIT consecutive weights of row n from k, as UNIT_QUADS
@@ -36,24 +38,9 @@
 override WG_X: u32 = 16u;   // invocations along N; TN = 4 * WG_X. Allowlist 8, 16
 override WG_Y: u32 = 8u;    // invocations along M. Allowlist 8, 16
 override RM: u32 = 8u;      // Y rows per invocation; TM = RM * WG_Y. Allowlist 4, 8
-override ACCUMULATE: bool = false;   // Y += X W^T instead of Y = X W^T
 
 const KT: u32 = 32u;        // K step
 const RM_MAX: u32 = 8u;     // register block rows the accumulator array is sized for
-
-struct Params {
-    m: u32,          // M, activation rows
-    n: u32,          // N, weight rows = output columns
-    k: u32,          // K, real elements per weight row
-    x_stride: u32,   // floats between activation rows (multiple of 4)
-    y_stride: u32,   // floats between output rows
-    tiles_m: u32,    // ceil(M / TM)
-    tiles: u32,      // tiles_m * ceil(N / TN): workgroups that have work
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
 // X tile [TM rows][KT / 4] vec4 (row-major, k contiguous).
 var<workgroup> x_tile: array<vec4<f32>, RM * WG_Y * KT / 4u>;
@@ -151,19 +138,6 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
     }
 
     for (var i = 0u; i < RM; i++) {
-        let m = m0 + ty * RM + i;
-        if (m < params.m) {
-            for (var j = 0u; j < 4u; j++) {
-                let n = n0 + 4u * tx + j;
-                if (n < params.n) {
-                    let index = m * params.y_stride + n;
-                    var v = acc[i][j];
-                    if (ACCUMULATE) {
-                        v = y[index] + v;
-                    }
-                    y[index] = v;
-                }
-            }
-        }
+        store_quad(m0 + ty * RM + i, n0 + 4u * tx, acc[i]);
     }
 }

@@ -5,8 +5,11 @@
 //   Y[M, N] = X[M, K] W[N, K]^T            (ACCUMULATE: Y += X W^T, e.g. a residual add)
 //
 //   x  [M][x_stride] f32, read as vec4 (x_stride a multiple of 4, >= K)
-//   y  up to three column sections, each [M][stride] at its own offset (see `out_index`)
+//   y  up to three column sections, each [M][stride] at its own offset
 //   W  [N rows][K cols] in the artifact's own parts (bindings 3..)
+//
+// The params, bindings 0..2, the sections (`out_index`) and the store (`store_quad`) are
+// gemm_sections.wgsl's.
 //
 // Why another kernel: every invocation keeps an 8 x 8 block of Y in sixteen named vec4
 // registers (no arrays: an array indexed in a loop may live in local memory, and then every
@@ -35,27 +38,6 @@
 override WG_X: u32 = 16u;   // invocations along N; TN = 8 WG_X. Allowlist 8, 16
 override WG_Y: u32 = 8u;    // invocations along M; TM = 8 WG_Y. Allowlist 4, 8, 16
 override BK: u32 = 16u;     // K step. Allowlist 16, 32
-override ACCUMULATE: bool = false;   // Y += X W^T instead of Y = X W^T
-
-struct Params {
-    m: u32,          // M, activation rows
-    n: u32,          // N, weight rows = output columns
-    k: u32,          // K, real elements per weight row
-    x_stride: u32,   // floats between activation rows (multiple of 4)
-    y_stride: u32,   // floats between output rows of section 0
-    tiles_m: u32,    // ceil(M / TM)
-    tiles: u32,      // tiles_m * ceil(N / TN): workgroups that have work
-    split1: u32,     // first column of section 1 (N when there is one section)
-    split2: u32,     // first column of section 2 (N when there are at most two)
-    base1: u32,      // float offset of section 1's first element in y
-    base2: u32,
-    stride1: u32,    // floats between output rows of section 1
-    stride2: u32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
 var<workgroup> xs: array<vec4<f32>, 2u * 8u * WG_Y * (BK / 4u)>;   // [stage][TM][BK / 4]
 var<workgroup> ws: array<vec4<f32>, 2u * BK * 2u * WG_X>;         // [stage][BK][TN / 4]
@@ -145,34 +127,6 @@ fn store_w(stage: u32, k0: u32, item: u32, raw: WRaw) {
         ws[at + 2u * WG_X][lane4] = v.y;
         ws[at + 4u * WG_X][lane4] = v.z;
         ws[at + 6u * WG_X][lane4] = v.w;
-    }
-}
-
-// Where Y[m][n] lives: column sections let one product write, e.g., q | k | v into the
-// planar qkv activation (each section its own [M][stride] array) in one dispatch.
-fn out_index(m: u32, n: u32) -> u32 {
-    if (n >= params.split2) {
-        return params.base2 + m * params.stride2 + (n - params.split2);
-    }
-    if (n >= params.split1) {
-        return params.base1 + m * params.stride1 + (n - params.split1);
-    }
-    return m * params.y_stride + n;
-}
-
-fn store_quad(m: u32, n: u32, v: vec4<f32>) {
-    if (m >= params.m) {
-        return;
-    }
-    for (var j = 0u; j < 4u; j++) {
-        if (n + j < params.n) {
-            let index = out_index(m, n + j);
-            var value = v[j];
-            if (ACCUMULATE) {
-                value = y[index] + value;
-            }
-            y[index] = value;
-        }
     }
 }
 

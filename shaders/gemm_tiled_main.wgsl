@@ -3,13 +3,17 @@
 //   Y[M, N] = X[M, K] W[N, K]^T            (ACCUMULATE: Y += X W^T, e.g. a residual add)
 //
 //   x  [M][x_stride] f32, read as vec4 (x_stride a multiple of 4, >= K)
-//   y  up to three column sections, each [M][stride] at its own offset (see `out_index`)
+//   y  up to three column sections, each [M][stride] at its own offset
 //   W  [N rows][K cols] in the artifact's own parts (bindings 3..)
 //
+// The params, bindings 0..2, the sections (`out_index`) and the store (`store_y`) are
+// gemm_sections.wgsl's.
+//
 // Sources before this file: the tile element type (gemm_tiled_full.wgsl: `alias tile4 =
-// vec4<f32>`, or enable_f16.wgsl + gemm_tiled_half.wgsl: vec4<f16>), common_quant.wgsl, the
-// encoding file (gemm_tiled_<encoding>.wgsl: weight bindings, `WRaw`, `fetch_w`, `decode_w`)
-// and its scale helpers. The encoding file comes first for naga's sake (see gemm_main.wgsl).
+// vec4<f32>`, or enable_f16.wgsl + gemm_tiled_half.wgsl: vec4<f16>), common_quant.wgsl,
+// gemm_sections.wgsl, the encoding file (gemm_tiled_<encoding>.wgsl: weight bindings,
+// `WRaw`, `fetch_w`, `decode_w`) and its scale helpers. The encoding file comes first for
+// naga's sake (see gemm_main.wgsl).
 //
 // Tiling. A workgroup of WG_X * WG_Y invocations owns a TM x TN tile of Y (TM = RM * WG_Y
 // activation rows, TN = RN * WG_X weight rows) and walks K in steps of BK. Invocation
@@ -45,31 +49,10 @@ override RN: u32 = 4u;      // Y columns (weight rows) per invocation. Allowlist
 override BK: u32 = 32u;     // K step. Allowlist 16, 32
 override STAGES: u32 = 2u;  // workgroup tile buffers. Allowlist 1, 2
 override KSPLIT: u32 = 1u;  // slices of each K step (see above). Allowlist 1, 2, 4
-override ACCUMULATE: bool = false;   // Y += X W^T instead of Y = X W^T
 
 const RM_MAX: u32 = 8u;     // the register arrays are sized for the largest block
 const RN_MAX: u32 = 8u;
 const X_ITEMS_MAX: u32 = 4u;   // ceil(RM * BK / (4 WG_X KSPLIT)) vec4s of x per invocation and step
-
-struct Params {
-    m: u32,          // M, activation rows
-    n: u32,          // N, weight rows = output columns
-    k: u32,          // K, real elements per weight row
-    x_stride: u32,   // floats between activation rows (multiple of 4)
-    y_stride: u32,   // floats between output rows of section 0
-    tiles_m: u32,    // ceil(M / TM)
-    tiles: u32,      // tiles_m * ceil(N / TN): workgroups that have work
-    split1: u32,     // first column of section 1 (N when there is one section)
-    split2: u32,     // first column of section 2 (N when there are at most two)
-    base1: u32,      // float offset of section 1's first element in y
-    base2: u32,
-    stride1: u32,    // floats between output rows of section 1
-    stride2: u32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
 
 // Workgroup tiles, STAGES of each, rows padded by one vec4 (see above).
 var<workgroup> xs: array<tile4, STAGES * RM * WG_Y * (BK / 4u + 1u)>;
@@ -141,18 +124,6 @@ fn store_w(stage: u32, k0: u32, lane: u32, r: u32, raw: WRaw) {
         let ks = vec4<u32>(k0 + unit * UNIT + 4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
         ws[at + q] = tile4(select(vec4<f32>(0.0), values[q], ks < vec4<u32>(params.k)));
     }
-}
-
-// Where Y[m][n] lives: column sections let one product write, e.g., q | k | v into the
-// planar qkv activation (each section its own [M][stride] array) in one dispatch.
-fn out_index(m: u32, n: u32) -> u32 {
-    if (n >= params.split2) {
-        return params.base2 + m * params.stride2 + (n - params.split2);
-    }
-    if (n >= params.split1) {
-        return params.base1 + m * params.stride1 + (n - params.split1);
-    }
-    return m * params.y_stride + n;
 }
 
 @compute @workgroup_size(WG_X * WG_Y * KSPLIT)
@@ -270,12 +241,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
             for (var j = 0u; j < RN; j++) {
                 let n = n0 + tx + WG_X * j;
                 if (n < params.n) {
-                    let index = out_index(m, n);
-                    var v = acc[i * (RN_MAX / 4u) + j / 4u][j % 4u];
-                    if (ACCUMULATE) {
-                        v = y[index] + v;
-                    }
-                    y[index] = v;
+                    store_y(m, n, acc[i * (RN_MAX / 4u) + j / 4u][j % 4u]);
                 }
             }
         }

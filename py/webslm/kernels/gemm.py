@@ -4,7 +4,8 @@ f32, and q5, q4k, q5k, q6k: their one decoder file gemm_<enc>.wgsl serves both k
 Prefill multiplies many activation rows by the same weights, so it is compute-bound: the
 kernels tile Y in 2-D per workgroup, dequantize each W tile into workgroup memory once per
 K step (reused by every row of the tile), and multiply register blocks with f32 FMAs.
-Two kernel kinds, same bindings and params prefix (the WGSL comes from trusted bundle files):
+The kernel kinds share bindings 0..2, the params and the stores (gemm_sections.wgsl; the
+WGSL comes from trusted bundle files):
 
     classic  gemm_<enc>              gemm_main.wgsl + gemm_<enc>.wgsl: RM x 4 register blocks,
                                      one workgroup tile, two barriers a K step of 32
@@ -74,17 +75,19 @@ def _specs():
         parts = ("read-only-storage",) * len(PART_NAMES[encoding])
         # q5 and the super-blocks: one decoder file (16-weight units) for both kernel kinds
         tiled_file = f"gemm_{encoding}.wgsl" if encoding in kquant.ENCODINGS else f"gemm_tiled_{encoding}.wgsl"
+        # gemm_sections.wgsl (params, bindings 0..2, the stores: every kind shares them), then
         # the encoding file (and the scale helpers that use its SCALE_F16) precede the main
         # file: see the note at the top of gemm_main.wgsl
-        yield KernelSpec(f"gemm_{encoding}", ("common_quant.wgsl", f"gemm_{encoding}.wgsl", *quant, "gemm_main.wgsl"),
+        shared = ("common_quant.wgsl", "gemm_sections.wgsl")
+        yield KernelSpec(f"gemm_{encoding}", (*shared, f"gemm_{encoding}.wgsl", *quant, "gemm_main.wgsl"),
                          "main", bindings + parts, classic | weights)
-        body = ("common_quant.wgsl", tiled_file, *quant, "gemm_tiled_main.wgsl")
+        body = (*shared, tiled_file, *quant, "gemm_tiled_main.wgsl")
         yield KernelSpec(f"gemm_tiled_{encoding}", ("gemm_tiled_full.wgsl", *body), "main", bindings + parts,
                          tiled | weights)
         yield KernelSpec(f"gemm_tiled_half_{encoding}", ("enable_f16.wgsl", "gemm_tiled_half.wgsl", *body), "main",
                          bindings + parts, tiled | weights, frozenset({"shader-f16"}))
         if encoding in OUTER_ENCODINGS:
-            yield KernelSpec(f"gemm_outer_{encoding}", ("common_quant.wgsl", tiled_file, *quant, "gemm_outer_main.wgsl"),
+            yield KernelSpec(f"gemm_outer_{encoding}", (*shared, tiled_file, *quant, "gemm_outer_main.wgsl"),
                              "main", bindings + parts, outer | weights)
 
 
@@ -106,7 +109,7 @@ class Tile:
     wg_y: int     # invocations along M (RM rows each)
     rm: int
     half = False
-    sections = False   # the classic kernel writes one [M][y_stride] output
+    sections = False   # plan gives the classic tiles (the fallback) one [M][y_stride] output
 
     @property
     def tm(self) -> int:
@@ -448,11 +451,10 @@ def plan(limits: dict[str, int], weights: Weights, m: int, x_stride: int | None 
         grid = runner.workgroup_grid(tiles, limits["maxComputeWorkgroupsPerDimension"])
     except ValueError as exc:
         raise GemmError("too-many-workgroups", "grid", str(exc)) from None
+    # every kind reads the same params (gemm_sections.wgsl); one section: split1 = split2 = N
     padded = sections + [(n, 0, 0)] * (MAX_SECTIONS - len(sections))
-    words = [m, n, k, x_stride, y_stride, tiles_m, tiles]
-    if tile.sections:   # split1, split2, base1, base2, stride1, stride2
-        words += [padded[1][0], padded[2][0], padded[1][1], padded[2][1], padded[1][2], padded[2][2]]
-    params = runner.params_words(*words)
+    params = runner.params_words(m, n, k, x_stride, y_stride, tiles_m, tiles,
+                                 padded[1][0], padded[2][0], padded[1][1], padded[2][1], padded[1][2], padded[2][2])
     overrides = {**tile.overrides(), **w.overrides(), "ACCUMULATE": int(accumulate)}
     return GemmPlan(tile.kernel(w.encoding), overrides, tile, params, grid, need)
 
