@@ -12,6 +12,7 @@ import webslm
 from webslm.cpu import layers
 from webslm.kernels import golden, matvec as mv, rope_kv
 from webslm.kernels.kv_cache import KvLayout, KvShapeError, append_reference
+from webslm.kernels.registry import KERNELS
 from webslm.kernels.rope import rope_table
 from webslm.webgpu.interface import BufferBinding
 
@@ -309,9 +310,9 @@ def test_matvec_plan_for_the_executor(native_device):
     assert p.kernel.startswith("matvec_swiglu_q4") and p.overrides["ACCUMULATE"] == 1 and p.params[7] == 64
     p = mv.plan(native_device, w, 1, 64, 6, accumulate=True)
     assert p.kernel.startswith("matvec_q4") and p.params[7] == 0 and p.inputs == ("x",)
-    spec = mv.KERNELS[mv.kernel_name("q4", False, "norm")]
+    spec = KERNELS[mv.kernel_name("q4", False, "norm")]
     assert spec.bindings == ("uniform",) + ("read-only-storage",) * 5 + ("storage",)
-    assert mv.KERNELS[mv.kernel_name("f32", False, "swiglu")].bindings == \
+    assert KERNELS[mv.kernel_name("f32", False, "swiglu")].bindings == \
         ("uniform", "read-only-storage", "read-only-storage", "storage")
 
 

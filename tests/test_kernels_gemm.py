@@ -6,8 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from webslm.kernels import gemm, golden
+from webslm.kernels import gemm, gemm_cases, golden
 from webslm.kernels.gemm import GemmError, RegisterTile, Tile
+from webslm.kernels.registry import KERNELS
 from webslm.kernels.weights import Weights
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def test_golden_gemm_passes(native_device, run, size):
 
 
 def test_every_tile_is_exercised_by_the_full_suite():
-    cases = list(gemm._cases(golden.GoldenContext(None, np.random.default_rng(0), "full")))
+    cases = list(gemm_cases._cases(golden.GoldenContext(None, np.random.default_rng(0), "full")))
     assert set(gemm.TILES.values()) <= {case.tile for case in cases}
     shapes = {(case.x.shape[0], case.weights.rows, case.weights.cols) for case in cases}
     assert {m for m, _, _ in shapes} >= {2, 3, 17, 67, 129}
@@ -66,8 +67,8 @@ def test_every_tile_is_exercised_by_the_full_suite():
         mine = [c for c in cases if c.tile == tile]
         assert {(3, 1, 1), (129, 37, 257)} <= {(c.x.shape[0], c.weights.rows, c.weights.cols) for c in mine}
         assert len({c.weights.encoding for c in mine}) >= 2, tile.name
-    for config in gemm.CONFIGS:
-        assert any(c.tile is not None and c.tile.sections and gemm._tag(config) in c.name for c in cases), config
+    for config in gemm_cases.CONFIGS:
+        assert any(c.tile is not None and c.tile.sections and gemm_cases._tag(config) in c.name for c in cases), config
     # the f16-tile variants meet the adversarial codes and the accumulate path too
     for kind in ("half", "ksplit"):    # f16 tiles and split-K tiles meet adversarial codes and ACCUMULATE
         mine = [c for c in cases if c.tile is not None and c.tile.sections and
@@ -79,7 +80,7 @@ def test_quick_suite_covers_every_tile_the_host_may_choose():
     """Admission's self-test (size quick) must run each tile choose_tile can return on that device."""
     class FakeDevice:
         limits, features = ROOMY, frozenset({"shader-f16"})
-    cases = list(gemm._cases(golden.GoldenContext(FakeDevice(), np.random.default_rng(0), "quick")))
+    cases = list(gemm_cases._cases(golden.GoldenContext(FakeDevice(), np.random.default_rng(0), "quick")))
     tested = {case.tile for case in cases}
     kernels = {case.tile.kernel(case.weights.encoding) for case in cases if case.tile is not None}
     for m in (1, 17, 64, 128, 512):
@@ -109,7 +110,7 @@ def test_the_comparison_rejects_wrong_results():
 
 def test_decode64_matches_the_artifact_decoder():
     rng = np.random.default_rng(6)
-    for enc, block, zero, st in gemm.CONFIGS:
+    for enc, block, zero, st in gemm_cases.CONFIGS:
         w = Weights.quantized(rng.standard_normal((5, 77)).astype(np.float32), enc, block or 32,
                                   zero or "min", st or "f16")
         decoded, magnitude = gemm.decode64(w)
@@ -134,6 +135,8 @@ def test_plan_builds_params_and_grid():
     tiles_m = -(-17 // p.tile.tm)
     tiles = tiles_m * -(-40 // p.tile.tn)
     assert list(p.params[:7]) == [17, 40, 100, 100, 40, tiles_m, tiles]
+    # the classic kernel reads the shared params (gemm_sections.wgsl): one section, split1 = split2 = N
+    assert list(p.params[7:13]) == [40, 40, 0, 0, 0, 0]
     assert p.grid == (tiles, 1, 1)
     assert p.binding_bytes["x"] == (16 * 100 + 100) * 4 and p.binding_bytes["y"] == 17 * 40 * 4
     tiled = gemm.plan(CORE, _q4(), 17, tile=gemm.TILES["32x64/4x4/k16/s2"])
@@ -243,7 +246,7 @@ def test_tiles_fit_their_advertised_budgets():
     for tile in gemm.TILES.values():
         for encoding in ("q4", "q8", "f16", "f32", "q5", "q4k", "q5k", "q6k"):
             if tile.serves(encoding):
-                gemm.KERNELS[tile.kernel(encoding)].check_overrides(tile.overrides())
+                KERNELS[tile.kernel(encoding)].check_overrides(tile.overrides())
     outer = gemm.OuterTile(16, 8)            # xs and ws, two stages of 16 k each, f32
     assert (outer.name, outer.tm, outer.tn, outer.invocations) == ("64x128/o", 64, 128, 128)
     assert outer.workgroup_bytes == 2 * (64 + 128) * 16 * 4

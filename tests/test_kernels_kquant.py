@@ -17,7 +17,7 @@ import pytest
 
 from webslm.kernels import embed as em
 from webslm.kernels import gemm as gm
-from webslm.kernels import golden, kquant
+from webslm.kernels import golden, kquant, matvec_cases
 from webslm.kernels import matvec as mv
 from webslm.kernels.registry import KERNELS
 from webslm.kernels.weights import Weights
@@ -51,7 +51,7 @@ def test_every_new_kernel_passes_its_golden_cases(native_device, run, size):
     assert not untested, sorted(untested)
 
 
-@pytest.mark.parametrize("encoding, block, zero, scale_type", mv.PACKED_FORMS)
+@pytest.mark.parametrize("encoding, block, zero, scale_type", matvec_cases.PACKED_FORMS)
 def test_terms_are_the_cpu_decoder_exactly(encoding, block, zero, scale_type):
     """kquant.terms (float64, exact) rounded to f32 is what quant.dequantize computes: the
     super-blocks' products are exact in f32, so the CPU decoder rounds once (q5 "min" with f32

@@ -7,8 +7,8 @@ import importlib
 
 from . import registry  # noqa: F401  (first: the families register into it)
 
-FAMILY_MODULES = ("probe", "matvec", "matvec_variants", "gemm", "logits", "kv_cache", "attention",
-                  "norm", "rope", "swiglu", "embed", "rope_kv", "attention_rope", "head_norm",
+FAMILY_MODULES = ("probe", "matvec", "matvec_cases", "matvec_variants", "gemm", "gemm_cases", "logits",
+                  "kv_cache", "attention", "norm", "rope", "swiglu", "embed", "rope_kv", "attention_rope", "head_norm",
                   "scale")
 
 for _module in FAMILY_MODULES:

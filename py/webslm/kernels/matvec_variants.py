@@ -21,8 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
-from .matvec import (UNIT_ELEMENTS, FusedCase, Weights, _extreme_codes, _norm_weight, _quads, _random_weights,
-                     choose_kernel, fused_oracle, gate_up_row, kernel_name)
+from .matvec import UNIT_ELEMENTS, Weights, _quads, choose_kernel, fused_oracle, gate_up_row, kernel_name
+from .matvec_cases import FusedCase, _extreme_codes, _norm_weight, _random_weights
 from .registry import KERNELS
 
 # (encoding, variant, block, zero, scale type): every option each variant serves.
