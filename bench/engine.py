@@ -184,7 +184,7 @@ async def bench_model(path: str, args) -> dict:
     named = {"default": None, "all": ALL}
     fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
-                                                              prefill_chunk=args.prefill_chunk))
+                                                              prefill_chunk=args.prefill_chunk, tuning=args.tuning))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -206,6 +206,9 @@ async def bench_model(path: str, args) -> dict:
             "fusions": list(backend.forward.programs["decode"].fusions),
             "dispatches_per_layer": backend.forward.programs["decode"].dispatches_per_layer(),
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
+            "admission_stages_s": dict(session.seconds),
+            "tuning": session.tuning.summary() if session.tuning else None,
+            "tuning_forms": session.tuning.forms if session.tuning else None,
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
             "prefill_chunk": backend.forward.chunk,
             "prefill_dispatches_per_layer": backend.forward.programs["prefill"].dispatches_per_layer(),
@@ -270,6 +273,13 @@ async def main(args) -> dict:
               f"admission {row['admission_s']} s; engine loop decode "
               f"{row['engine_loop']['chained']['tokens_per_s']:.1f} tok/s chained, "
               f"{row['engine_loop']['unchained']['tokens_per_s']:.1f} unchained", flush=True)
+        if row["tuning"]:
+            t = row["tuning"]
+            print(f"    tuning: {t['source']} {t['reason']} {t['seconds']} s, {t['changed']} of {t['forms']} forms "
+                  f"changed", flush=True)
+            for form, f in (row["tuning_forms"] or {}).items():
+                print(f"      {form}: rule {f.get('rule')} {f.get('rule_us')} us -> {f.get('chosen_us')} us "
+                      f"({f.get('tried')} tried)", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
         for p in row["prefill_profile"] or []:
@@ -296,6 +306,9 @@ if __name__ == "__main__":
     parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
                         help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
                              "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
+    parser.add_argument("--tuning", default="auto", choices=("auto", "off", "force"),
+                        help="admission's mat-vec tuning stage (backends/gpu/tuning.py); no cache is used, "
+                             "so 'auto' measures every time")
     parser.add_argument("--out")
     arguments = parser.parse_args()
     for rule in arguments.matvec_tuning:

@@ -87,8 +87,11 @@ def part_names(weights: Weights) -> tuple[str, ...]:
 class Lowering:
     """Launches for one admitted session: device limits and features, shapes, plan facts."""
 
-    def __init__(self, device, model, plan):
+    def __init__(self, device, model, plan, choices: dict | None = None):
         self.device, self.limits = device, device.limits
+        # Measured mat-vec launch shapes by form (matvec.form_key -> matvec.Choice), from
+        # admission's tuning stage (backends/gpu/tuning.py); a form without one takes the rule.
+        self.choices = dict(choices or {})
         self.arch = a = model.architecture
         self.manifest = model.manifest
         self.plan = plan
@@ -210,15 +213,17 @@ class Lowering:
         y = Binding("y", op.write("y"), offset=4 * row_start)
         x_stride, y_stride = self._strides(op, weights)
         if schedule == "decode" or op.option("head"):
-            mode = op.option("input", "plain")
+            mode, accumulate = op.option("input", "plain"), bool(op.option("accumulate"))
             extra = {}
             if mode == "norm":
                 extra = {"eps": float(self.arch.norm_eps), "norm_elements": self.arch.hidden}
             elif mode == "swiglu":
                 extra = {"up_offset": self.f_pad}
+            choice = self.choices.get(matvec.form_key(weights, mode, accumulate))
+            if choice is not None:
+                extra |= {"variant": choice.variant, "workgroup": choice.workgroup, "rows_per_group": choice.rows}
             m = 1 if op.option("head") else tokens
-            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode,
-                            accumulate=bool(op.option("accumulate")), **extra)
+            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode, accumulate=accumulate, **extra)
             inputs = {"x": Binding("x", op.read("x")), "h": Binding("h", op.read("x"))}
             if mode == "norm":
                 inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
@@ -238,6 +243,12 @@ class Lowering:
         p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, bool(op.option("accumulate")), tile,
                       sections, features)
         return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
+
+    def matvec_form(self, op: Op) -> tuple[str, Weights]:
+        """(matvec.form_key, the piece's shape-only Weights) of a decode matmul op: what
+        admission's tuning measures and `choices` is keyed by."""
+        weights, _ = weight_of(self.manifest, self.splits, op.read("w"), op.option("piece", 0))
+        return matvec.form_key(weights, op.option("input", "plain"), bool(op.option("accumulate"))), weights
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
         bias = bool(op.option("bias"))

@@ -30,6 +30,12 @@ from .requests import WorkerRequestFailed, cache_prompt, generation_plan
 CONFORMANCE_PROMPT = "What is the capital of France?"
 
 
+# Measured mat-vec launch shapes (backends/gpu/tuning.py) for this worker's lifetime: a model
+# loaded again, or another model of the same shapes, is not measured again. (Kept in memory
+# only: the page does not persist it across visits yet.)
+_TUNING_CACHE: dict[str, dict] = {}
+
+
 class EngineHost:
     def __init__(self, model, on_event=None):
         self.model = model           # the ValidatedModel the loader accepted
@@ -97,7 +103,8 @@ class EngineHost:
         started = time.perf_counter()
         try:
             session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level), faults=faults,
-                                          user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress)
+                                          user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,
+                                          tuning_cache=_TUNING_CACHE)
         except AdmissionFailure as failure:
             seconds = round(time.perf_counter() - started, 3)
             await self.start_engine(gpu, failure=failure)
@@ -107,6 +114,7 @@ class EngineHost:
                                "receipt": failure.receipt.as_dict(), "receipt_text": render_text(failure.receipt),
                                "engine": self.engine_summary()})
         seconds = round(time.perf_counter() - started, 3)
+        _TUNING_CACHE.update(session.tuning.cache_entries if session.tuning else {})
         self.gpu_session = session
         engine_started = time.perf_counter()
         if choice == "measure":
@@ -117,6 +125,7 @@ class EngineHost:
                            "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
                            "gpu_bytes": session.plan.total_gpu_bytes, "stage_seconds": session.seconds,
                            "seconds": seconds, "engine_seconds": round(time.perf_counter() - engine_started, 3),
+                           "tuning": session.tuning.summary() if session.tuning else None,
                            "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
                            "engine": self.engine_summary()})
 
