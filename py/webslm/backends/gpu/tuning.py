@@ -8,8 +8,10 @@ laptop GPU too. So, once the weights are on the GPU and before the pipelines are
 each mat-vec *form* of the decode program (matvec.form_key: encoding, shape, input mode,
 ACCUMULATE; layers of one form share it) is run as the engine runs it:
 
-    for each form:   the rule's launch first, then ROWS in 1..16 at the rule's WG, then
-                     every sensible WG at the best ROWS (at most 8 launch shapes)
+    every form:      the rule's launch timed (its pipeline is needed anyway)
+    then, the forms that cost the step most first, while the budget lasts:
+                     ROWS in 1..16 at the rule's WG, then every sensible WG at the best
+                     ROWS (at most 8 launch shapes)
         each shape:  compiled; checked once against the rule's output (a wrong launch is
                      never chosen); timed as dependent dispatches over the form's layers'
                      own weights, the median of ROUNDS rounds of >= ROUND_SECONDS
@@ -254,15 +256,27 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     if not pending:
         report.source = "cached"
     try:
+        # First the rule's time of every form (its pipeline is compiled anyway), so that the
+        # budget goes to the forms that cost the step most.
+        rules = {}
+        for key, ops in pending:
+            measured = await _rule_time(stage, ops, force)
+            if measured is None:                 # a slow adapter: the rule stands for every form
+                report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
+                                                        f"ms here (a software adapter): measuring cannot pay")
+                pending = []
+                break
+            rules[key] = measured
+            if checkpoint is not None:
+                await checkpoint()
+        pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
         for done, (key, ops) in enumerate(pending, 1):
+            rule, rule_seconds = rules[key]
             if clock() - began > budget_seconds:
-                report.reason = f"budget of {budget_seconds} s spent: {len(pending) - done + 1} form(s) keep the rule"
-                break
-            form = await _tune_form(stage, key, ops, force)
-            if form is None:                     # a slow adapter: the rule stands for every form
-                report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} ms "
-                                                        f"here (a software adapter): measuring cannot pay")
-                break
+                report.forms[key] = {"rule": rule.as_dict(), "rule_us": round(rule_seconds * 1e6, 2), "searched": False}
+                report.reason = f"budget of {budget_seconds} s spent: the forms that cost the step least keep the rule"
+                continue
+            form = await _search(stage, ops, rule, rule_seconds)
             choice = form.pop("choice")
             report.forms[key] = form
             if choice is not None:
@@ -280,26 +294,35 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     return report
 
 
-async def _tune_form(stage: _Stage, key: str, ops: list, force: bool) -> dict | None:
-    """Time one form's launch shapes; None when the rule's dispatch shows a slow adapter."""
-    device = stage.device
+async def _rule_time(stage: _Stage, ops: list, force: bool) -> tuple[matvec.Choice, float] | None:
+    """(the rule's Choice, its seconds a dispatch) for one form; None when a first look (4
+    dispatches and a round trip: cheap on any adapter) shows a slow adapter."""
     weights = stage.lowering.matvec_form(ops[0])[1]
-    rule = _rule_choice(device, weights, ops[0])
+    rule = _rule_choice(stage.device, weights, ops[0])
     stage.fill_inputs(ops)
-    rule_dispatches = await stage.launches(ops, None)
-    if not force and await stage.seconds_per_dispatch(ops, rule_dispatches[:1] * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
-        return None                          # (4 dispatches and one round trip: cheap on any adapter)
+    dispatches = await stage.launches(ops, None)
+    if not force and await stage.seconds_per_dispatch(ops, dispatches[:1] * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
+        return None
+    return rule, await stage.seconds_per_dispatch(ops, dispatches)
+
+
+async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float) -> dict:
+    """Time one form's launch shapes around the rule: ROWS at the rule's WG, then WG at the
+    best ROWS. A shape the limits refuse is skipped; one that disagrees with the rule's output
+    is rejected, never chosen."""
+    key, weights = stage.lowering.matvec_form(ops[0])
+    stage.fill_inputs(ops)
+    stage.lowering.choices.pop(key, None)
     reference = await stage.output(ops)
-    times = {rule: await stage.seconds_per_dispatch(ops, rule_dispatches)}
-    rejected = []
+    times, refused, rejected = {rule: rule_seconds}, [], []
 
     async def trial(choice: matvec.Choice) -> None:
-        if choice in times or choice in rejected:
+        if choice in times or choice in refused or choice in rejected:
             return
         try:
             dispatches = await stage.launches(ops, choice)
         except matvec.MatvecShapeError:
-            rejected.append(choice)              # the device's limits refuse this shape
+            refused.append(choice)               # the device's limits refuse this shape
             return
         if not _agrees(await stage.output(ops), reference):
             rejected.append(choice)
@@ -309,10 +332,11 @@ async def _tune_form(stage: _Stage, key: str, ops: list, force: bool) -> dict | 
     for rows in matvec.ROWS_PER_WORKGROUP:
         await trial(dataclasses.replace(rule, rows=rows))
     best_rows = min(times, key=times.get).rows
-    for workgroup in matvec.workgroup_candidates(device, weights, best_rows):
+    for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
         await trial(dataclasses.replace(rule, workgroup=workgroup, rows=best_rows))
     stage.lowering.choices.pop(key, None)
     best = min(times, key=times.get)
     chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
     return {"rule": rule.as_dict(), "rule_us": round(times[rule] * 1e6, 2), "chosen_us": round(times[chosen] * 1e6, 2),
-            "tried": len(times), "rejected": len(rejected), "choice": chosen if chosen != rule else None}
+            "tried": len(times), "refused": len(refused), "rejected": len(rejected),
+            "choice": chosen if chosen != rule else None}
