@@ -177,14 +177,14 @@ async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> d
     return out
 
 
-async def bench_model(path: str, args) -> dict:
+async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
     named = {"default": None, "all": ALL}
     fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
-                                                              prefill_chunk=args.prefill_chunk, tuning=args.tuning))
+                                                              prefill_chunk=args.prefill_chunk, tuning=tuning))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -258,10 +258,11 @@ async def main(args) -> dict:
               "matvec_tunings": {"default": repr(matvec.TUNING)} | {e: repr(t) for e, t in matvec.TUNINGS.items()},
               "rows": []}
     print(f"adapter: {summary.description}", flush=True)
-    for path in args.model:
-        row = await bench_model(path, args)
+    for path, tuning in ((p, t) for p in args.model for t in args.tuning.split(",")):
+        row = await bench_model(path, args, tuning)
+        row["tuning_mode"] = tuning
         report["rows"].append(row)
-        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
+        print(f"{row['model']} (tuning {tuning}): tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
               f"({row['prompt_tokens']} tokens in chunks of {row['prefill_chunk']}), "
               f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}; "
               f"unchained {row['decode_tokens_per_s_unchained']:.1f}, same tokens {row['unchained_same_tokens']}), "
@@ -306,9 +307,10 @@ if __name__ == "__main__":
     parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
                         help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
                              "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
-    parser.add_argument("--tuning", default="auto", choices=("auto", "off", "force"),
-                        help="admission's mat-vec tuning stage (backends/gpu/tuning.py); no cache is used, "
-                             "so 'auto' measures every time")
+    parser.add_argument("--tuning", default="auto",
+                        help="admission's mat-vec tuning stage (backends/gpu/tuning.py): auto, off or force, or "
+                             "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
+                             "order, for an A/B in one process); no cache is used, so 'auto' measures every time")
     parser.add_argument("--out")
     arguments = parser.parse_args()
     for rule in arguments.matvec_tuning:
