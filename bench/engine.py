@@ -256,6 +256,7 @@ async def main(args) -> dict:
     from webslm.kernels import matvec
     report = {"adapter": summary.description, "host": platform.platform(), "date": time.strftime("%Y-%m-%d"),
               "matvec_tunings": {"default": repr(matvec.TUNING)} | {e: repr(t) for e, t in matvec.TUNINGS.items()},
+              "split_k": __import__("webslm.kernels.gemm_split", fromlist=["POLICY"]).POLICY,
               "rows": []}
     print(f"adapter: {summary.description}", flush=True)
     for path, tuning in ((p, t) for p in args.model for t in args.tuning.split(",")):
@@ -307,6 +308,8 @@ if __name__ == "__main__":
     parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
                         help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
                              "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
+    parser.add_argument("--split-k", default=None, help="kernels/gemm_split.py POLICY for this run: unsplit-first, "
+                                                            "outer-first or off (the tile choice before split K)")
     parser.add_argument("--tuning", default="auto",
                         help="admission's mat-vec tuning stage (backends/gpu/tuning.py): auto, off or force, or "
                              "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
@@ -315,4 +318,9 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     for rule in arguments.matvec_tuning:
         apply_matvec_tuning(rule)
+    if arguments.split_k is not None:
+        from webslm.kernels import gemm_split
+        if arguments.split_k not in gemm_split.POLICIES:
+            parser.error(f"--split-k must be one of {gemm_split.POLICIES}")
+        gemm_split.POLICY = arguments.split_k
     asyncio.run(main(arguments))

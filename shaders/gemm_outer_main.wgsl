@@ -25,6 +25,12 @@
 // 4 (tx + WG_X) + j (j < 4). Per 4 k it loads 8 vec4s of X (a broadcast: a quarter warp
 // shares ty) and 2 vec4s of W per k (adjacent invocations, adjacent vec4s), then 256 FMAs.
 //
+// Split K across workgroups (KPARTS = 2, 4 or 8; kernels/gemm_split.py): when the shape has
+// too few tiles to fill the GPU, KPARTS workgroups share each tile, part p walking its own
+// run of K steps, and each writes its partial sums, not Y: P[p][m][n4] in the binding `y`
+// (n4 = N rounded up to 4; no sections, no ACCUMULATE). gemm_reduce.wgsl then adds the parts,
+// in part order, into Y. Workgroup `id` is part id / tiles of tile id % tiles.
+//
 // Weights are decoded ONCE per step into ws (each of the TM rows reuses them) and masked to
 // 0 at k >= K, as is x (x's row padding may be anything; a q4 "min" padding code decodes to
 // `min`). Accumulation is f32, one fma per k in k order, the classic kernel's rule (its
@@ -36,6 +42,7 @@ override WG_X: u32 = 16u;   // invocations along N; TN = 8 WG_X. Allowlist 8, 16
 override WG_Y: u32 = 8u;    // invocations along M; TM = 8 WG_Y. Allowlist 4, 8, 16
 override BK: u32 = 16u;     // K step. Allowlist 16, 32
 override ACCUMULATE: bool = false;   // Y += X W^T instead of Y = X W^T
+override KPARTS: u32 = 1u;  // K ranges a tile is split into (see above). Allowlist 1, 2, 4, 8
 
 struct Params {
     m: u32,          // M, activation rows
@@ -160,8 +167,21 @@ fn out_index(m: u32, n: u32) -> u32 {
     return m * params.y_stride + n;
 }
 
+var<private> part: u32;   // this workgroup's K range (split K); 0 otherwise
+
 fn store_quad(m: u32, n: u32, v: vec4<f32>) {
     if (m >= params.m) {
+        return;
+    }
+    if (KPARTS > 1u) {       // partial sums: P[part][m][n4], whole quads (n is a multiple of 4)
+        let quads = (params.n + 3u) / 4u;
+        if (n < params.n) {
+            let at = ((part * params.m + m) * quads + n / 4u) * 4u;
+            y[at] = v.x;
+            y[at + 1u] = v.y;
+            y[at + 2u] = v.z;
+            y[at + 3u] = v.w;
+        }
         return;
     }
     for (var j = 0u; j < 4u; j++) {
@@ -239,26 +259,35 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
         @builtin(local_invocation_index) lane: u32) {
     // Tiles are numbered M-fastest, so workgroups that run together share a W tile (the
     // larger operand) in cache. The host spreads them over a 2-D grid when needed.
-    let tile = group.x + group.y * groups.x;
-    if (tile >= params.tiles) {
+    let id = group.x + group.y * groups.x;
+    if (id >= params.tiles * KPARTS) {
         return;  // the whole workgroup leaves together, before any barrier
     }
+    let tile = id % params.tiles;
+    part = id / params.tiles;
     let m0 = (tile % params.tiles_m) * (8u * WG_Y);
     let n0 = (tile / params.tiles_m) * (8u * WG_X);
     let tx = lane % WG_X;
     let ty = lane / WG_X;
 
+    // This part's run of K steps (all of them without split K); a part past the end has
+    // none and writes zeros. Uniform in the workgroup, so every barrier is reached.
+    let all_steps = (params.k + BK - 1u) / BK;
+    let per_part = (all_steps + KPARTS - 1u) / KPARTS;
+    let first = min(part * per_part, all_steps);
+    let steps = min(first + per_part, all_steps) - first;
+    let k_first = first * BK;
+
     var c: Block;
-    store_step(0u, 0u, lane, fetch_step(m0, n0, 0u, lane));
+    store_step(0u, k_first, lane, fetch_step(m0, n0, k_first, lane));
     workgroupBarrier();
 
-    let steps = (params.k + BK - 1u) / BK;
     for (var s = 0u; s < steps; s++) {
         let stage = s % 2u;
         let more = s + 1u < steps;
         var next: Loads;
         if (more) {   // the next step's loads land while this one multiplies
-            next = fetch_step(m0, n0, (s + 1u) * BK, lane);
+            next = fetch_step(m0, n0, k_first + (s + 1u) * BK, lane);
         }
         let xb = stage * 8u * WG_Y * (BK / 4u);
         for (var kq = 0u; kq < BK / 4u; kq++) {
@@ -282,7 +311,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
                       ws[wb + 6u * WG_X], ws[wb + 7u * WG_X]);
         }
         if (more) {
-            store_step((s + 1u) % 2u, (s + 1u) * BK, lane, next);
+            store_step((s + 1u) % 2u, k_first + (s + 1u) * BK, lane, next);
         }
         workgroupBarrier();   // the next stage is complete, and this one free to overwrite
     }

@@ -7,7 +7,7 @@ import importlib
 
 from . import registry  # noqa: F401  (first: the families register into it)
 
-FAMILY_MODULES = ("probe", "matvec", "matvec_variants", "gemm", "logits", "kv_cache", "attention",
+FAMILY_MODULES = ("probe", "matvec", "matvec_variants", "gemm", "gemm_split", "logits", "kv_cache", "attention",
                   "norm", "rope", "swiglu", "embed", "rope_kv", "attention_rope", "head_norm",
                   "scale")
 
