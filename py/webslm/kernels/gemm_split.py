@@ -35,7 +35,7 @@ from .weights import Weights
 
 KPARTS = (2, 4, 8)            # the split factors (the outer kernel's KPARTS allowlist adds 1)
 POLICIES = ("unsplit-first", "outer-first", "off")
-POLICY = "unsplit-first"      # choose_tile's rule ("off": the tile choice of before split K); bench/engine.py --split-k
+POLICY = "outer-first"        # choose_tile's rule ("off": the tile choice of before split K); bench/engine.py --split-k
 MIN_STEPS_PER_PART = 8        # a part walks at least this many K steps: below, the reduce costs more
 REDUCE_WG = 256
 
