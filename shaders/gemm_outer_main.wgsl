@@ -264,7 +264,8 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
         return;  // the whole workgroup leaves together, before any barrier
     }
     let tile = id % params.tiles;
-    part = id / params.tiles;
+    let k_part = id / params.tiles;   // a let: uniform for the barriers below (a private var is not)
+    part = k_part;                    // (for store_quad)
     let m0 = (tile % params.tiles_m) * (8u * WG_Y);
     let n0 = (tile / params.tiles_m) * (8u * WG_X);
     let tx = lane % WG_X;
@@ -274,7 +275,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
     // none and writes zeros. Uniform in the workgroup, so every barrier is reached.
     let all_steps = (params.k + BK - 1u) / BK;
     let per_part = (all_steps + KPARTS - 1u) / KPARTS;
-    let first = min(part * per_part, all_steps);
+    let first = min(k_part * per_part, all_steps);
     let steps = min(first + per_part, all_steps) - first;
     let k_first = first * BK;
 
