@@ -1,6 +1,8 @@
 """What JSON-schema mode's token mask costs a step, on a model's own vocabulary (SmolLM2's
 49152 tokens by default): each schema of tests/json_schemas.py answered on the CPU path
-(greedy, the model's own answer), timing every mask (`Answer.allowed`) and every advance of
+and of its KEYWORD_SCHEMAS (pattern, format, minLength/maxLength, integer bounds: strings
+walked over every token, not only the few thousand that are not plain text) answered on the
+CPU path (greedy, the model's own answer), timing every mask (`Answer.allowed`) and every advance of
 the recognizer, cold (no mask of this schema cached yet) and warm (the same request again:
 every state's mask cached). Also the once-per-tokenizer cost of sorting its pieces.
 
@@ -25,7 +27,7 @@ sys.path.insert(0, str(ROOT / "py"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import webslm  # noqa: E402
-from json_schemas import SCHEMAS  # noqa: E402
+from json_schemas import KEYWORD_SCHEMAS, SCHEMAS  # noqa: E402
 from webslm.answer import Answer  # noqa: E402
 from webslm.cpu import CpuBackend  # noqa: E402
 from webslm.generate import generate  # noqa: E402
@@ -80,7 +82,7 @@ def main() -> None:
     TokenPieces(model.tokenizer, model.architecture.vocab)
     pieces_s = time.thread_time() - started
     rows = {}
-    for case in SCHEMAS:
+    for case in SCHEMAS + KEYWORD_SCHEMAS:
         cold = timed_answer(model, backend, case, args.tokens)
         warm = timed_answer(model, backend, case, args.tokens)
         rows[case["name"]] = {"cold": cold, "warm": warm}
@@ -88,12 +90,15 @@ def main() -> None:
               f"{cold['mask_ms_per_token']:7.2f} ms/token (max {cold['mask_ms_max']:.1f}), warm "
               f"{warm['mask_ms_per_token']:6.3f}; advance {cold['advance_ms_per_token']:.3f} (CPU ms); answer "
               f"{cold['answer_ms_per_token']:.1f} ms a token (wall, prefill included)", flush=True)
-    mean = lambda key, which: round(sum(r[which][key] for r in rows.values()) / len(rows), 3)   # noqa: E731
+    mean = lambda key, which, names=rows: round(sum(rows[n][which][key] for n in names) / len(names), 3)  # noqa: E731
+    keyword_names = [case["name"] for case in KEYWORD_SCHEMAS]
     out = {"model": pathlib.Path(args.model).name, "vocab": model.architecture.vocab,
            "token_pieces_s": round(pieces_s, 3), "schemas": rows,
            "mean_mask_ms_per_token_cold": mean("mask_ms_per_token", "cold"),
            "mean_mask_ms_per_token_warm": mean("mask_ms_per_token", "warm"),
-           "mean_answer_ms_per_token": mean("answer_ms_per_token", "cold")}
+           "mean_answer_ms_per_token": mean("answer_ms_per_token", "cold"),
+           "keyword_schemas_mean_mask_ms_per_token_cold": mean("mask_ms_per_token", "cold", keyword_names),
+           "keyword_schemas_mean_mask_ms_per_token_warm": mean("mask_ms_per_token", "warm", keyword_names)}
     print(json.dumps({k: v for k, v in out.items() if k != "schemas"}))
     path = ROOT / "bench/results/schema_mask.json"
     path.write_text(json.dumps(out, indent=1) + "\n")
