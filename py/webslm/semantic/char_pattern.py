@@ -357,7 +357,7 @@ class CharAutomaton:
                 bits = lengths[node]
                 for nxt in self.edges[node]:
                     bits |= self._shift(lengths[nxt]) if self.sets[node] is not None else lengths[nxt]
-                if self.sets[node] is not None and _empty(self.sets[node]):
+                if self.sets[node] is not None and is_empty(self.sets[node]):
                     bits = lengths[node]
                 if bits != lengths[node]:
                     lengths[node], changed = bits, True
@@ -380,7 +380,7 @@ class CharAutomaton:
         after = self._steps.get(key, False)
         if after is False:
             nodes, count = state
-            targets = {self.edges[n][0] for n in nodes if self.sets[n] is not None and _contains(self.sets[n], char)}
+            targets = {self.edges[n][0] for n in nodes if self.sets[n] is not None and contains(self.sets[n], char)}
             count = count + 1 if self.max is not None else min(count + 1, self.cap)
             after = None
             if targets:
@@ -399,22 +399,22 @@ class CharAutomaton:
         nodes, count = state
         count = count + 1 if self.max is not None else min(count + 1, self.cap)
         window = self._window(count)
-        return any(self.sets[n] is not None and _overlaps(self.sets[n], low, high)
+        return any(self.sets[n] is not None and overlaps(self.sets[n], low, high)
                    and self._lengths[self.edges[n][0]] & window for n in nodes)
 
 
-def _contains(charset, char: int) -> bool:
+def contains(charset, char: int) -> bool:
     negated, ranges = charset
     return any(low <= char <= high for low, high in ranges) != negated
 
 
-def _overlaps(charset, low: int, high: int) -> bool:
+def overlaps(charset, low: int, high: int) -> bool:
     negated, ranges = charset
     if not negated:
         return any(a <= high and low <= b for a, b in ranges)
     return any(a <= high and low <= b for a, b in _complement(ranges))
 
 
-def _empty(charset) -> bool:
+def is_empty(charset) -> bool:
     negated, ranges = charset
     return not ranges if not negated else not _complement(ranges)

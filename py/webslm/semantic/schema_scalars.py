@@ -77,8 +77,8 @@ def integer_bounds(kind: str, schema: dict, where: str):
     if not bounds:
         return None
     if kind == "number":
-        raise SchemaError("unsupported-schema", f"{where}.{bounds[0]}", "bounds are enforced on integers only "
-                                                                      "(give type integer, or leave them out)")
+        raise SchemaError("unsupported-schema", f"{where}.{bounds[0]}", f"{bounds[0]}: bounds are enforced on "
+                          "integers only (give type integer, or leave them out)")
     low = high = None
     for key in bounds:
         value = schema[key]
@@ -127,10 +127,7 @@ def string_step(auto, state, pending: tuple, byte: int):
         if byte < 0x80:
             after = auto.step(state, byte)
             return None if after is None else (after, ())
-        length = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else 4 if 0xF0 <= byte < 0xF8 else 0
-        if not length:
-            return None
-        return _utf8(auto, state, byte & (0x7F >> length), length - 1, length)
+        return utf8_lead(auto, state, byte)
     if pending[0] == "esc":
         if byte == ord("u"):
             return (state, ("u", 0, 4))
@@ -162,7 +159,20 @@ def string_step(auto, state, pending: tuple, byte: int):
         _, high, low, left = pending
         digit = _HEX.get(byte)
         return None if digit is None else _low_half(auto, state, high, low * 16 + digit, left - 1)
-    _, value, left, length = pending                      # utf8
+    return utf8_next(auto, state, pending, byte)
+
+
+def utf8_lead(auto, state, byte: int):
+    """(state, pending) after the first byte (>= 0x80) of a UTF-8 sequence, or None."""
+    length = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else 4 if 0xF0 <= byte < 0xF8 else 0
+    if not length:
+        return None
+    return _utf8(auto, state, byte & (0x7F >> length), length - 1, length)
+
+
+def utf8_next(auto, state, pending: tuple, byte: int):
+    """(state, pending) after a continuation byte of the ("utf8", ...) sequence `pending`."""
+    _, value, left, length = pending
     if not 0x80 <= byte < 0xC0:
         return None
     return _utf8(auto, state, value * 64 + (byte & 0x3F), left - 1, length)
