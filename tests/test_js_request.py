@@ -64,6 +64,8 @@ def test_json_schema_and_tools_pass_to_the_worker():
     choice = {"type": "function", "function": {"name": "f"}}
     got = check({"messages": HI, "tools": tools, "tool_choice": choice})["ok"]
     assert got["settings"] == {"tools": tools, "tool_choice": choice}
+    streamed = check({"messages": HI, "tools": tools, "stream": True})["ok"]      # calls stream as delta.tool_calls
+    assert streamed["settings"] == {"tools": tools} and streamed["stream"] is True
     assert check({"messages": HI, "tools": [], "tool_choice": "none"})["ok"]["settings"] == {}
     turn = [*HI, {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c", "content": "3"}]
@@ -106,8 +108,6 @@ def test_defaults_apply_unless_the_request_sets_the_field():
     ({"messages": HI, "response_format": {"type": "json_object"}, "ignore_eos": True}, "chat", "JSON mode"),
     ({"messages": HI, "response_format": {"type": "xml"}}, "chat", "response_format must be"),
     ({"messages": HI, "tools": {"f": 1}}, "chat", "tools must be a list"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "stream": True}, "chat",
-     "without streaming"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
       "response_format": {"type": "json_object"}}, "chat", "forced tool call"),
     ({"messages": HI, "tools": [{"type": "retrieval"}]}, "chat", "tools[0] must be"),

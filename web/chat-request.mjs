@@ -162,7 +162,6 @@ function checkTools(r, stream) {
       throw new BadRequest(`tools[${i}] must be {type: "function", function: {name, description, parameters}}.`);
     }
   });
-  if (stream && choice !== "none") throw new BadRequest("tools are answered without streaming only (stream: false): the calls are read from the whole answer.");
   if (present(r.response_format) && r.response_format.type !== "text" && choice !== "none" && choice !== "auto") {
     throw new BadRequest("response_format cannot be set with a forced tool call: the call's own schema constrains the answer.");
   }
