@@ -101,6 +101,8 @@ class Answer:
         """JSON (schema) mode's mask of the tokens that may come next (bool [vocab]), else None."""
         if self._grammar is None:
             return None
+        if self.settings.response_format == "json_object":        # closable within the token limit
+            return self._grammar.allowed_within(self._grammar_state, self.limit - self._committed - 1)
         return self._grammar.allowed(self._grammar_state)
 
     @property
