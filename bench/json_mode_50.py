@@ -54,7 +54,7 @@ SCHEMA = {"type": "object", "properties": {
     "required": ["name", "category", "summary", "rating", "famous"], "additionalProperties": False}
 
 
-def modes(n: int) -> dict[str, dict]:
+def modes() -> dict[str, dict]:
     return {"json_object": {"response_format": {"type": "json_object"}},
             "json_schema": {"response_format": {"type": "json_schema",
                                                 "json_schema": {"name": "thing", "schema": SCHEMA}}}}
@@ -84,7 +84,7 @@ def main() -> None:
     out = {"model": pathlib.Path(args.model).name, "path": "cpu (numpy)", "host": platform.platform(),
            "date": time.strftime("%Y-%m-%d"), "max_tokens": args.tokens, "temperature": 0.7,
            "schema": SCHEMA, "modes": {}}
-    for mode, request in modes(args.prompts).items():
+    for mode, request in modes().items():
         rows, tokens, prefill_s, decode_s = [], 0, 0.0, 0.0
         started = time.perf_counter()
         for n, subject in enumerate(SUBJECTS[:args.prompts]):
