@@ -177,14 +177,14 @@ async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> d
     return out
 
 
-async def bench_model(path: str, args) -> dict:
+async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
     named = {"default": None, "all": ALL}
     fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
-                                                              prefill_chunk=args.prefill_chunk))
+                                                              prefill_chunk=args.prefill_chunk, tuning=tuning))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -206,6 +206,9 @@ async def bench_model(path: str, args) -> dict:
             "fusions": list(backend.forward.programs["decode"].fusions),
             "dispatches_per_layer": backend.forward.programs["decode"].dispatches_per_layer(),
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
+            "admission_stages_s": dict(session.seconds),
+            "tuning": session.tuning.summary() if session.tuning else None,
+            "tuning_forms": session.tuning.forms if session.tuning else None,
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
             "prefill_chunk": backend.forward.chunk,
             "prefill_dispatches_per_layer": backend.forward.programs["prefill"].dispatches_per_layer(),
@@ -253,12 +256,14 @@ async def main(args) -> dict:
     from webslm.kernels import matvec
     report = {"adapter": summary.description, "host": platform.platform(), "date": time.strftime("%Y-%m-%d"),
               "matvec_tunings": {"default": repr(matvec.TUNING)} | {e: repr(t) for e, t in matvec.TUNINGS.items()},
+              "split_k": __import__("webslm.kernels.gemm_split", fromlist=["POLICY"]).POLICY,
               "rows": []}
     print(f"adapter: {summary.description}", flush=True)
-    for path in args.model:
-        row = await bench_model(path, args)
+    for path, tuning in ((p, t) for p in args.model for t in args.tuning.split(",")):
+        row = await bench_model(path, args, tuning)
+        row["tuning_mode"] = tuning
         report["rows"].append(row)
-        print(f"{row['model']}: tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
+        print(f"{row['model']} (tuning {tuning}): tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
               f"({row['prompt_tokens']} tokens in chunks of {row['prefill_chunk']}), "
               f"decode {row['decode_tokens_per_s']:.1f} tok/s (cold {row['decode_cold_tokens_per_s']:.1f}; "
               f"unchained {row['decode_tokens_per_s_unchained']:.1f}, same tokens {row['unchained_same_tokens']}), "
@@ -270,6 +275,13 @@ async def main(args) -> dict:
               f"admission {row['admission_s']} s; engine loop decode "
               f"{row['engine_loop']['chained']['tokens_per_s']:.1f} tok/s chained, "
               f"{row['engine_loop']['unchained']['tokens_per_s']:.1f} unchained", flush=True)
+        if row["tuning"]:
+            t = row["tuning"]
+            print(f"    tuning: {t['source']} {t['reason']} {t['seconds']} s, {t['changed']} of {t['forms']} forms "
+                  f"changed", flush=True)
+            for form, f in (row["tuning_forms"] or {}).items():
+                print(f"      {form}: rule {f.get('rule')} {f.get('rule_us')} us -> {f.get('chosen_us')} us "
+                      f"({f.get('tried')} tried)", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
         for p in row["prefill_profile"] or []:
@@ -296,8 +308,19 @@ if __name__ == "__main__":
     parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
                         help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
                              "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
+    parser.add_argument("--split-k", default=None, help="kernels/gemm_split.py POLICY for this run: unsplit-first, "
+                                                            "outer-first or off (the tile choice before split K)")
+    parser.add_argument("--tuning", default="auto",
+                        help="admission's mat-vec tuning stage (backends/gpu/tuning.py): auto, off or force, or "
+                             "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
+                             "order, for an A/B in one process); no cache is used, so 'auto' measures every time")
     parser.add_argument("--out")
     arguments = parser.parse_args()
     for rule in arguments.matvec_tuning:
         apply_matvec_tuning(rule)
+    if arguments.split_k is not None:
+        from webslm.kernels import gemm_split
+        if arguments.split_k not in gemm_split.POLICIES:
+            parser.error(f"--split-k must be one of {gemm_split.POLICIES}")
+        gemm_split.POLICY = arguments.split_k
     asyncio.run(main(arguments))

@@ -65,8 +65,13 @@ import sys
 import time
 import traceback
 
-import torch
-import transformers
+# `python bench/hf_decode.py` puts bench/ first on sys.path, and bench/kernels.py then shadows
+# the Hugging Face `kernels` package that transformers 5.x imports: every model class fails
+# with "Could not import module 'LlamaConfig'" (seen on the lent H200). Drop that entry.
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != pathlib.Path(__file__).resolve().parent]
+
+import torch  # noqa: E402  (after the sys.path fix above)
+import transformers  # noqa: E402
 
 SHAPES = {
     "smollm2": {

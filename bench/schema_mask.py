@@ -1,6 +1,8 @@
 """What JSON-schema mode's token mask costs a step, on a model's own vocabulary (SmolLM2's
 49152 tokens by default): each schema of tests/json_schemas.py answered on the CPU path
-(greedy, the model's own answer), timing every mask (`Answer.allowed`) and every advance of
+and of its KEYWORD_SCHEMAS (pattern, format, minLength/maxLength, integer bounds: strings
+walked over every token, not only the few thousand that are not plain text) answered on the
+CPU path (greedy, the model's own answer), timing every mask (`Answer.allowed`) and every advance of
 the recognizer, cold (no mask of this schema cached yet) and warm (the same request again:
 every state's mask cached). Also the once-per-tokenizer cost of sorting its pieces.
 
@@ -25,12 +27,24 @@ sys.path.insert(0, str(ROOT / "py"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import webslm  # noqa: E402
-from json_schemas import SCHEMAS  # noqa: E402
+from json_schemas import KEYWORD_SCHEMAS, SCHEMAS  # noqa: E402
 from webslm.answer import Answer  # noqa: E402
 from webslm.cpu import CpuBackend  # noqa: E402
 from webslm.generate import generate  # noqa: E402
 from webslm.request import prompt_ids, sampler_settings  # noqa: E402
 from webslm.semantic.token_mask import TokenPieces  # noqa: E402
+
+# Grammar mode (semantic/gbnf.py): text grammars walk every token in every state (no string
+# block to skip), so their masks cost more than a schema's.
+GRAMMARS = [
+    {"name": "grammar-answer", "prompt": "Is water wet? Answer yes or no.",
+     "grammar": 'root ::= "The answer is " ("yes" | "no" | [1-9] [0-9]{0,2}) "."'},
+    {"name": "grammar-csv", "prompt": "Write CSV rows of three fruits and their colours.",
+     "grammar": 'root ::= row ("\\n" row){0,2}\nrow ::= cell ("," cell)*\ncell ::= [a-z0-9 ]+ | "\\"" [^"\\n]* "\\""'},
+    {"name": "grammar-arithmetic", "prompt": "Write an arithmetic expression equal to 10.",
+     "grammar": 'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor ("*" factor)*\n'
+                'factor ::= "0" | [1-9] [0-9]{0,2} | "(" expr ")"'},
+]
 
 
 def timed_answer(model, backend, case, tokens: int) -> dict:
@@ -52,8 +66,9 @@ def timed_answer(model, backend, case, tokens: int) -> dict:
         finally:
             advance_s.append(time.thread_time() - started)
 
-    settings = sampler_settings(model, {"response_format": {"type": "json_schema", "json_schema": {
-        "name": case["name"], "schema": case["schema"]}}, "temperature": 0, "max_tokens": tokens})
+    form = ({"type": "grammar", "grammar": case["grammar"]} if "grammar" in case else
+            {"type": "json_schema", "json_schema": {"name": case["name"], "schema": case["schema"]}})
+    settings = sampler_settings(model, {"response_format": form, "temperature": 0, "max_tokens": tokens})
     ids = prompt_ids(model, [{"role": "system", "content": "Answer with JSON only."},
                              {"role": "user", "content": case["prompt"]}])
     Answer.allowed, Answer._advance_grammar = timed_allowed, timed_advance
@@ -80,7 +95,7 @@ def main() -> None:
     TokenPieces(model.tokenizer, model.architecture.vocab)
     pieces_s = time.thread_time() - started
     rows = {}
-    for case in SCHEMAS:
+    for case in SCHEMAS + KEYWORD_SCHEMAS + GRAMMARS:
         cold = timed_answer(model, backend, case, args.tokens)
         warm = timed_answer(model, backend, case, args.tokens)
         rows[case["name"]] = {"cold": cold, "warm": warm}
@@ -88,12 +103,19 @@ def main() -> None:
               f"{cold['mask_ms_per_token']:7.2f} ms/token (max {cold['mask_ms_max']:.1f}), warm "
               f"{warm['mask_ms_per_token']:6.3f}; advance {cold['advance_ms_per_token']:.3f} (CPU ms); answer "
               f"{cold['answer_ms_per_token']:.1f} ms a token (wall, prefill included)", flush=True)
-    mean = lambda key, which: round(sum(r[which][key] for r in rows.values()) / len(rows), 3)   # noqa: E731
+    schema_names = [case["name"] for case in SCHEMAS]
+    mean = lambda key, which, names=schema_names: round(sum(rows[n][which][key] for n in names) / len(names), 3)  # noqa: E731
+    keyword_names = [case["name"] for case in KEYWORD_SCHEMAS]
+    grammar_names = [case["name"] for case in GRAMMARS]
     out = {"model": pathlib.Path(args.model).name, "vocab": model.architecture.vocab,
            "token_pieces_s": round(pieces_s, 3), "schemas": rows,
            "mean_mask_ms_per_token_cold": mean("mask_ms_per_token", "cold"),
            "mean_mask_ms_per_token_warm": mean("mask_ms_per_token", "warm"),
-           "mean_answer_ms_per_token": mean("answer_ms_per_token", "cold")}
+           "mean_answer_ms_per_token": mean("answer_ms_per_token", "cold"),
+           "keyword_schemas_mean_mask_ms_per_token_cold": mean("mask_ms_per_token", "cold", keyword_names),
+           "keyword_schemas_mean_mask_ms_per_token_warm": mean("mask_ms_per_token", "warm", keyword_names),
+           "grammars_mean_mask_ms_per_token_cold": mean("mask_ms_per_token", "cold", grammar_names),
+           "grammars_mean_mask_ms_per_token_warm": mean("mask_ms_per_token", "warm", grammar_names)}
     print(json.dumps({k: v for k, v in out.items() if k != "schemas"}))
     path = ROOT / "bench/results/schema_mask.json"
     path.write_text(json.dumps(out, indent=1) + "\n")

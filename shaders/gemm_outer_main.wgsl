@@ -8,8 +8,8 @@
 //   y  up to three column sections, each [M][stride] at its own offset
 //   W  [N rows][K cols] in the artifact's own parts (bindings 3..)
 //
-// The params, bindings 0..2, the sections (`out_index`) and the store (`store_quad`) are
-// gemm_sections.wgsl's.
+// The params, bindings 0..2, the sections (`out_index`) and the store (`store_quad`, wrapped by
+// `store_result` for split K) are gemm_sections.wgsl's.
 //
 // Why another kernel: every invocation keeps an 8 x 8 block of Y in sixteen named vec4
 // registers (no arrays: an array indexed in a loop may live in local memory, and then every
@@ -28,6 +28,12 @@
 // 4 (tx + WG_X) + j (j < 4). Per 4 k it loads 8 vec4s of X (a broadcast: a quarter warp
 // shares ty) and 2 vec4s of W per k (adjacent invocations, adjacent vec4s), then 256 FMAs.
 //
+// Split K across workgroups (KPARTS = 2, 4 or 8; kernels/gemm_split.py): when the shape has
+// too few tiles to fill the GPU, KPARTS workgroups share each tile, part p walking its own
+// run of K steps, and each writes its partial sums, not Y: P[p][m][n4] in the binding `y`
+// (n4 = N rounded up to 4; no sections, no ACCUMULATE). gemm_reduce.wgsl then adds the parts,
+// in part order, into Y. Workgroup `id` is part id / tiles of tile id % tiles.
+//
 // Weights are decoded ONCE per step into ws (each of the TM rows reuses them) and masked to
 // 0 at k >= K, as is x (x's row padding may be anything; a q4 "min" padding code decodes to
 // `min`). Accumulation is f32, one fma per k in k order, the classic kernel's rule (its
@@ -38,6 +44,7 @@
 override WG_X: u32 = 16u;   // invocations along N; TN = 8 WG_X. Allowlist 8, 16
 override WG_Y: u32 = 8u;    // invocations along M; TM = 8 WG_Y. Allowlist 4, 8, 16
 override BK: u32 = 16u;     // K step. Allowlist 16, 32
+override KPARTS: u32 = 1u;  // K ranges a tile is split into (see above). Allowlist 1, 2, 4, 8
 
 var<workgroup> xs: array<vec4<f32>, 2u * 8u * WG_Y * (BK / 4u)>;   // [stage][TM][BK / 4]
 var<workgroup> ws: array<vec4<f32>, 2u * BK * 2u * WG_X>;         // [stage][BK][TN / 4]
@@ -130,6 +137,28 @@ fn store_w(stage: u32, k0: u32, item: u32, raw: WRaw) {
     }
 }
 
+var<private> part: u32;   // this workgroup's K range (split K); 0 otherwise
+
+// Y[m][n .. n + 3] = v (gemm_sections.wgsl `store_quad`), or with split K this part's partial
+// sums: P[part][m][n4], whole quads (n is a multiple of 4).
+fn store_result(m: u32, n: u32, v: vec4<f32>) {
+    if (KPARTS == 1u) {
+        store_quad(m, n, v);
+        return;
+    }
+    if (m >= params.m) {
+        return;
+    }
+    let quads = (params.n + 3u) / 4u;
+    if (n < params.n) {
+        let at = ((part * params.m + m) * quads + n / 4u) * 4u;
+        y[at] = v.x;
+        y[at + 1u] = v.y;
+        y[at + 2u] = v.z;
+        y[at + 3u] = v.w;
+    }
+}
+
 // The loads of one step, held in registers while the previous step multiplies: x_rounds()
 // X items (2 to 8) and w_rounds() W items (1 to 4) per invocation, named, not an array (see
 // the top). The rounds are constants, so the `if`s fold away.
@@ -193,26 +222,36 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
         @builtin(local_invocation_index) lane: u32) {
     // Tiles are numbered M-fastest, so workgroups that run together share a W tile (the
     // larger operand) in cache. The host spreads them over a 2-D grid when needed.
-    let tile = group.x + group.y * groups.x;
-    if (tile >= params.tiles) {
+    let id = group.x + group.y * groups.x;
+    if (id >= params.tiles * KPARTS) {
         return;  // the whole workgroup leaves together, before any barrier
     }
+    let tile = id % params.tiles;
+    let k_part = id / params.tiles;   // a let: uniform for the barriers below (a private var is not)
+    part = k_part;                    // (for store_quad)
     let m0 = (tile % params.tiles_m) * (8u * WG_Y);
     let n0 = (tile / params.tiles_m) * (8u * WG_X);
     let tx = lane % WG_X;
     let ty = lane / WG_X;
 
+    // This part's run of K steps (all of them without split K); a part past the end has
+    // none and writes zeros. Uniform in the workgroup, so every barrier is reached.
+    let all_steps = (params.k + BK - 1u) / BK;
+    let per_part = (all_steps + KPARTS - 1u) / KPARTS;
+    let first = min(k_part * per_part, all_steps);
+    let steps = min(first + per_part, all_steps) - first;
+    let k_first = first * BK;
+
     var c: Block;
-    store_step(0u, 0u, lane, fetch_step(m0, n0, 0u, lane));
+    store_step(0u, k_first, lane, fetch_step(m0, n0, k_first, lane));
     workgroupBarrier();
 
-    let steps = (params.k + BK - 1u) / BK;
     for (var s = 0u; s < steps; s++) {
         let stage = s % 2u;
         let more = s + 1u < steps;
         var next: Loads;
         if (more) {   // the next step's loads land while this one multiplies
-            next = fetch_step(m0, n0, (s + 1u) * BK, lane);
+            next = fetch_step(m0, n0, k_first + (s + 1u) * BK, lane);
         }
         let xb = stage * 8u * WG_Y * (BK / 4u);
         for (var kq = 0u; kq < BK / 4u; kq++) {
@@ -236,27 +275,27 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
                       ws[wb + 6u * WG_X], ws[wb + 7u * WG_X]);
         }
         if (more) {
-            store_step((s + 1u) % 2u, (s + 1u) * BK, lane, next);
+            store_step((s + 1u) % 2u, k_first + (s + 1u) * BK, lane, next);
         }
         workgroupBarrier();   // the next stage is complete, and this one free to overwrite
     }
 
     let na = n0 + 4u * tx;
     let nb = n0 + 4u * (tx + WG_X);
-    store_quad(m0 + ty, na, c.r0a);
-    store_quad(m0 + ty, nb, c.r0b);
-    store_quad(m0 + ty + WG_Y, na, c.r1a);
-    store_quad(m0 + ty + WG_Y, nb, c.r1b);
-    store_quad(m0 + ty + 2u * WG_Y, na, c.r2a);
-    store_quad(m0 + ty + 2u * WG_Y, nb, c.r2b);
-    store_quad(m0 + ty + 3u * WG_Y, na, c.r3a);
-    store_quad(m0 + ty + 3u * WG_Y, nb, c.r3b);
-    store_quad(m0 + ty + 4u * WG_Y, na, c.r4a);
-    store_quad(m0 + ty + 4u * WG_Y, nb, c.r4b);
-    store_quad(m0 + ty + 5u * WG_Y, na, c.r5a);
-    store_quad(m0 + ty + 5u * WG_Y, nb, c.r5b);
-    store_quad(m0 + ty + 6u * WG_Y, na, c.r6a);
-    store_quad(m0 + ty + 6u * WG_Y, nb, c.r6b);
-    store_quad(m0 + ty + 7u * WG_Y, na, c.r7a);
-    store_quad(m0 + ty + 7u * WG_Y, nb, c.r7b);
+    store_result(m0 + ty, na, c.r0a);
+    store_result(m0 + ty, nb, c.r0b);
+    store_result(m0 + ty + WG_Y, na, c.r1a);
+    store_result(m0 + ty + WG_Y, nb, c.r1b);
+    store_result(m0 + ty + 2u * WG_Y, na, c.r2a);
+    store_result(m0 + ty + 2u * WG_Y, nb, c.r2b);
+    store_result(m0 + ty + 3u * WG_Y, na, c.r3a);
+    store_result(m0 + ty + 3u * WG_Y, nb, c.r3b);
+    store_result(m0 + ty + 4u * WG_Y, na, c.r4a);
+    store_result(m0 + ty + 4u * WG_Y, nb, c.r4b);
+    store_result(m0 + ty + 5u * WG_Y, na, c.r5a);
+    store_result(m0 + ty + 5u * WG_Y, nb, c.r5b);
+    store_result(m0 + ty + 6u * WG_Y, na, c.r6a);
+    store_result(m0 + ty + 6u * WG_Y, nb, c.r6b);
+    store_result(m0 + ty + 7u * WG_Y, na, c.r7a);
+    store_result(m0 + ty + 7u * WG_Y, nb, c.r7b);
 }

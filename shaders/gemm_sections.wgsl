@@ -1,6 +1,6 @@
 // The interface every prefill GEMM kernel shares (classic gemm_main.wgsl, register-tiled
-// gemm_tiled_main.wgsl, outer-product gemm_outer_main.wgsl): the params block, bindings 0..2
-// and how a result reaches Y. It precedes the encoding file in every GEMM's source list (the
+// gemm_tiled_main.wgsl, outer-product gemm_outer_main.wgsl, and split K's reduce
+// gemm_reduce.wgsl): the params block, bindings 0..2 and how a result reaches Y. It precedes the encoding file in every GEMM's source list (the
 // decoders read params.k), so its override comes before any override-sized workgroup array
 // (see the note at the top of gemm_main.wgsl).
 //

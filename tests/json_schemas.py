@@ -6,6 +6,11 @@ nothing of the recognizer: it checks the parsed value, as a consumer of the answ
 """
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import re
+import uuid
+
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 
@@ -55,6 +60,76 @@ SCHEMAS = [
 ]
 
 
+# Schemas with the string and integer keywords (pattern, format, minLength/maxLength,
+# minimum/maximum): tests/test_schema_keywords.py answers them with SmolLM2 and
+# bench/schema_mask.py measures their masks.
+KEYWORD_SCHEMAS = [
+    {"name": "signup", "prompt": "Sign up Ada Lovelace, born 1815-12-10, email ada@example.org, age 36.",
+     "schema": {"type": "object", "properties": {
+         "name": {"type": "string", "minLength": 2, "maxLength": 30},
+         "born": {"type": "string", "format": "date"},
+         "email": {"type": "string", "format": "email"},
+         "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+         "required": ["name", "born", "email", "age"], "additionalProperties": False}},
+    {"name": "sku", "prompt": "Give a product code like AB-1234 and a quantity from 1 to 99.",
+     "schema": {"type": "object", "properties": {
+         "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{4}$"},
+         "quantity": {"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 100}},
+         "required": ["code", "quantity"], "additionalProperties": False}},
+    {"name": "server", "prompt": "Describe a server: its id, IPv4 address and when it booted.",
+     "schema": {"type": "object", "properties": {
+         "id": {"type": "string", "format": "uuid"},
+         "ip": {"type": "string", "format": "ipv4"},
+         "booted": {"type": "string", "format": "date-time"},
+         "alarm": {"type": "string", "format": "time"}},
+         "required": ["id", "ip", "booted"], "additionalProperties": False}},
+    {"name": "tags", "prompt": "Give two to four short lowercase tags for a cooking blog.",
+     "schema": {"type": "array", "minItems": 2, "maxItems": 4,
+                "items": {"type": "string", "pattern": "^[a-z]+(-[a-z]+)*$", "maxLength": 12}}},
+    {"name": "score", "prompt": "Rate the film Casablanca from -2 to 2 and say why in a few words.",
+     "schema": {"type": "object", "properties": {
+         "score": {"type": "integer", "minimum": -2, "maximum": 2},
+         "why": {"type": "string", "minLength": 5, "maxLength": 60},
+         "model": {"const": "smollm2"}},
+         "required": ["score", "why", "model"], "additionalProperties": False}},
+]
+
+# format: the forms char_pattern.FORMATS writes, checked here from their meaning (the standard
+# library parses dates and times, uuid and ipaddress the rest; email: the stated simple form).
+_EMAIL = re.compile(r"[A-Za-z0-9_%+-]+(\.[A-Za-z0-9_%+-]+)*@([A-Za-z0-9-]+\.)+[A-Za-z]{2,}")
+_TIME = re.compile(r"\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)")
+
+
+def _time_ok(text: str) -> bool:
+    if not _TIME.fullmatch(text):
+        return False
+    try:
+        datetime.time.fromisoformat(text.replace("Z", "+00:00"))
+        return True
+    except ValueError:
+        return False
+
+
+def _format_ok(text: str, form: str) -> bool:
+    try:
+        if form == "date":
+            return len(text) == 10 and datetime.date.fromisoformat(text) is not None
+        if form == "time":
+            return _time_ok(text)
+        if form == "date-time":
+            date, sep, time = text.partition("T")
+            return sep == "T" and _format_ok(date, "date") and _time_ok(time)
+        if form == "uuid":
+            return uuid.UUID(text) is not None and [text[i] for i in (8, 13, 18, 23)] == ["-"] * 4 and len(text) == 36
+        if form == "ipv4":
+            return ipaddress.IPv4Address(text) is not None
+        if form == "email":
+            return _EMAIL.fullmatch(text) is not None
+    except ValueError:
+        return False
+    raise AssertionError(f"the validator does not know the format {form!r}")
+
+
 def errors(instance, schema, root=None, where="$") -> list[str]:
     """Every way `instance` fails `schema` (empty: valid)."""
     root = schema if root is None else root
@@ -87,6 +162,24 @@ def errors(instance, schema, root=None, where="$") -> list[str]:
                 out += errors(value, properties[name], root, f"{where}.{name}")
             elif schema.get("additionalProperties", True) is False:
                 out.append(f"{where}: has the additional property {name!r}")
+    if isinstance(instance, str):
+        if len(instance) < schema.get("minLength", 0):
+            out.append(f"{where}: shorter than {schema['minLength']} characters")
+        if "maxLength" in schema and len(instance) > schema["maxLength"]:
+            out.append(f"{where}: longer than {schema['maxLength']} characters")
+        if "pattern" in schema and not re.search(schema["pattern"], instance):
+            out.append(f"{where}: does not match {schema['pattern']!r}")
+        if "format" in schema and not _format_ok(instance, schema["format"]):
+            out.append(f"{where}: is not a {schema['format']}")
+    if isinstance(instance, (int, float)) and not isinstance(instance, bool):
+        if "minimum" in schema and instance < schema["minimum"]:
+            out.append(f"{where}: below the minimum {schema['minimum']}")
+        if "maximum" in schema and instance > schema["maximum"]:
+            out.append(f"{where}: above the maximum {schema['maximum']}")
+        if "exclusiveMinimum" in schema and instance <= schema["exclusiveMinimum"]:
+            out.append(f"{where}: not above {schema['exclusiveMinimum']}")
+        if "exclusiveMaximum" in schema and instance >= schema["exclusiveMaximum"]:
+            out.append(f"{where}: not below {schema['exclusiveMaximum']}")
     if isinstance(instance, list):
         if len(instance) < schema.get("minItems", 0):
             out.append(f"{where}: fewer than {schema['minItems']} items")

@@ -25,6 +25,13 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "flags": {"
     "type": "boolean"}, "maxItems": 3}, "tag": {"enum": ["a", "bc"]}}, "required": ["n", "flags"]}
 
 
+# The string and integer keywords (char_pattern.py, schema_scalars.py), and grammar mode (gbnf.py)
+KEYWORDS = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]{2,3}-[0-9]+$", "maxLength": 6},
+                                             "n": {"type": "integer", "minimum": -20, "maximum": 300}},
+            "required": ["code", "n"]}
+GRAMMAR = 'root ::= item ("," item){0,3}\nitem ::= [a-z]{1,4} | "(" root ")"'
+
+
 def fields_for(name: str, seeded: tuple[int, ...], greedy: tuple[int, ...]) -> tuple[SamplerSettings, str]:
     """The settings of case `name` (biases aimed at tokens the plain answers choose, so that
     they change something) and what the engine must read back for them."""
@@ -41,13 +48,17 @@ def fields_for(name: str, seeded: tuple[int, ...], greedy: tuple[int, ...]) -> t
         return dataclasses.replace(SEEDED, response_format="json_object"), "full"
     if name == "json-schema":
         return dataclasses.replace(SEEDED, response_format="json_schema", json_schema=SCHEMA), "full"
+    if name == "json-schema-keywords":
+        return dataclasses.replace(SEEDED, response_format="json_schema", json_schema=KEYWORDS), "full"
+    if name == "grammar":
+        return dataclasses.replace(SEEDED, response_format="grammar", grammar=GRAMMAR), "full"
     if name == "greedy-banned":
         return dataclasses.replace(GREEDY, logit_bias={greedy[0]: -100.0}), "top-k"
     raise ValueError(name)
 
 
 @pytest.mark.parametrize("name", ["penalties", "lowering-bias", "raising-bias", "logprobs", "greedy-banned",
-                                  "json-object", "json-schema"])
+                                  "json-object", "json-schema", "json-schema-keywords", "grammar"])
 def test_a_seeded_answer_with_the_fields_is_the_cpu_oracles(native_gpu, model, ids, run, policy, name):  # noqa: F811
     plain = {"seeded": cpu_answer(model, ids, SEEDED), "greedy": cpu_answer(model, ids, GREEDY)}
     settings, readback = fields_for(name, plain["seeded"], plain["greedy"])

@@ -58,10 +58,14 @@ def test_json_schema_and_tools_pass_to_the_worker():
     assert check({"messages": HI, "response_format": openai})["ok"]["settings"] == {"response_format": openai}
     webllm = {"type": "json_object", "schema": '{"type": "object"}'}
     assert check({"messages": HI, "response_format": webllm})["ok"]["settings"] == {"response_format": webllm}
+    grammar = {"type": "grammar", "grammar": 'root ::= "yes" | "no"'}
+    assert check({"messages": HI, "response_format": grammar})["ok"]["settings"] == {"response_format": grammar}
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
     choice = {"type": "function", "function": {"name": "f"}}
     got = check({"messages": HI, "tools": tools, "tool_choice": choice})["ok"]
     assert got["settings"] == {"tools": tools, "tool_choice": choice}
+    streamed = check({"messages": HI, "tools": tools, "stream": True})["ok"]      # calls stream as delta.tool_calls
+    assert streamed["settings"] == {"tools": tools} and streamed["stream"] is True
     assert check({"messages": HI, "tools": [], "tool_choice": "none"})["ok"]["settings"] == {}
     turn = [*HI, {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {
         "name": "f", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": "c", "content": "3"}]
@@ -98,12 +102,12 @@ def test_defaults_apply_unless_the_request_sets_the_field():
     ({"messages": HI, "response_format": {"type": "json_schema", "json_schema": {}}}, "chat", "must be {name, schema}"),
     ({"messages": HI, "response_format": {"type": "json_schema", "schema": {}}}, "chat", "response_format.schema is not"),
     ({"messages": HI, "response_format": {"type": "json_object", "schema": 3}}, "chat", "response_format.schema must"),
-    ({"messages": HI, "response_format": {"type": "grammar", "grammar": "x"}}, "chat", "grammar (EBNF) is not supported"),
+    ({"messages": HI, "response_format": {"type": "grammar", "grammar": " "}}, "chat", "must be the grammar's GBNF text"),
+    ({"messages": HI, "response_format": {"type": "grammar", "grammar": "root ::= [a]", "schema": "{}"}}, "chat",
+     "response_format.schema is not"),
     ({"messages": HI, "response_format": {"type": "json_object"}, "ignore_eos": True}, "chat", "JSON mode"),
     ({"messages": HI, "response_format": {"type": "xml"}}, "chat", "response_format must be"),
     ({"messages": HI, "tools": {"f": 1}}, "chat", "tools must be a list"),
-    ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "stream": True}, "chat",
-     "without streaming"),
     ({"messages": HI, "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
       "response_format": {"type": "json_object"}}, "chat", "forced tool call"),
     ({"messages": HI, "tools": [{"type": "retrieval"}]}, "chat", "tools[0] must be"),

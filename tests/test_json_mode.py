@@ -10,6 +10,9 @@ token mask against a brute-force check of every token, and answers that always p
 - Answers: 50 seeded answers of the fixture model (random weights: the mask does all the
   work) are always a prefix the recognizer accepts, and every one that ends "stop" parses as
   a JSON object; SmolLM2 asked for JSON answers with objects that parse.
+- The token limit: closing() (the fewest bytes that finish the object) rises by at most the
+  per-byte bound the mask's window is made of, on random texts; 50 random-weight answers
+  with small max_tokens (3 to 32) are all whole objects, cut by the limit or not.
 """
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ import webslm
 from webslm.cpu import CpuBackend
 from webslm.generate import generate
 from webslm.request import prompt_ids, sampler_settings
-from webslm.semantic.json_grammar import DONE, INITIAL, MAX_DEPTH, JsonMask, advance, json_mask_for
+from webslm.semantic.json_grammar import (DONE, INITIAL, MAX_DEPTH, JsonMask, _rise_per_byte, advance, closing,
+                                          json_mask_for, step)
 from webslm.semantic.sampler import Sampler, SamplerError, SamplerSettings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -176,6 +180,35 @@ def test_fifty_answers_of_a_random_model_are_json_objects_or_prefixes_of_one(fix
     assert finished >= 5                     # the test sees real endings, not only cut-off answers
 
 
+@settings(max_examples=300, derandomize=True, database=None, deadline=None, print_blob=False)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | st.text(max_size=6), lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8),
+       st.booleans())
+def test_closing_rises_by_at_most_the_per_byte_bound(value, ascii_only):
+    rise = _rise_per_byte()
+    text = json.dumps({"v": value}, ensure_ascii=ascii_only).encode()
+    state = INITIAL
+    for byte in text:
+        after = step(state, byte)
+        assert closing(after) - closing(state) <= rise[byte], (text, byte)
+        assert closing(after) >= 0
+        state = after
+    assert closing(state) == 0 and state[1] == DONE
+
+
+def test_answers_cut_by_a_small_token_limit_are_still_whole_objects(fixture_slm_path):
+    model = webslm.open_model(fixture_slm_path)
+    backend = CpuBackend(model)
+    cut = 0
+    for n in range(50):
+        text, reason = json_answer(model, backend, [{"role": "user", "content": f"JSON {n}"}],
+                                   temperature=1.0, seed=100 + n, max_tokens=3 + n % 30)
+        assert python_accepts(text), (n, reason, text)
+        cut += reason == "length"
+    assert cut >= 10                          # the limit did the closing, not only the model
+
+
 @pytest.mark.skipif(not SMOLLM2.is_file(), reason="SmolLM2 is built by set-up (tools/assets.py)")
 def test_smollm2_answers_in_json_when_asked():
     model = webslm.open_model(SMOLLM2)
@@ -187,11 +220,11 @@ def test_smollm2_answers_in_json_when_asked():
         assert reason == "stop" and isinstance(json.loads(text), dict), text
 
 
-def test_json_mode_is_refused_with_ignore_eos_or_a_grammar(fixture_slm_path):
+def test_json_mode_is_refused_with_ignore_eos_and_a_bad_grammar_is_refused(fixture_slm_path):
     model = webslm.open_model(fixture_slm_path)
     with pytest.raises(SamplerError, match="JSON mode"):
         sampler_settings(model, {"response_format": {"type": "json_object"}, "ignore_eos": True})
-    with pytest.raises(SamplerError, match="grammar"):
+    with pytest.raises(SamplerError, match="the rule 'x' is not defined"):
         sampler_settings(model, {"response_format": {"type": "grammar", "grammar": "root ::= x"}})
     with pytest.raises(SamplerError, match="needs a schema"):
         sampler_settings(model, {"response_format": "json_schema"})

@@ -109,7 +109,7 @@ def answer(run, host, messages=ASK, **settings):
     ([{"type": "function", "function": {"name": "a b"}}], None, "bad-tools", "tools[0].function.name"),
     ([WEATHER, WEATHER], None, "bad-tools", "tools[1].function.name"),
     ([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "q": {"type": "string", "format": "date"}}}}}], None, "bad-tool-schema", "tools[0].function.parameters.properties.q.format"),
+        "q": {"type": "string", "format": "uri"}}}}}], None, "bad-tool-schema", "tools[0].function.parameters.properties.q.format"),
     ([{"type": "function", "function": {"name": "f", "strict": True, "examples": []}}], None, "bad-tools",
      "tools[0].function.examples"),
     ([WEATHER], "get_time", "bad-tools", "tool_choice"),

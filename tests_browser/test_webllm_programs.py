@@ -16,8 +16,10 @@ examples do, and asks for a few tokens.
   mode gives a JSON object (or, cut at max_tokens, a prefix of one).
 - json_schema: response_format with a schema, in WebLLM's form ({type: "json_object", schema:
   JSON text}) and OpenAI's ({type: "json_schema", json_schema}): the seeded answer is
-  CPython's CPU answer token for token, ends "stop", parses and matches the schema; a keyword
-  outside the subset and tools on SmolLM2 (its template has none) are refused by name.
+  CPython's CPU answer token for token, ends "stop", parses and matches the schema; a schema
+  with pattern, minimum and maximum, and a GBNF grammar (grammar mode), answer in their
+  languages; a keyword outside the subset, a left-recursive grammar and tools on SmolLM2
+  (its template has none) are refused by name.
 - abort_reload: interruptGenerate ends a stream "abort"; reload; two requests sent at once are
   answered in order (no "busy"); completions.create on a raw prompt; an unknown WebLLM model
   id is a clear error.
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 from conftest import ROOT, serve
@@ -192,5 +195,14 @@ def test_json_schema(booted):
         value = json.loads(text)
         assert list(value) == ["colour", "primary"] and value["colour"] in ("red", "green", "blue")
         assert isinstance(value["primary"], bool)
-    assert r["unsupported"]["code"] == "bad-request" and "'pattern' is not supported" in r["unsupported"]["message"]
+    reply = r["withKeywords"]["choices"][0]
+    print(f"{booted.row.name}: pattern/minimum/maximum answered {reply['message']['content']!r}")
+    value = json.loads(reply["message"]["content"])
+    assert reply["finish_reason"] == "stop" and re.fullmatch(r"#[0-9a-f]{6}", value["hex"])
+    assert isinstance(value["brightness"], int) and 0 <= value["brightness"] <= 100
+    reply = r["asGrammar"]["choices"][0]
+    print(f"{booted.row.name}: grammar mode answered {reply['message']['content']!r}")
+    assert reply["finish_reason"] == "stop" and reply["message"]["content"] in ("yes.", "no.")
+    assert r["unsupported"]["code"] == "bad-request" and "'uniqueItems' is not supported" in r["unsupported"]["message"]
+    assert r["badGrammar"]["code"] == "bad-request" and "left-recursive" in r["badGrammar"]["message"]
     assert r["tools"]["code"] == "bad-request" and "no tool support" in r["tools"]["message"]

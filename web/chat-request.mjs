@@ -105,18 +105,24 @@ function refuseUnsupported(r, kind) {
 
 // response_format -> the worker's: "json_object", or the object itself with a schema (its
 // subset is checked in Python: py/webslm/semantic/json_schema.py, a keyword outside it is
-// refused by name); undefined for text.
+// refused by name) or a grammar (py/webslm/semantic/gbnf.py); undefined for text.
 function responseFormat(format) {
   if (!present(format)) return undefined;
   if (typeof format !== "object" || Array.isArray(format) || !["text", "json_object", "json_schema", "grammar"].includes(format.type)) {
-    throw new BadRequest('response_format must be {type: "text"}, {type: "json_object"} (optionally with a schema) or {type: "json_schema", json_schema: {name, schema}}.');
+    throw new BadRequest('response_format must be {type: "text"}, {type: "json_object"} (optionally with a schema), {type: "json_schema", json_schema: {name, schema}} or {type: "grammar", grammar}.');
   }
   const given = Object.keys(format).filter((k) => format[k] !== undefined && format[k] !== null);
   const only = (...keys) => {
     const extra = given.filter((k) => !keys.includes(k));
     if (extra.length) throw new BadRequest(`response_format.${extra[0]} is not a field of a ${format.type} response_format.`);
   };
-  if (format.type === "grammar") throw new BadRequest("response_format grammar (EBNF) is not supported: give json_object or json_schema.");
+  if (format.type === "grammar") {
+    only("type", "grammar");
+    if (typeof format.grammar !== "string" || !format.grammar.trim()) {
+      throw new BadRequest("response_format.grammar must be the grammar's GBNF text.");
+    }
+    return { type: "grammar", grammar: format.grammar };   // its subset is checked in Python (semantic/gbnf.py)
+  }
   if (format.type === "text") {
     only("type");
     return undefined;
@@ -156,7 +162,6 @@ function checkTools(r, stream) {
       throw new BadRequest(`tools[${i}] must be {type: "function", function: {name, description, parameters}}.`);
     }
   });
-  if (stream && choice !== "none") throw new BadRequest("tools are answered without streaming only (stream: false): the calls are read from the whole answer.");
   if (present(r.response_format) && r.response_format.type !== "text" && choice !== "none" && choice !== "auto") {
     throw new BadRequest("response_format cannot be set with a forced tool call: the call's own schema constrains the answer.");
   }

@@ -24,7 +24,7 @@ const STEP_NAMES = {
   speed: "Timing a decode step on the GPU and on the CPU",
 };
 const READING = { cache: "Reading the model from the cache", file: "Reading the model file" };
-const STAGE_STEPS = { allocate: "upload", compile: "compile", "self-test": "self-test", scopes: "checks", publish: "checks", speed: "speed" };
+const STAGE_STEPS = { allocate: "upload", tune: "compile", compile: "compile", "self-test": "self-test", scopes: "checks", publish: "checks", speed: "speed" };
 // where the bar stands when a step starts (the progress events move it on within the step)
 const STEP_START = { gpu: 0.72, checks: 0.99, speed: 0.99 };
 

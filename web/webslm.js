@@ -488,7 +488,11 @@ class Answer {
       }
       this.text += detail.text;
       this.logprobsOut += detail.logprobs?.length ?? 0;
-      this.#push(this.#chunk(detail.text, null, detail.logprobs));
+      // with tools, a delta may hold no content (text held while a call may be starting) or a
+      // call's pieces (OpenAI's delta.tool_calls)
+      if (detail.text || detail.tool_calls || detail.logprobs?.length) {
+        this.#push(this.#chunk(detail.text, null, detail.logprobs, detail.tool_calls));
+      }
     };
     const onProgress = ({ detail: { protocol, id: _, type, event, request, ...progress } }) => {
       if (request !== id || this.stopped) return;
@@ -523,11 +527,15 @@ class Answer {
     return { id: this.id, object, created: this.created, model: this.modelName };
   }
 
-  // A streamed piece: text (null: the end) with its logprobs entries.
-  #chunk(text, finishReason, entries) {
+  // A streamed piece: text (null: the end) with its logprobs entries and tool call pieces.
+  #chunk(text, finishReason, entries, toolCalls) {
     const choice = { index: this.index };
     if (this.kind === "chat") {
       choice.delta = text === null ? {} : this.first ? { role: "assistant", content: text } : { content: text };
+      if (toolCalls) {
+        if (!text) choice.delta.content = null;
+        choice.delta.tool_calls = toolCalls;
+      }
       this.first &&= text === null;
     } else {
       choice.text = text ?? "";

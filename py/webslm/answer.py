@@ -84,6 +84,9 @@ class Answer:
         elif settings.response_format == "json_schema":
             from .semantic.json_schema import schema_mask_for
             self._grammar = schema_mask_for(model.tokenizer, arch.vocab, sorted(self.eos), settings.json_schema)
+        elif settings.response_format == "grammar":
+            from .semantic.gbnf import grammar_mask_for
+            self._grammar = grammar_mask_for(model.tokenizer, arch.vocab, sorted(self.eos), settings.grammar)
         if self._grammar is not None:
             self._grammar_state = self._grammar.initial
         self._committed = 0
@@ -98,6 +101,8 @@ class Answer:
         """JSON (schema) mode's mask of the tokens that may come next (bool [vocab]), else None."""
         if self._grammar is None:
             return None
+        if self.settings.response_format == "json_object":        # closable within the token limit
+            return self._grammar.allowed_within(self._grammar_state, self.limit - self._committed - 1)
         return self._grammar.allowed(self._grammar_state)
 
     @property

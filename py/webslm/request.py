@@ -166,13 +166,15 @@ def _response_format(form: dict) -> dict:
             return {"response_format": "json_schema", "json_schema": form["schema"]}
         return {"response_format": "json_object"}
     if kind == "grammar":
-        raise SamplerError("out-of-range", "response_format", "grammar (EBNF) is not supported: give "
-                                                              "json_object or json_schema")
+        if given != {"type", "grammar"} or not isinstance(form.get("grammar"), str):
+            raise SamplerError("out-of-range", "response_format", 'grammar must be {type: "grammar", grammar: '
+                                                                  '"<GBNF text>"}')
+        return {"response_format": "grammar", "grammar": form["grammar"]}
     if kind == "text" and given == {"type"}:
         return {"response_format": "text"}
     raise SamplerError("out-of-range", "response_format", "must be {type: text}, {type: json_object}, "
-                                                          "{type: json_object, schema} or {type: json_schema, "
-                                                          "json_schema: {name, schema}}")
+                                                          "{type: json_object, schema}, {type: json_schema, "
+                                                          "json_schema: {name, schema}} or {type: grammar, grammar}")
 
 
 def _json_bias(value):

@@ -15,7 +15,9 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
     handlers      8  device.lost and uncaptured-error handlers and the epoch, at once
     allocate      9-10  error scopes pushed; every planned buffer created, weights uploaded in
                      the plan's bounded chunks (no probing loops); the scopes popped and checked here,
-                     then pushed again around compilation and the self-tests
+                     then pushed again around tuning, compilation and the self-tests
+    tune          (ours) the decode mat-vecs timed in a few launch shapes on the uploaded
+                     weights, the fastest kept (backends/gpu/tuning.py); cached per adapter
     compile       11  every mandatory pipeline compiled asynchronously from trusted WGSL
     self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle, on the
                          kernels the plan runs; one no case ran fails admission
@@ -49,7 +51,8 @@ from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
 from .tracked import Faults, TrackedDevice
 
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
-          "allocate", "compile", "self-test", "scopes", "publish")
+          "allocate", "tune", "compile", "self-test", "scopes", "publish")
+TUNING_MODES = ("auto", "off", "force")
 TIER_ORDER = ("A", "B", "C")
 TIER_FEATURE = {"B": "shader-f16", "C": "subgroups"}
 
@@ -85,6 +88,9 @@ class AdmissionPolicy:
     kv_dtype: str | None = None             # "f32" | "f16" (None: f16 when the tier has it)
     fusions: tuple[str, ...] | None = None  # program/fusion.py rules (None: its DEFAULT; (): the reference program)
     prefill_chunk: int | None = None        # tokens per prefill submit (None: the planner's default)
+    tuning: str = "auto"                    # mat-vec launch shapes: "auto" measure (not on a software
+                                            # adapter), "off" the rule, "force" measure anyway (tests)
+    tuning_budget_s: float = 4.0            # the tuning stage's time; forms not reached keep the rule
 
 
 @dataclasses.dataclass
@@ -102,6 +108,12 @@ class AdmittedGpuSession:
     seconds: dict[str, float]
     epoch: int
     kernels: dict = dataclasses.field(default_factory=dict)   # (name, sorted overrides) -> the same kernels
+    tuning: Any = None             # backends/gpu/tuning.TuningReport: the measured mat-vec choices
+
+    @property
+    def choices(self) -> dict:
+        """matvec.form_key -> matvec.Choice: the launch shapes the session's lowering uses."""
+        return dict(self.tuning.choices) if self.tuning is not None else {}
 
     def destroy(self) -> None:
         # The device first: it runs down what the session queued (natively, steps encoded ahead
@@ -125,13 +137,20 @@ def choose_tier(offered: frozenset[str], policy: AdmissionPolicy) -> tuple[str, 
 
 async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolicy(), *,
                 faults: Faults = Faults(), cancel: Cancel | None = None,
-                user_agent: str = "native", on_stage=None, on_progress=None) -> AdmittedGpuSession:
+                user_agent: str = "native", on_stage=None, on_progress=None,
+                tuning_cache: dict | None = None) -> AdmittedGpuSession:
     """Run the transaction; return the published session or raise AdmissionFailure.
 
     on_stage(stage) is called as each stage begins; on_progress(stage, done, total) within
-    the three long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled)
-    and "self-test" (kernel families checked)."""
+    the long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled) and
+    "self-test" (kernel families checked); "tune" (under a second where it measures, its
+    pipelines are then not compiled again) reports only its start.
+    `tuning_cache` (untrusted, the caller's): earlier tuning results by tuning.cache_key; the
+    new ones are in the session's `tuning.cache_entries` for the caller to keep."""
+    if policy.tuning not in TUNING_MODES:
+        raise ValueError(f"AdmissionPolicy.tuning must be one of {TUNING_MODES}, not {policy.tuning!r}")
     run = _Admission(gpu, model, policy, faults, cancel or Cancel(), user_agent, on_stage, on_progress)
+    run.tuning_cache = tuning_cache
     return await run.run()
 
 
@@ -151,6 +170,7 @@ class _Admission:
         self.stage_started: float | None = None
         self.tier, self.features, self.plan = None, (), None
         self.device_limits: dict[str, int] = {}   # what the device was created with (for the receipt)
+        self.tuning_cache: dict | None = None
 
     # -- the transaction ---------------------------------------------------------------------
     async def run(self) -> AdmittedGpuSession:
@@ -229,16 +249,21 @@ class _Admission:
             kind = allocation_errors[0].kind
             self._fail("out-of-memory" if kind == "out-of-memory" else "allocation-failed",
                        f"creating the planned buffers failed ({kind} error)")
-        self._push_scopes()                              # compile and self-test run in scopes too
+        self._push_scopes()                              # tune, compile and self-test run in scopes too
+
+        await self._enter("tune")
+        tuning = await self._tune()
 
         await self._enter("compile")
         pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
         key_facts = self._pipeline_key_facts()
-        mandatory = pipeline_set.pipelines(self.model, self.device, self.plan)
+        mandatory = pipeline_set.pipelines(self.model, self.device, self.plan, tuning.choices)
         try:
             for done, (name, overrides) in enumerate(mandatory, 1):
                 key = pipeline_key(KERNELS[name], overrides, **key_facts)
-                compiled = await pipeline_set.compile(self.device, name, overrides)
+                compiled = tuning.compiled.get((name, tuple(sorted(overrides.items()))))
+                if compiled is None:         # (the tuning stage compiled the mat-vecs it timed)
+                    compiled = await pipeline_set.compile(self.device, name, overrides)
                 pipelines[key.digest()] = kernels[(name, tuple(sorted(overrides.items())))] = compiled
                 self.on_progress("compile", done, len(mandatory))
                 await self._checkpoint()
@@ -276,7 +301,8 @@ class _Admission:
             device=self.device, tier=self.tier, features=self.features,
             feature_level=self.adapter.feature_level, plan=self.plan, buffers=self.buffers,
             pipelines=pipelines, self_test=self_test, receipt=self._receipt("admitted", None),
-            seconds=self.seconds, epoch=epoch, kernels=kernels)
+            seconds=self.seconds, epoch=epoch, kernels=kernels, tuning=tuning)
+        tuning.compiled = {}             # the session holds the kernels it uses; drop the rest
         self.device = None          # ownership moves to the session: nothing to release
         return session
 
@@ -351,6 +377,21 @@ class _Admission:
             return plan_memory(self.model.manifest, limits, PlanPolicy(**settings))
         except PlanRejected as exc:
             self._fail("limit-too-small", f"the model does not fit this adapter's limits: {exc.sentence}")
+
+    async def _tune(self):
+        """The tuning stage (backends/gpu/tuning.py): the rule where the policy says "off"."""
+        from ..backends.gpu import tuning
+        from ..shader_bundle import bundle_hash
+        if self.policy.tuning == "off":
+            return tuning.TuningReport({}, {}, "off", "the admission policy turned tuning off")
+        summary = self.adapter.summary()
+        if summary.is_fallback and self.policy.tuning == "auto":
+            return tuning.TuningReport({}, {}, "rule", "a software (fallback) adapter: measuring cannot pay")
+        identity = "/".join([summary.description, summary.vendor, summary.architecture, *self.features])
+        return await tuning.tune(self.device, self.model, self.plan, self.buffers, cache=self.tuning_cache,
+                                 device_identity=identity, bundle_hash=bundle_hash(),
+                                 checkpoint=self._checkpoint, force=self.policy.tuning == "force",
+                                 budget_seconds=self.policy.tuning_budget_s)
 
     async def _allocate(self) -> None:
         from . import pipelines as pipeline_set

@@ -82,14 +82,14 @@ def device_limits(plan, adapter_limits: dict[str, int], feature_level: str = "co
     return wanted
 
 
-def pipelines(model, device, plan) -> list[tuple[str, dict]]:
+def pipelines(model, device, plan, choices: dict | None = None) -> list[tuple[str, dict]]:
     """Exactly the (kernel, overrides) the plan's step programs lower to on this device: every op
     of the decode program (both attention forms when the context passes the single-pass length)
     and of a prefill chunk of each length the GEMM tiles are chosen for, with each reduction the
-    engine may read back."""
+    engine may read back. `choices`: the tuning stage's mat-vec launch shapes."""
     from ..plan.memory import plan_programs
     from ..program.lowering import Lowering
-    lowering = Lowering(device, model, plan)
+    lowering = Lowering(device, model, plan, choices)
     programs = plan_programs(model, plan)
     chosen: list[tuple[str, dict]] = []
     forms = [(0, False)] + ([(lowering.capacity - 1, True)] if lowering.decode_combine_grid is not None else [])

@@ -74,7 +74,7 @@ TOP_K_CANDIDATES = 64
 
 # Admission stages after which an adapter and a device exist (admission/admit.py STAGES):
 # from the first of them on, the engine is Preparing rather than Probing.
-PREPARING_STAGES = ("handlers", "allocate", "compile", "self-test", "scopes", "publish")
+PREPARING_STAGES = ("handlers", "allocate", "tune", "compile", "self-test", "scopes", "publish")
 
 # Offered to the ledger with a result that must be dropped; the ledger checks its shape only.
 _NO_HASH = "0" * 64
@@ -113,7 +113,11 @@ async def admit_and_build(gpu, model, policy, on_stage):
         raise EngineError("gpu-backend-unavailable", "webslm.backends.gpu",
                           f"the GPU executor is not available ({exc})") from None
     from ..admission.admit import AdmissionPolicy, admit
-    session = await admit(gpu, model, policy or AdmissionPolicy(), on_stage=on_stage)
+    from ..backends.gpu import tuning
+    cache_file = tuning.cache_path()           # measured mat-vec shapes, kept between runs
+    session = await admit(gpu, model, policy or AdmissionPolicy(), on_stage=on_stage,
+                          tuning_cache=tuning.read_cache(cache_file))
+    tuning.write_cache(cache_file, session.tuning.cache_entries if session.tuning else {})
     try:
         backend = await GpuBackend.build(session, model)
     except BaseException:

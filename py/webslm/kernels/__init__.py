@@ -7,9 +7,9 @@ import importlib
 
 from . import registry  # noqa: F401  (first: the families register into it)
 
-FAMILY_MODULES = ("probe", "matvec", "matvec_cases", "matvec_variants", "gemm", "gemm_cases", "logits",
-                  "kv_cache", "attention", "norm", "rope", "swiglu", "embed", "rope_kv", "attention_rope", "head_norm",
-                  "scale")
+FAMILY_MODULES = ("probe", "matvec", "matvec_cases", "matvec_variants", "gemm", "gemm_cases", "gemm_split",
+                  "logits", "kv_cache", "attention", "norm", "rope", "swiglu", "embed", "rope_kv",
+                  "attention_rope", "head_norm", "scale")
 
 for _module in FAMILY_MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -63,7 +63,7 @@ def _specs():
     classic = {"WG_X": (8, 16), "WG_Y": (8, 16), "RM": (4, 8), "ACCUMULATE": (0, 1)}
     tiled = {"WG_X": (16,), "WG_Y": (8, 16), "RM": (4, 8), "RN": (4, 8), "BK": (16, 32), "STAGES": (1, 2),
              "KSPLIT": (1, 2, 4), "ACCUMULATE": (0, 1)}
-    outer = {"WG_X": (8, 16), "WG_Y": (4, 8, 16), "BK": (16, 32), "ACCUMULATE": (0, 1)}
+    outer = {"WG_X": (8, 16), "WG_Y": (4, 8, 16), "BK": (16, 32), "ACCUMULATE": (0, 1), "KPARTS": (1, 2, 4, 8)}
     bindings = ("uniform", "read-only-storage", "storage")
     for encoding in ENCODINGS:
         quant = QUANT_SOURCES.get(encoding, ())

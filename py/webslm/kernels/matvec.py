@@ -260,6 +260,49 @@ def choose_kernel(device: Device, weights: Weights, workgroup: int | None = None
     return kernel_name(weights.encoding, "subgroups" in device.features, input, variant), overrides
 
 
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """A launch shape measured for one mat-vec form on one device (backends/gpu/tuning.py):
+    what `choose_kernel` takes as variant, workgroup and rows_per_group instead of the rule."""
+    variant: str
+    workgroup: int
+    rows: int
+
+    def as_dict(self) -> dict:
+        return {"variant": self.variant, "WG": self.workgroup, "ROWS": self.rows}
+
+    @classmethod
+    def from_dict(cls, data) -> "Choice":
+        """From cached JSON (untrusted: a stale or edited cache): typed, or MatvecShapeError."""
+        try:
+            variant, workgroup, rows = data["variant"], data["WG"], data["ROWS"]
+        except (TypeError, KeyError):
+            raise MatvecShapeError("workgroup", f"a cached mat-vec choice must have variant, WG and ROWS: "
+                                                f"{data!r}"[:200]) from None
+        if (not isinstance(variant, str) or workgroup not in WORKGROUP_SIZES or rows not in ROWS_PER_WORKGROUP
+                or isinstance(workgroup, bool) or isinstance(rows, bool)):
+            raise MatvecShapeError("workgroup", f"not a mat-vec choice: {data!r}"[:200])
+        return cls(variant, workgroup, rows)
+
+
+def form_key(weights: Weights, input: str, accumulate: bool) -> str:
+    """What a measured Choice depends on besides the device and the shader bundle: the
+    encoding with its block form, the shape, the input mode and ACCUMULATE. Layers that
+    share a form share the key (and the choice)."""
+    form = ",".join(f"{k}={v}" for k, v in sorted(weights.overrides().items()))
+    return f"{weights.encoding}[{form}] {weights.rows}x{weights.cols} {input}" + (" +y" if accumulate else "")
+
+
+def workgroup_candidates(device: Device, weights: Weights, rows_per_group: int) -> list[int]:
+    """The allowlisted workgroup sizes worth timing for a row length: at most one idle
+    invocation step per row (WG <= units, at least 32), within the device's limits."""
+    limits = {"maxComputeWorkgroupStorageSize": 16384, **device.limits}
+    fits = [wg for wg in WORKGROUP_SIZES
+            if wg <= runner.max_invocations(limits)
+            and workgroup_bytes(rows_per_group, wg) <= limits["maxComputeWorkgroupStorageSize"]]
+    return [wg for wg in fits if wg == 32 or wg <= units(weights)]
+
+
 def check_shapes(device: Device, weights: Weights, m: int, x_stride: int, input: str = "plain",
                  eps: float | None = None, up_offset: int | None = None,
                  norm_elements: int | None = None) -> None:

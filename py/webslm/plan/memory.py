@@ -63,8 +63,8 @@ from typing import Any, Mapping
 
 from ..errors import CodedError
 from ..program.fusion import ALL as ALL_FUSIONS, DEFAULT as DEFAULT_FUSIONS, fuse
-from ..program.ops import (SCHEDULES, Layout, Program, activation_bytes, ffn_padded, qkv_offsets, reference,
-                           weight_forms)
+from ..program.ops import (SCHEDULES, Layout, Program, activation_bytes, ffn_padded, gemm_partials_floats,
+                           qkv_offsets, reference, weight_forms)
 from .proof import plan_hash
 
 MiB = 1 << 20
@@ -566,6 +566,15 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
                                for n, sc, iv, z in group]
             proofs += [{**p, "buffer": buffer} for p in group_proofs]
         planned.append(packer)
+
+    # The prefill GEMM's split-K partial sums (kernels/gemm_split.py): not an activation of the
+    # program but the lowering's scratch, in a buffer of its own (so no schedule or interval:
+    # each split GEMM and its reduce use it in turn, and nothing else does).
+    partials = _Packer("partials", "scratch", ("STORAGE",), used["maxBufferSize"])
+    size = 4 * gemm_partials_floats(arch, tokens["prefill"])
+    _check_bound("prefill.gemm_partials", size, binding, "a smaller prefill chunk")
+    partials.add("prefill.gemm_partials", size, s_align, "storage")
+    planned.append(partials)
 
     # staging (one bounded upload chunk) and readback (the result words and one logits row).
     staging = _Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])

@@ -30,7 +30,8 @@ import dataclasses
 
 import numpy as np
 
-from ..kernels import attention, attention_rope, embed, gemm, head_norm, logits, matvec, norm, rope_kv, scale, swiglu
+from ..kernels import (attention, attention_rope, embed, gemm, gemm_split, head_norm, logits, matvec, norm, rope_kv,
+                       scale, swiglu)
 from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -87,8 +88,13 @@ def part_names(weights: Weights) -> tuple[str, ...]:
 class Lowering:
     """Launches for one admitted session: device limits and features, shapes, plan facts."""
 
-    def __init__(self, device, model, plan):
+    def __init__(self, device, model, plan, choices: dict | None = None):
         self.device, self.limits = device, device.limits
+        # Measured mat-vec launch shapes by form (matvec.form_key -> matvec.Choice), from
+        # admission's tuning stage (backends/gpu/tuning.py); a form without one takes the rule.
+        self.choices = dict(choices or {})
+        # Room for split-K partial sums (kernels/gemm_split.py), in floats: 0 in a plan without it.
+        self.partials_floats = next((r.size // 4 for r in plan.regions if r.name == "prefill.gemm_partials"), 0)
         self.arch = a = model.architecture
         self.manifest = model.manifest
         self.plan = plan
@@ -210,15 +216,17 @@ class Lowering:
         y = Binding("y", op.write("y"), offset=4 * row_start)
         x_stride, y_stride = self._strides(op, weights)
         if schedule == "decode" or op.option("head"):
-            mode = op.option("input", "plain")
+            mode, accumulate = op.option("input", "plain"), bool(op.option("accumulate"))
             extra = {}
             if mode == "norm":
                 extra = {"eps": float(self.arch.norm_eps), "norm_elements": self.arch.hidden}
             elif mode == "swiglu":
                 extra = {"up_offset": self.f_pad}
+            choice = self.choices.get(matvec.form_key(weights, mode, accumulate))
+            if choice is not None:
+                extra |= {"variant": choice.variant, "workgroup": choice.workgroup, "rows_per_group": choice.rows}
             m = 1 if op.option("head") else tokens
-            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode,
-                            accumulate=bool(op.option("accumulate")), **extra)
+            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode, accumulate=accumulate, **extra)
             inputs = {"x": Binding("x", op.read("x")), "h": Binding("h", op.read("x"))}
             if mode == "norm":
                 inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
@@ -233,11 +241,27 @@ class Lowering:
             sections, y_stride = [(0, 0, q), (q, k_at // 4, kv), (q + kv, v_at // 4, kv)], q
         features = self.device.features
         rows = next(b for b in self.prefill_buckets() if b >= tokens)
-        tile = gemm.choose_tile(self.limits, rows, weights.rows, features, need_sections=sections is not None,
-                                encoding=weights.encoding)
-        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, bool(op.option("accumulate")), tile,
-                      sections, features)
-        return [self._launch(op, p, [Binding("x", op.read("x")), *parts], [y])]
+        # The tile for the chunk's bucket; with few tiles for a long K, KPARTS workgroups a tile
+        # and then a reduce into y (kernels/gemm_split.py; both launches read one params block).
+        tile, kparts = gemm_split.choose_tile(self.limits, rows, weights.rows, weights.cols, features,
+                                              weights.encoding, self.partials_floats, sections is not None)
+        accumulate = bool(op.option("accumulate"))
+        p = gemm.plan(self.limits, weights, tokens, x_stride, y_stride, accumulate, tile, sections, features)
+        x = Binding("x", op.read("x"))
+        if kparts == 1:
+            return [self._launch(op, p, [x, *parts], [y])]
+        s = gemm_split.split(self.limits, p, tokens, weights.rows, kparts, accumulate)
+        partials = Binding("partials", "gemm_partials")
+        label = op.label.split("#")[0]
+        return [self._launch(op, s.gemm, [x, *parts], [partials]),
+                Launch(s.reduce_kernel, dict(s.reduce_overrides), p.params, tuple(s.reduce_grid), (partials,), (y,),
+                       f"{label} reduce")]
+
+    def matvec_form(self, op: Op) -> tuple[str, Weights]:
+        """(matvec.form_key, the piece's shape-only Weights) of a decode matmul op: what
+        admission's tuning measures and `choices` is keyed by."""
+        weights, _ = weight_of(self.manifest, self.splits, op.read("w"), op.option("piece", 0))
+        return matvec.form_key(weights, op.option("input", "plain"), bool(op.option("accumulate"))), weights
 
     def _rope_kv(self, op, schedule, tokens, start, readback, long_attention):
         bias = bool(op.option("bias"))

@@ -292,6 +292,18 @@ def activation_bytes(arch, schedule: str, tokens: int, capacity: int, k: int, s_
     }
 
 
+# The prefill GEMM's split-K partial sums (kernels/gemm_split.py): up to 4 parts of a chunk's
+# widest projection output that is not an FFN one (q|k|v, o, down: the ones with few output
+# tiles), and never more than 8 MiB; the lowering splits only as far as this holds.
+PARTIALS_MAX_FLOATS = 1 << 21
+
+
+def gemm_partials_floats(arch, tokens: int) -> int:
+    """Floats of the plan's `prefill.gemm_partials` region for chunks of `tokens` rows."""
+    widest = max(arch.hidden, (arch.n_heads + 2 * arch.n_kv_heads) * arch.head_dim)
+    return min(PARTIALS_MAX_FLOATS, 4 * tokens * (-(-widest // 4) * 4))
+
+
 # -- the reference program ------------------------------------------------------------------------
 
 def _matmul(label: str, layer: int | None, tensor: str, x: str, y: str, layout: Layout, **mode) -> list[Op]:

@@ -15,6 +15,13 @@ The subset (anything else is refused by `compile_schema` with SchemaError
                         takes any object, unless additionalProperties is false ({} only)
   items, minItems, maxItems
   enum, const           the values written exactly as json.dumps writes them
+  minLength, maxLength, pattern, format
+                        strings: char_pattern.py's automaton (its regex subset; format one of
+                        date, time, date-time, uuid, email, ipv4 in the forms it states; not
+                        both pattern and format); lengths in characters, at most 4096
+  minimum, maximum, exclusiveMinimum, exclusiveMaximum
+                        integers only (held exactly, digit by digit: schema_scalars.py); on
+                        "number" they are refused, as is multipleOf
   anyOf                 any branch (the recognizer follows every live branch at once)
   $ref                  "#/$defs/..." or "#/definitions/..." (not recursive)
   annotations           title, description, default, examples, $schema, $id, $comment, ...
@@ -34,7 +41,8 @@ import math
 from functools import lru_cache
 
 from . import json_grammar as jg
-from .sampler import SamplerError
+from . import schema_scalars as sc
+from .schema_scalars import SchemaError  # defined next to the scalar keywords; raised here too
 
 MAX_WHITESPACE = jg.MAX_WHITESPACE
 MAX_SCHEMA_CHARS = 65536     # the schema as JSON text
@@ -48,17 +56,13 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "minItems", "maxItems"}),
-    "string": frozenset(), "number": frozenset(), "integer": frozenset(),
+    "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
+    "integer": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}),
     "boolean": frozenset(), "null": frozenset(),
 }
 WHITESPACE = frozenset(b" \t\n\r")
 DIGITS = frozenset(b"0123456789")
-
-
-class SchemaError(SamplerError):
-    """Codes: "unsupported-schema" (a keyword outside the subset above: `where` is its path),
-    "bad-schema" (not a schema, or one no JSON value satisfies: minItems > maxItems, a
-    required key not in properties, an empty enum, ...)."""
 
 
 # -- compiled nodes ---------------------------------------------------------------------------------
@@ -66,12 +70,14 @@ class SchemaError(SamplerError):
 #   (ANY,)                       any JSON value (json_grammar's recognizer)
 #   (ANY_OBJECT,)                any JSON object
 #   (STRING,)                    any string
+#   (PATTERN, automaton)         a string whose characters the CharAutomaton takes
 #   (NUMBER, integer)            a number; integer: no fraction or exponent
+#   (RANGE, low, high)           an integer in [low, high] (None: unbounded)
 #   (LITERALS, literals)         one of a set of byte strings (enum, const, true/false, null)
 #   (OBJECT, keys, values, required)   keys: the key literals ('"name"' as bytes), in order
 #   (ARRAY, item, min, max)      max None: unbounded
 #   (UNION, branches)
-ANY, ANY_OBJECT, STRING, NUMBER, LITERALS, OBJECT, ARRAY, UNION = range(8)
+ANY, ANY_OBJECT, STRING, NUMBER, LITERALS, OBJECT, ARRAY, UNION, PATTERN, RANGE = range(10)
 
 
 class _Compiler:
@@ -114,7 +120,8 @@ class _Compiler:
                 raise SchemaError("unsupported-schema", f"{where}.{key}",
                                   f"the keyword {key!r} is not supported here (supported: type, properties, "
                                   "required, additionalProperties, items, minItems, maxItems, enum, const, "
-                                  "anyOf, $ref)")
+                                  "anyOf, $ref, minLength, maxLength, pattern, format; minimum, maximum, "
+                                  "exclusiveMinimum, exclusiveMaximum on integers)")
         if "enum" in keys or "const" in keys:
             _only(keys, {"type", "enum", "const"}, where)
             return self.literals(schema, types, where)
@@ -142,9 +149,9 @@ class _Compiler:
         if kind == "any":
             return self.add((ANY,))
         if kind == "string":
-            return self.add((STRING,))
+            return self.string(schema, where)
         if kind in ("number", "integer"):
-            return self.add((NUMBER, kind == "integer"))
+            return self.number(kind, schema, where)
         if kind == "boolean":
             return self.add((LITERALS, frozenset({b"true", b"false"})))
         if kind == "null":
@@ -152,6 +159,14 @@ class _Compiler:
         if kind == "array":
             return self.array(schema, where, depth)
         return self.object(schema, where, depth)
+
+    def string(self, schema: dict, where: str) -> int:
+        automaton = sc.string_automaton(schema, where)
+        return self.add((STRING,) if automaton is None else (PATTERN, automaton))
+
+    def number(self, kind: str, schema: dict, where: str) -> int:
+        bounds = sc.integer_bounds(kind, schema, where)
+        return self.add((NUMBER, kind == "integer") if bounds is None else (RANGE, *bounds))
 
     def object(self, schema: dict, where: str, depth: int) -> int:
         extra = schema.get("additionalProperties", True)
@@ -179,12 +194,7 @@ class _Compiler:
         return self.add((OBJECT, keys, values, tuple(n in required for n in names)))
 
     def array(self, schema: dict, where: str, depth: int) -> int:
-        def count(key, default):
-            value = schema.get(key, default)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise SchemaError("bad-schema", f"{where}.{key}", "must be an integer >= 0")
-            return value
-        low, high = count("minItems", 0), count("maxItems", None)
+        low, high = sc.count(schema, "minItems", 0, where), sc.count(schema, "maxItems", None, where)
         if high is not None and low > high:
             raise SchemaError("bad-schema", f"{where}.minItems", f"{low} is more than maxItems {high}")
         items = schema.get("items", True)
@@ -299,13 +309,15 @@ def _alternatives(nodes: list[tuple], node_id: int) -> int:
 # Frames (innermost last in a stack):
 #   (VALUE, node, blanks)                   a value of `node` comes next (after blanks)
 #   (STR, sub)                              in a string: sub 0 text, 1 after "\", 2..5 hex digits left - 1
+#   (PSTR, node, state, pending)            in a PATTERN string (schema_scalars.string_step)
+#   (INT, node, (negative, magnitude))      an integer of a RANGE node (schema_scalars.int_step)
 #   (LIT, node, read)                       reading one of node's literals: `read` its bytes so far
 #   (NUM, integer, sub)                     a number (json_grammar's NUMBER sub-states)
 #   (ANYV, inner)                           any value: json_grammar's state
 #   (OBJ, node, next, phase, blanks, extra) an object: next is the first property not passed;
 #                                           extra the key read so far (KEY) or the property (COLON)
 #   (ARR, node, count, phase, blanks)       an array: count of items (capped where it stops mattering)
-VALUE, STR, LIT, NUM, ANYV, OBJ, ARR = range(7)
+VALUE, STR, LIT, NUM, ANYV, OBJ, ARR, PSTR, INT = range(9)
 # object phases, and array phases (OPEN, AFTER, NEXT, INSIDE shared)
 OPEN, KEY_NEXT, KEY, COLON, INSIDE, AFTER, NEXT = range(7)
 
@@ -371,6 +383,9 @@ class SchemaGrammar:
             return frame[2] in jg.NUMBER_ENDS
         if kind == LIT:
             return frame[2] in self.nodes[frame[1]][1]
+        if kind == INT:
+            _, low, high = self.nodes[frame[1]]
+            return sc.int_may_end(low, high, frame[2])
         if kind == ANYV:
             inner = frame[1]
             return inner[1] == jg.DONE or (inner[1] == jg.NUMBER and inner[0] == "" and inner[2] in jg.NUMBER_ENDS)
@@ -387,6 +402,11 @@ class SchemaGrammar:
             return self._start(rest, frame[1], byte)
         if kind == STR:
             return self._string(rest, frame[1], byte)
+        if kind == PSTR:
+            after = sc.string_step(self.nodes[frame[1]][1], frame[2], frame[3], byte)
+            if after is None:
+                return set()
+            return {self._complete(rest)} if after == sc.CLOSE else {rest + ((PSTR, frame[1]) + after,)}
         out = set()
         if kind == LIT:
             read = frame[2] + bytes([byte])
@@ -399,6 +419,11 @@ class SchemaGrammar:
             sub = jg._number(frame[2], byte)
             if sub is not None and not (frame[1] and sub in (3, 5)):     # integer: no "." or "e"
                 out.add(rest + ((NUM, frame[1], sub),))
+        elif kind == INT:
+            _, low, high = self.nodes[frame[1]]
+            after = sc.int_step(low, high, frame[2], byte)
+            if after is not None:
+                out.add(rest + ((INT, frame[1], after),))
         elif kind == ANYV:
             inner = frame[1]
             after = jg.step(inner, byte) if inner[1] != jg.DONE else None
@@ -423,6 +448,11 @@ class SchemaGrammar:
             return out
         if kind == STRING:
             return {parent + ((STR, 0),)} if byte == ord('"') else set()
+        if kind == PATTERN:
+            return {parent + ((PSTR, node_id, node[1].initial, ()),)} if byte == ord('"') else set()
+        if kind == RANGE:
+            after = sc.int_start(node[1], node[2], byte)
+            return {parent + ((INT, node_id, after),)} if after is not None else set()
         if kind == NUMBER:
             if byte == ord("-"):
                 return {parent + ((NUM, node[1], 0),)}

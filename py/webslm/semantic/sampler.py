@@ -234,6 +234,8 @@ def _settings_bytes(s: SamplerSettings, vocab_size: int) -> bytes:
         out.append(struct.pack(">BIB", s.logprobs, s.top_logprobs, RESPONSE_FORMATS.index(s.response_format)))
         if s.response_format == "json_schema":         # the schema's text, by its sha256
             out.append(hashlib.sha256(s.json_schema.encode("utf-8")).digest())
+        if s.response_format == "grammar":             # the grammar's text, by its sha256
+            out.append(hashlib.sha256(s.grammar.encode("utf-8")).digest())
     out.append(struct.pack(">I", vocab_size))
     return b"".join(out)
 

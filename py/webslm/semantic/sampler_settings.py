@@ -46,7 +46,7 @@ MAX_TOP_LOGPROBS = 20
 # response_format: "text", "json_object" (the engine masks every token that would leave the
 # answer no JSON object: semantic/json_grammar.py; the mask comes to choose() as `allowed`) or
 # "json_schema" (the same, for the JSON texts valid against json_schema: semantic/json_schema.py).
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema", "grammar")
 
 
 # == 1. Settings ==============================================================================
@@ -103,6 +103,7 @@ class SamplerSettings:
     top_logprobs: int = 0
     response_format: str = "text"
     json_schema: str = ""          # response_format "json_schema": the schema as compact JSON text
+    grammar: str = ""              # response_format "grammar": the GBNF text (semantic/gbnf.py)
 
     def __post_init__(self):
         inf = math.inf
@@ -125,6 +126,7 @@ class SamplerSettings:
             "response_format": _choice("response_format", self.response_format, RESPONSE_FORMATS),
         }
         checked["json_schema"] = _schema(self.json_schema, checked["response_format"])
+        checked["grammar"] = _grammar(self.grammar, checked["response_format"])
         if checked["top_logprobs"] and not checked["logprobs"]:
             raise SamplerError("out-of-range", "top_logprobs", "needs logprobs: true")
         for name, value in checked.items():
@@ -174,6 +176,18 @@ def _schema(value, response_format: str) -> str:
         raise SamplerError("out-of-range", "json_schema", 'response_format "json_schema" needs a schema')
     from .json_schema import canonical_schema
     return canonical_schema(value)
+
+
+def _grammar(value, response_format: str) -> str:
+    """The GBNF text, compiled once to check it (gbnf.GrammarError otherwise); "" unless
+    response_format is "grammar"."""
+    if response_format != "grammar":
+        if value not in ("", None):
+            raise SamplerError("out-of-range", "grammar", 'needs response_format "grammar"')
+        return ""
+    from .gbnf import compile_grammar
+    compile_grammar(value)
+    return value
 
 
 def _flag(name: str, value) -> bool:

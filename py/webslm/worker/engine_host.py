@@ -21,13 +21,21 @@ Requests only tests make (lose-device, kernel-golden, ...) are test_hooks.py's.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from typing import Callable
 
+from ..semantic.tool_stream import ToolStream
 from .requests import WorkerRequestFailed, cache_prompt, generation_plan
 
 CONFORMANCE_PROMPT = "What is the capital of France?"
+
+
+# Measured mat-vec launch shapes (backends/gpu/tuning.py) for this worker's lifetime: a model
+# loaded again, or another model of the same shapes, is not measured again. (Kept in memory
+# only: the page does not persist it across visits yet.)
+_TUNING_CACHE: dict[str, dict] = {}
 
 
 class EngineHost:
@@ -97,7 +105,8 @@ class EngineHost:
         started = time.perf_counter()
         try:
             session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level), faults=faults,
-                                          user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress)
+                                          user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,
+                                          tuning_cache=_TUNING_CACHE)
         except AdmissionFailure as failure:
             seconds = round(time.perf_counter() - started, 3)
             await self.start_engine(gpu, failure=failure)
@@ -107,6 +116,7 @@ class EngineHost:
                                "receipt": failure.receipt.as_dict(), "receipt_text": render_text(failure.receipt),
                                "engine": self.engine_summary()})
         seconds = round(time.perf_counter() - started, 3)
+        _TUNING_CACHE.update(session.tuning.cache_entries if session.tuning else {})
         self.gpu_session = session
         engine_started = time.perf_counter()
         if choice == "measure":
@@ -117,6 +127,7 @@ class EngineHost:
                            "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
                            "gpu_bytes": session.plan.total_gpu_bytes, "stage_seconds": session.seconds,
                            "seconds": seconds, "engine_seconds": round(time.perf_counter() - engine_started, 3),
+                           "tuning": session.tuning.summary() if session.tuning else None,
                            "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
                            "engine": self.engine_summary()})
 
@@ -254,7 +265,9 @@ class EngineHost:
         overhead), the backend(s) that answered, the committed token ids and the engine
         summary. With tools (semantic/tool_calls.py): tool_calls (null when the answer makes
         no call), content (the text around the calls, or null), and finish_reason
-        "tool_calls" when it made one."""
+        "tool_calls" when it made one; the deltas are then semantic/tool_stream.py's pieces:
+        {text} is content only, and a call streams as {tool_calls: [{index, id, type,
+        function: {name, arguments}}]} entries (OpenAI's delta.tool_calls)."""
         started = time.perf_counter()
         model = self.semantic_model()
         request = json.loads(request_json)
@@ -268,6 +281,8 @@ class EngineHost:
         pieces, finish, first, logprobs = [], None, None, [] if settings.logprobs else None
         self._answer_prompt, self._answer_epoch = len(ids), engine.ledger.epoch
         report = (lambda progress: on_progress(json.dumps(progress))) if on_progress is not None else None
+        salt = f"{settings.seed}:{len(ids)}:{hashlib.sha256(repr(ids).encode()).hexdigest()[:16]}"
+        calls_stream = ToolStream(plan.tools, salt) if plan.tools is not None and plan.tools.choice != "none" else None
         try:
             self._between_steps()
             async for delta in engine.generate(ids, settings, on_progress=report, reuse_kv=reuse):
@@ -280,7 +295,11 @@ class EngineHost:
                     if first is None:
                         first = time.perf_counter() - started
                     pieces.append(delta.text)
-                    on_delta(json.dumps({"text": delta.text, "token_id": delta.token_id, "backend": kind,
+                    shown, calls_now = delta.text, None
+                    if calls_stream is not None:
+                        shown, calls_now = _merge(calls_stream.feed(delta.text))
+                    on_delta(json.dumps({"text": shown, "token_id": delta.token_id, "backend": kind,
+                                         **({"tool_calls": calls_now} if calls_now else {}),
                                          **({"logprobs": delta.logprobs} if delta.logprobs is not None else {})}))
                 if delta.finish_reason:
                     finish = delta.finish_reason
@@ -301,14 +320,17 @@ class EngineHost:
                 # the delta posted to the page, the event loop's turns
                 per_step = 1000 * t.decode_seconds / steps["decode_steps"]
                 steps["outside_executor_ms"] = round(per_step - steps["prepare_ms"] - steps["run_ms"] - steps["finish_ms"], 3)
-        text, calls = "".join(pieces), None
-        if plan.tools is not None and finish == "stop":
-            read = plan.tools.read(text, salt=f"{settings.seed}:{len(ids)}")
-            if read is not None:             # the answer is calls (with any text around them)
-                _, calls = read
+        text, calls, content = "".join(pieces), None, None
+        if calls_stream is not None:         # the held text streams now, as content or calls
+            last, calls, content = calls_stream.end(finish)
+            shown, calls_now = _merge(last)
+            if shown or calls_now:
+                on_delta(json.dumps({"text": shown, "token_id": None, "backend": engine.backend_kind,
+                                     **({"tool_calls": calls_now} if calls_now else {})}))
+            if calls:                        # the answer is calls (with any text around them)
                 finish = "tool_calls"
         return json.dumps({"text": text, "finish_reason": finish, "logprobs": logprobs,
-                           **({"tool_calls": calls, "content": read[0] if calls else text} if plan.tools else {}),
+                           **({"tool_calls": calls, "content": content if calls else text} if plan.tools else {}),
                            "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.generated_tokens,
                                      "prompt_tokens_details": {"cached_tokens": t.cached_tokens}},
                            "timings": timings, "backend": engine.backend_kind, "backends": backends,
@@ -352,6 +374,21 @@ class EngineHost:
         report["gpu_steps"] = per_step_ms(backend.stats, before)
         report["tier"] = backend.session.tier
         return json.dumps(report)
+
+
+def _merge(pieces: list[dict]) -> tuple[str, list[dict] | None]:
+    """ToolStream's pieces as one delta: the content joined, and one tool_calls entry per call
+    index (a call's start and its first arguments fragment together, as OpenAI streams them)."""
+    text, entries = "", {}
+    for piece in pieces:
+        text += piece.get("text", "")
+        for entry in piece.get("tool_calls", ()):
+            seen = entries.get(entry["index"])
+            if seen is None:
+                entries[entry["index"]] = {**entry, "function": dict(entry["function"])}
+            else:
+                seen["function"]["arguments"] = seen["function"].get("arguments", "") + entry["function"]["arguments"]
+    return text, [entries[i] for i in sorted(entries)] or None
 
 
 def per_step_ms(stats: dict, before: dict | None = None) -> dict:

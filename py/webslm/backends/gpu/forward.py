@@ -32,7 +32,7 @@ class Forward:
         self.arch = model.architecture
         self.manifest = model.manifest
         self.regions = Regions(session.plan, session.buffers)
-        self.lowering = lowering = Lowering(self.device, model, session.plan)
+        self.lowering = lowering = Lowering(self.device, model, session.plan, getattr(session, "choices", None))
         self.programs = plan_programs(model, session.plan)
         self.capacity, self.chunk, self.top_k = lowering.capacity, lowering.chunk, lowering.top_k
         self.tables = {s: ParamsTable(self.regions, s, p.slots()) for s, p in self.programs.items()}

@@ -1,0 +1,342 @@
+"""Admission's tuning stage: the decode step's mat-vecs timed in a few launch shapes on this
+device, and the fastest kept (issue 16, "variant choice by measurement at admission").
+
+Why measure: the best workgroup size and rows per workgroup of a mat-vec depend on the GPU
+(how many cores, how many bytes it wants in flight) and on the shape; one length rule
+(`matvec.TUNING`) was 1.37x off the per-shape best on the H200 and cannot be right on every
+laptop GPU too. So, once the weights are on the GPU and before the pipelines are compiled,
+each mat-vec *form* of the decode program (matvec.form_key: encoding, shape, input mode,
+ACCUMULATE; layers of one form share it) is run as the engine runs it:
+
+    every form:      the rule's launch timed (its pipeline is needed anyway)
+    then, the forms that cost the step most first, while the budget lasts:
+                     ROWS in 1..16 at the rule's WG, then every sensible WG at the best
+                     ROWS (at most 8 launch shapes)
+        each shape:  compiled; checked once against the rule's output (a wrong launch is
+                     never chosen); timed as dependent dispatches over the form's layers'
+                     own weights, the median of ROUNDS rounds of >= ROUND_SECONDS
+        keep:        the fastest, if it beats the rule by more than NOISE (else the rule)
+
+Only the exact variants are tried (the rule's: f32 activations), so a choice changes
+summation order, not numerics class: the engine's tokens stay within the oracle's bounds
+whatever is chosen. The check against the rule is a differential one: both are exact f32
+mat-vecs, so they may differ by a few rounding errors of sum |w x|; CHECK_RELATIVE is far
+above that and far below what a wrong row, column or reduction gives.
+
+Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
+rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
+A cache (form results keyed by adapter, shader bundle and form) makes a second admission on
+the same device free: `cache_key`. The engine keeps it in a JSON file natively; the caller
+owns it (it is untrusted input: an entry that is not a valid Choice is ignored).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import time
+import types
+from typing import Awaitable, Callable, Mapping
+
+import numpy as np
+
+from ...kernels import matvec
+from ...kernels.registry import KERNELS
+from ...program.lowering import Binding
+from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
+from .forward import Forward
+
+ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
+ROUNDS = 3                     # timed rounds per launch shape; the median is kept
+SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software adapter, no tuning
+BUDGET_SECONDS = 4.0           # the whole stage; forms not reached keep the rule
+NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
+CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
+
+
+@dataclasses.dataclass
+class TuningReport:
+    """What the stage did: the choices (form -> Choice, only where one beat the rule), per form
+    the rule's and the chosen time in us, how many shapes were tried, and why nothing was
+    measured when that is so."""
+    choices: dict[str, matvec.Choice]
+    forms: dict[str, dict]
+    source: str                   # "measured", "cached", "rule" (see `reason`), "off"
+    reason: str = ""
+    seconds: float = 0.0
+    cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
+    compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
+
+    def summary(self) -> dict:
+        """Receipt-safe: counts and the choices, no adapter text."""
+        return {"source": self.source, "reason": self.reason, "seconds": round(self.seconds, 3),
+                "forms": len(self.forms), "changed": len(self.choices),
+                "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
+
+
+def cache_key(device_identity: str, bundle_hash: str, form: str) -> str:
+    """The cache's key: a result holds for one adapter (description, vendor, architecture,
+    features), one shader bundle and one form."""
+    return f"{device_identity}|{bundle_hash[:16]}|{form}"
+
+
+MAX_CACHE_ENTRIES = 4096       # a cache file past this is started afresh
+SCRATCH_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST
+
+
+def cache_path() -> pathlib.Path | None:
+    """Where the native engine keeps tuning results: $WEBSLM_TUNING_CACHE (a file; "off": no
+    cache), else $XDG_CACHE_HOME/webslm/matvec-tuning.json (~/.cache by default)."""
+    chosen = os.environ.get("WEBSLM_TUNING_CACHE")
+    if chosen == "off":
+        return None
+    if chosen:
+        return pathlib.Path(chosen)
+    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
+    return pathlib.Path(base) / "webslm" / "matvec-tuning.json"
+
+
+def read_cache(path: pathlib.Path | None) -> dict[str, dict]:
+    """The cache file's entries; {} when it is missing, unreadable or not this shape (a cache
+    is a hint: `tune` checks every entry it uses)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or len(data) > MAX_CACHE_ENTRIES:
+        return {}
+    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, dict)}
+
+
+def write_cache(path: pathlib.Path | None, entries: Mapping[str, dict]) -> None:
+    """Merge new entries into the cache file (replaced atomically); a cache that cannot be
+    written costs a re-measurement next time, not an error."""
+    if path is None or not entries:
+        return
+    merged = {**read_cache(path), **entries}
+    if len(merged) > MAX_CACHE_ENTRIES:
+        merged = dict(entries)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(merged, sort_keys=True), encoding="utf-8")
+        partial.replace(path)
+    except OSError:
+        pass
+
+
+class _Stage:
+    def __init__(self, device, model, plan, buffers, checkpoint, clock):
+        session = types.SimpleNamespace(device=device, plan=plan, buffers=buffers, kernels={})
+        self.device, self.clock, self.checkpoint = device, clock, checkpoint
+        self.forward = Forward(session, model)
+        self.lowering = self.forward.lowering
+        self.rng = np.random.default_rng(16)
+        self.scratch = None                               # (buffer, bytes): the check's output
+        self.forward.set_params("decode", 1, 0)           # the mat-vec params do not depend on the shape
+        device.write_buffer(*self.forward.tables["decode"].write())
+
+    def forms(self) -> dict[str, list]:
+        """form key -> the decode program's matmul ops of that form, in program order."""
+        out: dict[str, list] = {}
+        for op in self.forward.programs["decode"].ops:
+            if op.kind == "matmul":
+                out.setdefault(self.lowering.matvec_form(op)[0], []).append(op)
+        return out
+
+    def _bind(self, role: str, ref: str):
+        return self.forward.resolve("decode", Binding(role, ref))
+
+    def fill_inputs(self, ops) -> None:
+        """Random activations where the form's ops read (never zeros: a broken launch that
+        skipped work would otherwise agree with the rule)."""
+        for ref in sorted({op.read("x") for op in ops}):
+            binding = self._bind("x", ref)
+            self.device.write_buffer(binding.buffer, binding.offset,
+                                     self.rng.standard_normal(binding.size // 4).astype(np.float32))
+
+    async def launches(self, ops, choice: matvec.Choice | None) -> list:
+        key = self.lowering.matvec_form(ops[0])[0]
+        if choice is None:
+            self.lowering.choices.pop(key, None)
+        else:
+            self.lowering.choices[key] = choice
+        dispatches, _ = await self.forward.record("decode", ops, 1, 0)
+        return dispatches
+
+    async def output(self, ops) -> np.ndarray:
+        """y of the form's first op, launched as the lowering now says, into a scratch buffer
+        that starts as a fixed y0 (ACCUMULATE adds to it; rows a launch skips keep it): the
+        plan's own output may not be writable from the host (the logits are not)."""
+        launch = self.lowering.lower(ops[0], "decode", 1, 0)[0]
+        kernel = await self.forward.kernel(launch.kernel, launch.overrides)
+        y = self._bind("y", ops[0].write("y"))
+        if self.scratch is None or self.scratch[1] < y.size:
+            self.release()
+            self.scratch = (self.device.create_buffer(y.size, SCRATCH_USAGE, "tuning.y"), y.size)
+        scratch = self.scratch[0]
+        self.device.write_buffer(scratch, 0, np.linspace(-1.0, 1.0, y.size // 4, dtype=np.float32))
+        pending = {"read-only-storage": [self.forward.resolve("decode", b) for b in launch.inputs],
+                   "storage": [BufferBinding(scratch, 0, y.size)]}
+        params = self.forward.tables["decode"].binding(self.forward.slot(ops[0], "argmax"))
+        entries = [params if kind == "uniform" else pending[kind].pop(0) for kind in KERNELS[launch.kernel].bindings]
+        group = self.device.create_bind_group(kernel.bind_group_layout, entries, "tuning check")
+        self.device.submit([Dispatch(kernel.pipeline, [group], launch.grid)])
+        return np.frombuffer(await self.device.read_buffer(scratch, 0, y.size), np.float32).copy()
+
+    def release(self) -> None:
+        if self.scratch is not None:
+            self.device.destroy_buffer(self.scratch[0])
+            self.scratch = None
+
+    async def seconds_per_dispatch(self, ops, dispatches, rounds: int = ROUNDS) -> float:
+        y = self._bind("y", ops[0].write("y"))
+        sync = (y.buffer, y.offset, 4)
+
+        async def timed(batch) -> float:
+            await self.device.read_buffer(*sync)          # the queue is idle before the clock starts
+            self.device.submit(batch)
+            started = self.clock()                        # encoding is done: the GPU has the work
+            await self.device.read_buffer(*sync)
+            return (self.clock() - started) / len(batch)
+
+        first = await timed(dispatches)                   # also the warm-up
+        if rounds == 0:
+            return first
+        repeat = max(1, int(ROUND_SECONDS / max(first * len(dispatches), 1e-7)))
+        batch = dispatches * repeat
+        return statistics.median([await timed(batch) for _ in range(rounds)])
+
+
+def _agrees(y: np.ndarray, reference: np.ndarray) -> bool:
+    if not np.all(np.isfinite(y)):
+        return False
+    scale = float(np.max(np.abs(reference))) if reference.size else 0.0
+    return bool(np.all(np.abs(y - reference) <= CHECK_RELATIVE * scale + 1e-30))
+
+
+def _rule_choice(device, weights, op) -> matvec.Choice:
+    name, overrides = matvec.choose_kernel(device, weights, input=op.option("input", "plain"),
+                                           accumulate=bool(op.option("accumulate")))
+    return matvec.Choice(matvec.variant_of(name), overrides["WG"], overrides["ROWS"])
+
+
+async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None = None,
+               device_identity: str = "", bundle_hash: str = "",
+               checkpoint: Callable[[], Awaitable[None]] | None = None,
+               on_progress: Callable[[int, int], None] | None = None,
+               budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
+               force: bool = False) -> TuningReport:
+    """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
+    already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
+    The activations and outputs the stage writes are the plan's own decode regions: nothing
+    in them is live before the first step."""
+    began = clock()
+    stage = _Stage(device, model, plan, buffers, checkpoint, clock)
+    forms = stage.forms()
+    report = TuningReport({}, {}, "measured")
+    cache = cache or {}
+    pending = []
+    for key, ops in forms.items():
+        cached = cache.get(cache_key(device_identity, bundle_hash, key))
+        try:
+            choice = matvec.Choice.from_dict(cached["choice"]) if cached else None
+        except (matvec.MatvecShapeError, TypeError, KeyError):
+            choice = None
+        if cached and (choice is not None or cached.get("choice") is None):
+            report.forms[key] = {**{k: v for k, v in cached.items() if k != "choice"}, "cached": True}
+            if choice is not None:
+                report.choices[key] = choice
+        else:
+            pending.append((key, ops))
+    if not pending:
+        report.source = "cached"
+    try:
+        # First the rule's time of every form (its pipeline is compiled anyway), so that the
+        # budget goes to the forms that cost the step most.
+        rules = {}
+        for key, ops in pending:
+            measured = await _rule_time(stage, ops, force)
+            if measured is None:                 # a slow adapter: the rule stands for every form
+                report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
+                                                        f"ms here (a software adapter): measuring cannot pay")
+                pending = []
+                break
+            rules[key] = measured
+            if checkpoint is not None:
+                await checkpoint()
+        pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
+        for done, (key, ops) in enumerate(pending, 1):
+            rule, rule_seconds = rules[key]
+            if clock() - began > budget_seconds:
+                report.forms[key] = {"rule": rule.as_dict(), "rule_us": round(rule_seconds * 1e6, 2), "searched": False}
+                report.reason = f"budget of {budget_seconds} s spent: the forms that cost the step least keep the rule"
+                continue
+            form = await _search(stage, ops, rule, rule_seconds)
+            choice = form.pop("choice")
+            report.forms[key] = form
+            if choice is not None:
+                report.choices[key] = choice
+            report.cache_entries[cache_key(device_identity, bundle_hash, key)] = {
+                **form, "choice": choice.as_dict() if choice is not None else None}
+            if on_progress is not None:
+                on_progress(done, len(pending))
+            if checkpoint is not None:
+                await checkpoint()
+    finally:
+        stage.release()           # also when a checkpoint stops admission here
+    report.seconds = clock() - began
+    report.compiled = dict(stage.forward._compiled)
+    return report
+
+
+async def _rule_time(stage: _Stage, ops: list, force: bool) -> tuple[matvec.Choice, float] | None:
+    """(the rule's Choice, its seconds a dispatch) for one form; None when a first look (4
+    dispatches and a round trip: cheap on any adapter) shows a slow adapter."""
+    weights = stage.lowering.matvec_form(ops[0])[1]
+    rule = _rule_choice(stage.device, weights, ops[0])
+    stage.fill_inputs(ops)
+    dispatches = await stage.launches(ops, None)
+    if not force and await stage.seconds_per_dispatch(ops, dispatches[:1] * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
+        return None
+    return rule, await stage.seconds_per_dispatch(ops, dispatches)
+
+
+async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float) -> dict:
+    """Time one form's launch shapes around the rule: ROWS at the rule's WG, then WG at the
+    best ROWS. A shape the limits refuse is skipped; one that disagrees with the rule's output
+    is rejected, never chosen."""
+    key, weights = stage.lowering.matvec_form(ops[0])
+    stage.fill_inputs(ops)
+    stage.lowering.choices.pop(key, None)
+    reference = await stage.output(ops)
+    times, refused, rejected = {rule: rule_seconds}, [], []
+
+    async def trial(choice: matvec.Choice) -> None:
+        if choice in times or choice in refused or choice in rejected:
+            return
+        try:
+            dispatches = await stage.launches(ops, choice)
+        except matvec.MatvecShapeError:
+            refused.append(choice)               # the device's limits refuse this shape
+            return
+        if not _agrees(await stage.output(ops), reference):
+            rejected.append(choice)
+            return
+        times[choice] = await stage.seconds_per_dispatch(ops, dispatches)
+
+    for rows in matvec.ROWS_PER_WORKGROUP:
+        await trial(dataclasses.replace(rule, rows=rows))
+    best_rows = min(times, key=times.get).rows
+    for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
+        await trial(dataclasses.replace(rule, workgroup=workgroup, rows=best_rows))
+    stage.lowering.choices.pop(key, None)
+    best = min(times, key=times.get)
+    chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
+    return {"rule": rule.as_dict(), "rule_us": round(times[rule] * 1e6, 2), "chosen_us": round(times[chosen] * 1e6, 2),
+            "tried": len(times), "refused": len(refused), "rejected": len(rejected),
+            "choice": chosen if chosen != rule else None}

@@ -1,0 +1,188 @@
+"""Admission's tuning stage (backends/gpu/tuning.py) on wgpu-native (lavapipe here).
+
+- On a software adapter the policy's default keeps the rule, and says why.
+- Forced, it measures every decode mat-vec form of the fused program and its choices are what
+  the session compiles and runs.
+- Choices given by a cache are used without measuring, and the engine on them follows the CPU
+  oracle (the same bound as tests/test_gpu_engine_native.py).
+- A launch shape that computes the wrong rows is never chosen (the differential check).
+- A cache is untrusted: entries that are not choices are ignored and measured afresh; the
+  file cache survives a broken file.
+Timings themselves are not asserted (lavapipe's numbers mean nothing for a GPU).
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import webslm
+from webslm.admission.admit import AdmissionPolicy, admit
+from webslm.backends.gpu import GpuBackend, tuning
+from webslm.backends.scores import Want
+from webslm.cpu import CpuBackend
+from webslm.generate import prompt_ids
+from webslm.kernels import matvec
+from webslm.program.fusion import ALL
+
+pytestmark = pytest.mark.usefixtures("self_test_once")
+LOGIT_TOLERANCE = 2e-3            # tests/test_gpu_engine_native.py's bound, the same model
+# Forced tuning with time for every form (lavapipe compiles each launch shape in ~0.1-1 s).
+FORCED = AdmissionPolicy(fusions=ALL, tuning="force", tuning_budget_s=600.0)
+
+
+@pytest.fixture(scope="module")
+def model(stacked_slm_path):
+    return webslm.open_model(stacked_slm_path)
+
+
+@pytest.fixture(scope="module")
+def measured(native_gpu, model):
+    """One forced tuning run: (report, the session's compiled kernel keys)."""
+    import asyncio
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED)
+        try:
+            return session.tuning, set(session.kernels)
+        finally:
+            session.destroy()
+    return asyncio.run(go())
+
+
+def test_a_software_adapter_keeps_the_rule_and_says_why(native_gpu, model, run):
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=ALL))
+        try:
+            return session.tuning, session.choices
+        finally:
+            session.destroy()
+    report, choices = run(go())
+    assert report.source == "rule" and "software" in report.reason
+    assert choices == {} and report.cache_entries == {}
+
+
+def test_forced_tuning_measures_every_decode_matvec_form(measured, model):
+    report, compiled = measured
+    assert report.source == "measured", report.reason
+    # the fused program's decode mat-vecs: q|k|v (norm input), o (+y), gate|up (norm), down
+    # (swiglu, +y) and the head; each form measured once whatever its layer count
+    inputs = sorted(form.split(" ")[2] for form in report.forms)
+    assert inputs.count("norm") >= 2 and "swiglu" in inputs and "plain" in inputs, report.forms
+    for form, facts in report.forms.items():
+        assert 2 <= facts["tried"] <= 9 and facts["rule_us"] > 0 and facts["chosen_us"] > 0, (form, facts)
+        assert facts["chosen_us"] <= facts["rule_us"]
+    assert sorted(key.split("|", 2)[2] for key in report.cache_entries) == sorted(report.forms)
+    # what was chosen is what the session compiled
+    for form, choice in report.choices.items():
+        assert any(name.startswith("matvec_") and dict(overrides)["WG"] == choice.workgroup
+                   and dict(overrides)["ROWS"] == choice.rows for name, overrides in compiled), form
+
+
+def _forced_entries(report) -> dict[str, dict]:
+    """The measured cache entries with every form's choice moved off the rule (ROWS 16, or 2
+    where the rule has 16): shapes the rule never takes, so the session runs only measured ones."""
+    entries = {}
+    for key, entry in report.cache_entries.items():
+        rule = entry["rule"]
+        entries[key] = {**entry, "choice": {**rule, "ROWS": 2 if rule["ROWS"] == 16 else 16}}
+    return entries
+
+
+def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(native_gpu, model, measured, run):
+    report, _ = measured
+    cache = _forced_entries(report)
+    ids = prompt_ids(model, "hi there", chat=True)
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
+        assert session.tuning.source == "cached" and session.tuning.cache_entries == {}
+        assert {c.rows for c in session.choices.values()} <= {2, 16} and len(session.choices) == len(report.forms)
+        backend = await GpuBackend.build(session, model)
+        cpu = CpuBackend(model)
+        try:
+            errors = []
+            got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
+            for _ in range(6):
+                errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
+                token = int(np.argmax(want))
+                got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
+            return errors, set(session.kernels)
+        finally:
+            backend.release()
+    errors, compiled = run(go())
+    assert max(errors) <= LOGIT_TOLERANCE, errors
+    rows_compiled = {dict(o)["ROWS"] for name, o in compiled if name.startswith("matvec_")}
+    assert 16 in rows_compiled or 2 in rows_compiled
+
+
+def test_a_launch_that_computes_the_wrong_rows_is_never_chosen(native_gpu, model, run, monkeypatch):
+    """Break ROWS = 16 (its grid covers half the rows): the check against the rule rejects it
+    in every form where it was tried, and no form chooses it."""
+    grid = matvec.grid
+
+    def half_grid(device, weights, rows_per_group, m):
+        return grid(device, weights, rows_per_group * 2 if rows_per_group == 16 else rows_per_group, m)
+    monkeypatch.setattr(matvec, "grid", half_grid)
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED)
+        try:
+            return session.tuning
+        finally:
+            session.destroy()
+    report = run(go())
+    assert report.source == "measured"
+    broken = [form for form, facts in report.forms.items() if facts["rejected"] >= 1]
+    assert broken, report.forms          # at least the forms with rows > 16 tried it and refused it
+    assert all(choice.rows != 16 for choice in report.choices.values())
+
+
+BAD_CHOICES = [{"variant": "", "WG": 7, "ROWS": 4}, {"variant": "", "WG": 32, "ROWS": True},
+               {"variant": 3, "WG": 32, "ROWS": 4}, "32x4", {"WG": 32}, [1, 2], 5]
+
+
+@pytest.mark.parametrize("bad", BAD_CHOICES)
+def test_a_choice_from_a_cache_is_typed_or_refused(bad):
+    with pytest.raises(matvec.MatvecShapeError):
+        matvec.Choice.from_dict(bad)
+    assert matvec.Choice.from_dict({"variant": "", "WG": 64, "ROWS": 8}) == matvec.Choice("", 64, 8)
+
+
+def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model, measured, run):
+    """One form's entry broken, one saying "the rule is best", the rest moved off the rule:
+    the broken form alone is measured, the others are used as cached."""
+    report, _ = measured
+    cache = _forced_entries(report)
+    keys = sorted(cache)
+    cache[keys[0]] = {**cache[keys[0]], "choice": {"variant": "", "WG": 7, "ROWS": 4}}
+    cache[keys[1]] = {**cache[keys[1]], "choice": None}
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
+        try:
+            return session.tuning
+        finally:
+            session.destroy()
+    again = run(go())
+    broken, rule = keys[0].split("|", 2)[2], keys[1].split("|", 2)[2]
+    assert again.source == "measured" and set(again.forms) == set(report.forms)
+    assert list(again.cache_entries) == [keys[0]] and not again.forms[broken].get("cached")
+    assert again.forms[rule]["cached"] and rule not in again.choices
+    assert all(again.forms[f]["cached"] and again.choices[f].rows in (2, 16) for f in again.forms if f not in (broken, rule))
+
+
+def test_the_file_cache_merges_and_survives_a_broken_file(tmp_path, monkeypatch):
+    path = tmp_path / "sub" / "matvec-tuning.json"
+    monkeypatch.setenv("WEBSLM_TUNING_CACHE", str(path))
+    assert tuning.cache_path() == path and tuning.read_cache(path) == {}
+    tuning.write_cache(path, {"a|b|f1": {"choice": None}})
+    tuning.write_cache(path, {"a|b|f2": {"choice": {"variant": "", "WG": 64, "ROWS": 8}}})
+    assert set(tuning.read_cache(path)) == {"a|b|f1", "a|b|f2"}
+    for broken in ("{not json", "[1, 2]", json.dumps({"k": 3}), "\udcff"):
+        path.write_text(broken, encoding="utf-8", errors="surrogateescape")
+        assert tuning.read_cache(path) == {}
+    monkeypatch.setenv("WEBSLM_TUNING_CACHE", "off")
+    assert tuning.cache_path() is None and tuning.read_cache(None) == {}
+    tuning.write_cache(None, {"x": {}})            # nothing to write to: no error
