@@ -27,7 +27,7 @@ import dataclasses
 
 import numpy as np
 
-from . import gemm, runner
+from . import gemm, gemm_cases, runner
 from .gemm_oracle import oracle, random_parts
 from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
 from .registry import KERNELS, KernelSpec, register
@@ -197,10 +197,10 @@ async def golden_gemm_split(ctx: GoldenContext) -> list[GoldenResult]:
         return results
     for name, weights, x, y0, parts, tile, sections in _cases(ctx):
         y = await gemm_split(ctx, weights, x, parts, tile, y0, sections)
-        case = gemm.Case(name, weights, x, y0, tile, sections=sections)
+        case = gemm_cases.Case(name, weights, x, y0, tile, sections=sections)
         if sections is not None:
-            got, overwritten = gemm._section_view(case, y)
-            base = gemm._section_view(case, y0)[0] if y0 is not None else None
+            got, overwritten = gemm_cases._section_view(case, y)
+            base = gemm_cases._section_view(case, y0)[0] if y0 is not None else None
         else:
             got, overwritten, base = y, 0, y0
         exact, bound, rule = oracle(weights, x, base)
