@@ -15,9 +15,9 @@ Needs the GGUF (`python tools/test_data.py gemma3`), transformers + accelerate +
 test extra), and for the GPU half a wgpu-native adapter; skips otherwise. Cost, measured once
 on this 2-core machine under other sessions' load (load average ~10), 2026-12-02: 19 min in
 all, of which 210 s conversion and transformers' load, 705 s the CPU test (transformers'
-13 greedy references included), 225 s the GPU test; both passed, 13/13 prompts equal. It
-repeats tests/test_gemma3_gguf.py's transformers load and conversion-free work only in part:
-sharing the reference between the two files would save about 3 min.
+13 greedy references included), 225 s the GPU test; both passed, 13/13 prompts equal.
+tests/test_gemma3_gguf.py loads transformers' model and computes the same 13 references
+again: sharing them through conftest.py would save that second load and those references.
 """
 from __future__ import annotations
 
