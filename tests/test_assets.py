@@ -282,3 +282,33 @@ def test_convert_model_pins_the_output(tmp_path):
     assert dest.read_bytes() == b"slm bytes"
     # idempotent: a valid file is not converted again (the converter would fail here)
     assert assets.convert_model(FAIL[0], tmp_path, tmp_path / "m.gguf", dest, sha(b"slm bytes")) is False
+
+
+def test_an_extra_model_is_listed_only_when_its_gguf_is_cached(tmp_path, monkeypatch):
+    """EXTRA_MODELS: nothing is fetched; a missing or wrong GGUF leaves the model out, a right
+    one is converted (pinned) and listed with its facts, not as the default."""
+    cache, site = tmp_path / "cache", tmp_path / "site"
+    cache.mkdir()
+    monkeypatch.setattr(assets, "EXTRA_MODELS", [
+        ("x.gguf", sha(b"gguf bytes"), "x-model", "X Model", sha(b"slm bytes"), "ab" * 32,
+         {"architecture": "gemma3", "quantization": "Q4_K_M"})])
+    python = fake_converter(tmp_path, b"slm bytes")
+    assert assets.install_extra_models(python, tmp_path, cache, site) == []
+    (cache / "x.gguf").write_bytes(b"not the pinned bytes")
+    assert assets.install_extra_models(python, tmp_path, cache, site) == []
+    assert not (site / "models").exists()
+    (cache / "x.gguf").write_bytes(b"gguf bytes")
+    [entry] = assets.install_extra_models(python, tmp_path, cache, site)
+    assert entry == {"id": "x-model", "name": "X Model", "file": "models/x-model.slm", "sha256": sha(b"slm bytes"),
+                     "artifact_sha256": "ab" * 32, "bytes": 9, "default": False,
+                     "architecture": "gemma3", "quantization": "Q4_K_M"}
+    assert (site / "models" / "x-model.slm").read_bytes() == b"slm bytes"
+
+
+def test_remove_stale_models_keeps_exactly_the_listed_ones(tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("default.slm", "extra.slm", "old-default.slm"):
+        (models / name).write_bytes(name.encode())
+    assets.remove_stale_models(tmp_path, [{"file": "models/default.slm"}, {"file": "models/extra.slm"}])
+    assert sorted(p.name for p in models.iterdir()) == ["default.slm", "extra.slm"]

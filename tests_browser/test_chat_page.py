@@ -3,7 +3,8 @@
 
 In order, in each row: the default model answers "What is the capital of France?" with a
 streamed answer that names Paris (on the admitted GPU in the GPU rows, whose page is opened
-with ?gpu=force (conftest.py), on the CPU path in WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again;
+with ?gpu=force (conftest.py), on the CPU path in WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again; the site's models are listed with
+their size, architecture and quantization;
 the page in light and dark, desktop and phone width, is photographed (tests_browser/results/
 screenshots/); a corrupted model file, picked or dropped, is refused with the validator's
 error and the model that answered keeps answering; the JS API keeps OpenAI's shapes; and
@@ -150,6 +151,36 @@ def test_every_control_is_labelled_and_reachable_by_keyboard(booted):
     assert out["unnamed"] == [] and out["positive"] == [], out
     assert out["order"] == sorted(out["order"]) and out["order"][0] >= 0, out
     assert out["alert"] == "alert" and out["live"] == "polite"
+
+
+def _mb(n: int) -> str:
+    """web/ui-model.mjs formatBytes for model sizes (all over 1 MB)."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def test_the_page_lists_the_sites_models(booted):
+    """"Models on this site": every model of assets/manifest.json (the default, and Gemma 3
+    270M where set-up found its GGUF cached), in order, each with its name, size, architecture
+    and quantization; the one in use says so and has no Load button, the others have one."""
+    _page_check(booted)
+    _ready(booted)
+    manifest = json.loads((ROOT / ".assets/site/manifest.json").read_text())["models"]
+    shown = _page(booted, """
+      await ui.until(() => ui.$("site-models").children.length, 30000);
+      return [...ui.$("site-models").children].map((li) => ({
+        id: li.dataset.id, name: li.querySelector(".cache-name").textContent,
+        facts: li.querySelector(".cache-facts").textContent,
+        load: li.querySelector("button.use")?.getAttribute("aria-label") ?? null }));
+    """, timeout_s=60)
+    assert [m["id"] for m in shown] == [m["id"] for m in manifest], shown
+    for entry, item in zip(manifest, shown):
+        in_use = entry["default"]                  # the page loaded the default model
+        facts = [_mb(entry["bytes"]), entry["architecture"], entry["quantization"]]
+        facts += ["default"] if entry["default"] else []
+        facts += ["in use"] if in_use else []
+        assert item["name"] == entry["name"] and item["facts"] == " · ".join(facts), (item, entry)
+        assert item["load"] == (None if in_use else f"Load {entry['name']}"), item
+    _record(booted, "site_models", [m["id"] for m in shown])
 
 
 # ------------------------------------------------------------------------------ chatting

@@ -15,7 +15,9 @@ Layout written under REPO/.assets/ (git-ignored):
                                     numpy, micropip, packaging plus every lock dependency of them
         wheels/webslm-*.whl         the webslm wheel, built from REPO with pip, less what runs only
                                     natively (NATIVE_ONLY: the CLI, converters, wgpu-native...)
-        models/<id>.slm             the default model, converted from the GGUF by webslm's converter
+        models/<id>.slm             the default model, converted from the GGUF by webslm's converter;
+                                    and Gemma 3 270M (Q4_K_M) when its GGUF is in cache/ (fetched
+                                    by tools/test_data.py gemma3, never by set-up: 257 MB)
         kernels/webslm_qmatmul.wasm the CPU path's quantized matrix kernel, built by
                                     tools/build_kernels.py (absent without clang: numpy then)
         manifest.json               written last: file names and sha256 of everything above
@@ -75,6 +77,17 @@ MODEL_SLM_SHA256 = "022f3f8b17ac58b62c0f16ba6d390cfedf7ca5ac7c104fce230f187f8587
 # The artifact identity (the .slm trailer: sha256 of all bytes before it), as the validator
 # reports it; the page checks the loaded model against it.
 MODEL_ARTIFACT_SHA256 = "cd189a90fd60c9d0c0f1122b3732de2149b94067cffcb1f2bbe5eedc7730a6b5"
+# What the page's model list says about it (the file is pinned, so are these facts).
+MODEL_FACTS = {"architecture": "llama", "quantization": "Q4_1 (q4 layers, q8 embedding)"}
+# A second model, listed only where its GGUF is already cached (tools/test_data.py gemma3):
+# (GGUF name, GGUF sha256, id, name, .slm sha256, artifact sha256, facts). Converted as stored.
+EXTRA_MODELS = [
+    ("gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+     "gemma-3-270m-q4km", "Gemma 3 270M (Q4_K_M)",
+     "cdb038fdbb5ac39c59ba6c4641589a06cdf1e00bfddbb40983d66c89dfc95dc2",
+     "ee7031bd6959f66580bfb588b4de97874eed18d1bdde98daed6227e7c97b9d70",
+     {"architecture": "gemma3", "quantization": "Q4_K_M (q5, q4k, q6k, q8 as stored)"}),
+]
 BUNDLE_JSON = "webslm/shaders/BUNDLE.json"
 # What the browser's wheel leaves out of the package wheel: code that only ever runs natively,
 # so the worker downloads and unpacks none of it. The worker imports webslm.worker_api and
@@ -354,13 +367,35 @@ def install_default_model(python: str, repo: Path, cache: Path, site: Path) -> d
         t0 = time.monotonic()
         convert_model(python, repo, gguf, slm, MODEL_SLM_SHA256)
         state = f"converted in {time.monotonic() - t0:.1f} s"
-    for stale in slm.parent.glob("*.slm"):       # models from an earlier default
-        if stale != slm:
-            stale.unlink()
     print(f"assets: model {slm.name} ok ({state})")
     return {"id": MODEL_ID, "name": MODEL_NAME, "file": f"models/{slm.name}",
             "sha256": MODEL_SLM_SHA256, "artifact_sha256": MODEL_ARTIFACT_SHA256,
-            "bytes": slm.stat().st_size, "default": True}
+            "bytes": slm.stat().st_size, "default": True, **MODEL_FACTS}
+
+
+def install_extra_models(python: str, repo: Path, cache: Path, site: Path) -> list[dict]:
+    """Convert each EXTRA_MODELS GGUF that is already cached (and right) into models/; their
+    manifest entries. Nothing is downloaded here: a missing GGUF just leaves the model out."""
+    entries = []
+    for gguf_name, gguf_sha256, model_id, name, slm_sha256, artifact_sha256, facts in EXTRA_MODELS:
+        gguf, slm = cache / gguf_name, site / "models" / f"{model_id}.slm"
+        if not is_valid(gguf, gguf_sha256):
+            print(f"assets: model {model_id} left out ({gguf_name} is not in {cache})")
+            continue
+        t0 = time.monotonic()
+        converted = convert_model(python, repo, gguf, slm, slm_sha256)
+        print(f"assets: model {slm.name} ok ({f'converted in {time.monotonic() - t0:.1f} s' if converted else 'unchanged'})")
+        entries.append({"id": model_id, "name": name, "file": f"models/{slm.name}", "sha256": slm_sha256,
+                        "artifact_sha256": artifact_sha256, "bytes": slm.stat().st_size, "default": False, **facts})
+    return entries
+
+
+def remove_stale_models(site: Path, models: list[dict]) -> None:
+    """Models from an earlier default, or an extra model whose GGUF is gone from the cache."""
+    keep = {site / m["file"] for m in models}
+    for stale in (site / "models").glob("*.slm"):
+        if stale not in keep:
+            stale.unlink()
 
 
 # ---------------------------------------------------------------- main
@@ -408,7 +443,8 @@ def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -
     print(f"assets: {wheel.name} ok ({'written' if wrote_wheel else 'unchanged'}), "
           f"shader bundle {bundle_hash}")
 
-    model = install_default_model(python, root, cache, site)
+    models = [install_default_model(python, root, cache, site), *install_extra_models(python, root, cache, site)]
+    remove_stale_models(site, models)
     kernel = install_kernel(root, site)
 
     packages = {n: {"file": lock["packages"][n]["file_name"], "sha256": lock["packages"][n]["sha256"]}
@@ -419,7 +455,7 @@ def assemble(root: Path, python: str = sys.executable, isolated: bool = False) -
                     "packages": packages},
         "webslm": {"wheel": f"wheels/{wheel.name}", "sha256": sha256_file(wheel),
                    "version": version, "shader_bundle_hash": bundle_hash},
-        "models": [model],
+        "models": models,
     }
     if kernel:
         manifest["kernels"] = kernel

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build the llama.cpp peer for bench/cpu.py: a separate venv with llama-cpp-python built from source.
+# Build the llama.cpp peer for bench/cpu.py and tests/test_tokenizer_llama_cpp.py (tokenizer parity):
+# a separate venv with llama-cpp-python built from source.
 #
 # Usage: tools/build_peer.sh [--force]
 #   env: PEER_VENV    (default REPO/.venv-peer)

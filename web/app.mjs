@@ -94,6 +94,7 @@ async function loadModel(source) {
     engineView.showEngine(engine);
     setReady(Boolean(engine.model), engine.model ? null : "No model is loaded: open a .slm file or enter its URL in Model & settings.");
     modelPanel.showCache(engine, engine.model?.artifact_sha256);
+    modelPanel.showSiteModels(engine, engine.model?.artifact_sha256);
   }
 }
 

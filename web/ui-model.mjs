@@ -161,9 +161,34 @@ export async function showCache(engine, currentSha) {
     : `No models cached yet${space}`;
 }
 
+// This site's models (assets/manifest.json: the default one, and any other set-up found
+// cached): name, size, architecture and quantization, with a Load button but for the one in use.
+export async function showSiteModels(engine, currentSha) {
+  let models;
+  try {
+    models = await engine.models.available();
+  } catch (error) {
+    $("site-models").replaceChildren(Object.assign(document.createElement("li"), { textContent: error.message }));
+    return;
+  }
+  $("site-models").replaceChildren(...models.map((m) => {
+    const item = document.createElement("li");
+    item.dataset.id = m.id;
+    const text = document.createElement("div");
+    const name = Object.assign(document.createElement("span"), { className: "cache-name", textContent: m.name || m.id });
+    const facts = [formatBytes(m.bytes), m.architecture, m.quantization, m.default && "default",
+                   m.artifact_sha256 === currentSha && "in use"].filter(Boolean).join(" · ");
+    text.append(name, Object.assign(document.createElement("span"), { className: "cache-facts", textContent: facts }));
+    item.append(text);
+    if (m.artifact_sha256 !== currentSha) item.append(cacheButton("use", "Load", `Load ${m.name || m.id}`, { id: m.id }));
+    return item;
+  }));
+}
+
 const ignore = () => {};   // a failed load is shown by load() itself
 
-// The ways in: file picker, URL box, a file dropped anywhere, a cached model's Load and Remove.
+// The ways in: file picker, URL box, a file dropped anywhere, a site model's Load, a cached
+// model's Load and Remove.
 // load(source) and remove(sha256) return promises.
 export function wireModelControls({ load, remove }) {
   $("model-file").addEventListener("change", (e) => {
@@ -176,6 +201,10 @@ export function wireModelControls({ load, remove }) {
     const url = $("model-url").value.trim();
     if (url) load(url).catch(ignore);
     else $("model-error").textContent = "Enter the address of a .slm file first.";
+  });
+  $("site-models").addEventListener("click", (e) => {
+    const button = e.target.closest("button.use");
+    if (button) load(button.dataset.id).catch(ignore);
   });
   $("cache-list").addEventListener("click", (e) => {
     const button = e.target.closest("button");

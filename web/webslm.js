@@ -123,7 +123,10 @@ export class Engine extends EventTarget {
     this.chat = { completions: { create: (request) => this.#create(request, "chat") } };
     this.completions = { create: (request) => this.#create(request, "completion") };
     this.models = { list: modelCache.list, remove: modelCache.remove, usage: modelCache.usage,
-                    available: async () => (await this.#manifest()).models.map(({ id, name, file, bytes }) => ({ id, name, file, bytes })) };
+                    available: async () => (await this.#manifest()).models.map((m) => ({
+                      id: m.id, name: m.name, file: m.file, bytes: m.bytes, default: Boolean(m.default),
+                      architecture: m.architecture ?? null, quantization: m.quantization ?? null,
+                      artifact_sha256: m.artifact_sha256 })) };
     this.#startWorker();
   }
 
