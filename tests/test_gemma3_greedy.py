@@ -1,6 +1,6 @@
 """Gemma 3 270M: greedy answers of `webslm generate` equal transformers' greedy ids, on the
-CPU path and on the GPU (wgpu-native; lavapipe here), for the 13 prompts of
-bench/gemma3_greedy.py (12 plain, one chat turn).
+CPU path and on the GPU (wgpu-native; lavapipe here), for 4 of the 13 prompts of
+bench/gemma3_greedy.py (TEST_PROMPT_INDEXES; the bench runs all 13).
 
 The bench script runs the command line itself, one process per prompt and backend (and
 writes bench/results/gemma3_greedy.json); here the same code path runs in-process with one
@@ -30,6 +30,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW_TOKENS = 8
+# CI runs 4 of the bench's 13 prompts (plain text, code, the near tie "日本の首都は" and the chat
+# turn): the whole set took 19 min on this machine, and bench/gemma3_greedy.py runs all 13 through
+# the command line itself (bench/results/gemma3_greedy.json: 13/13 equal on cpu and native).
+TEST_PROMPT_INDEXES = (0, 1, 11, 12)
 
 
 def _bench():
@@ -78,7 +82,7 @@ def _answers(model, gpu) -> tuple[str, list[tuple[list[int], list[int], str]]]:
         await engine.load()
         out = []
         try:
-            for prompt, chat in bench.PROMPTS:
+            for prompt, chat in (bench.PROMPTS[i] for i in TEST_PROMPT_INDEXES):
                 ids = prompt_ids(model, prompt, chat, None)
                 finish = None
                 async for delta in engine.generate(ids, settings):
@@ -102,7 +106,8 @@ def _check(model, reference, backend: str, answered_on: str, answers) -> None:
         assert result["verdict"] != "mismatch", (model.tokenizer.decode(ids), ours, want, result)
     print(f"{backend} ({answered_on}): {verdicts.count('equal')} of {len(verdicts)} prompts equal, "
           f"{verdicts.count('near-tie')} near ties")
-    assert len(verdicts) >= 10 and verdicts.count("equal") >= len(verdicts) - verdicts.count("near-tie")
+    assert len(verdicts) == len(TEST_PROMPT_INDEXES)
+    assert verdicts.count("equal") >= len(verdicts) - verdicts.count("near-tie")
 
 
 def test_greedy_answers_equal_transformers_on_the_cpu(model, reference):

@@ -21,13 +21,17 @@ chromium-compat runs the same Chromium.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GEMMA_ID = "gemma-3-270m-q4km"
-ROWS = {"chromium-compat", "firefox"}       # the lavapipe GPU rows (module docstring)
+# CI runs the fastest GPU row only (chromium-compat, 197 s); the firefox GPU row (335 s) and the
+# webkit CPU row (415 s) run with WEBSLM_GEMMA_ROWS=all (their passing runs: docs/RESULTS.md).
+ALL_ROWS = os.environ.get("WEBSLM_GEMMA_ROWS") == "all"
+ROWS = {"chromium-compat", "firefox"} if ALL_ROWS else {"chromium-compat"}
 TOKENS = 8
 TIMEOUT_S = 1800
 
@@ -77,6 +81,8 @@ def test_webkit_answers_gemma3_on_the_cpu_path(booted):
     completion greedily on the CPU path in the worker, exactly as the CPython CPU engine does."""
     if booted.row.name != "webkit":
         pytest.skip("the CPU-path row is webkit")
+    if not ALL_ROWS:
+        pytest.skip("webkit's Gemma 3 answer takes ~7 min here: it runs with WEBSLM_GEMMA_ROWS=all (CI cost)")
     entry = _entry()
     import webslm
     from webslm.cpu import CpuBackend
