@@ -512,15 +512,5 @@ MAX_GRAMMAR_MASKS = 8
 
 def grammar_mask_for(tokenizer, vocab: int, eos_ids, text: str):
     """The GrammarMask of a grammar on this tokenizer, kept while among the 8 used last."""
-    from .token_mask import GrammarMask, token_pieces
-    kept = getattr(tokenizer, "_grammar_masks", None)
-    if kept is None:
-        kept = tokenizer._grammar_masks = {}
-    key = (text, vocab, tuple(eos_ids))
-    mask = kept.pop(key, None)
-    if mask is None:
-        mask = GrammarMask(token_pieces(tokenizer, vocab), compile_grammar(text), eos_ids)
-    kept[key] = mask
-    while len(kept) > MAX_GRAMMAR_MASKS:
-        kept.pop(next(iter(kept)))
-    return mask
+    from .token_mask import kept_mask
+    return kept_mask(tokenizer, "grammar", text, vocab, eos_ids, compile_grammar, MAX_GRAMMAR_MASKS)

@@ -562,18 +562,7 @@ MAX_SCHEMA_MASKS = 8        # schemas whose masks a tokenizer keeps (the most re
 
 
 def schema_mask_for(tokenizer, vocab: int, eos_ids, schema_text: str):
-    """The GrammarMask of a schema (canonical text) on this tokenizer: the tokenizer's sorted
-    pieces are shared by every schema; each schema's masks are kept while it is among the
-    MAX_SCHEMA_MASKS used last (an app asks with the same schema again and again)."""
-    from .token_mask import GrammarMask, token_pieces
-    kept = getattr(tokenizer, "_schema_masks", None)
-    if kept is None:
-        kept = tokenizer._schema_masks = {}
-    key = (schema_text, vocab, tuple(eos_ids))
-    mask = kept.pop(key, None)
-    if mask is None:
-        mask = GrammarMask(token_pieces(tokenizer, vocab), compile_schema(schema_text), eos_ids)
-    kept[key] = mask                        # re-inserted: the dict's order is the use order
-    while len(kept) > MAX_SCHEMA_MASKS:
-        kept.pop(next(iter(kept)))
-    return mask
+    """The GrammarMask of a schema (canonical text) on this tokenizer, kept while among the
+    MAX_SCHEMA_MASKS used last (token_mask.kept_mask)."""
+    from .token_mask import kept_mask
+    return kept_mask(tokenizer, "schema", schema_text, vocab, eos_ids, compile_schema, MAX_SCHEMA_MASKS)

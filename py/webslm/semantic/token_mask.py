@@ -121,6 +121,25 @@ def token_pieces(tokenizer, vocab: int) -> TokenPieces:
     return pieces
 
 
+def kept_mask(tokenizer, kind: str, text: str, vocab: int, eos_ids, compile, keep: int) -> "GrammarMask":
+    """The GrammarMask of `text` (a schema's canonical text, a grammar) compiled by `compile`
+    on this tokenizer, kept on the tokenizer while it is among the `keep` of its `kind` used
+    last (an app asks with the same schema or grammar again and again); the sorted token
+    pieces are shared by every mask."""
+    kept = getattr(tokenizer, f"_{kind}_masks", None)
+    if kept is None:
+        kept = {}
+        setattr(tokenizer, f"_{kind}_masks", kept)
+    key = (text, vocab, tuple(eos_ids))
+    mask = kept.pop(key, None)
+    if mask is None:
+        mask = GrammarMask(token_pieces(tokenizer, vocab), compile(text), eos_ids)
+    kept[key] = mask                        # re-inserted: the dict's order is the use order
+    while len(kept) > keep:
+        kept.pop(next(iter(kept)))
+    return mask
+
+
 class GrammarMask:
     """The tokens that keep the text in `grammar`'s language, per state (module docstring)."""
 
