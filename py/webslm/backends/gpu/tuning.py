@@ -228,7 +228,6 @@ def _rule_choice(device, weights, op) -> matvec.Choice:
 async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None = None,
                device_identity: str = "", bundle_hash: str = "",
                checkpoint: Callable[[], Awaitable[None]] | None = None,
-               on_progress: Callable[[int, int], None] | None = None,
                budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
                force: bool = False) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
@@ -270,7 +269,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             if checkpoint is not None:
                 await checkpoint()
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
-        for done, (key, ops) in enumerate(pending, 1):
+        for key, ops in pending:
             rule, rule_seconds = rules[key]
             if clock() - began > budget_seconds:
                 report.forms[key] = {"rule": rule.as_dict(), "rule_us": round(rule_seconds * 1e6, 2), "searched": False}
@@ -283,8 +282,6 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                 report.choices[key] = choice
             report.cache_entries[cache_key(device_identity, bundle_hash, key)] = {
                 **form, "choice": choice.as_dict() if choice is not None else None}
-            if on_progress is not None:
-                on_progress(done, len(pending))
             if checkpoint is not None:
                 await checkpoint()
     finally:
