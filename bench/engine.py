@@ -183,8 +183,11 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     started = time.perf_counter()
     named = {"default": None, "all": ALL}
     fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
+    exact = tuning == "exact"              # "exact": measured, but int8 activations not allowed
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
-                                                              prefill_chunk=args.prefill_chunk, tuning=tuning))
+                                                              prefill_chunk=args.prefill_chunk,
+                                                              tuning="auto" if exact else tuning,
+                                                              int8_activations=not exact))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -311,7 +314,8 @@ if __name__ == "__main__":
     parser.add_argument("--split-k", default=None, help="kernels/gemm_split.py POLICY for this run: unsplit-first, "
                                                             "outer-first or off (the tile choice before split K)")
     parser.add_argument("--tuning", default="auto",
-                        help="admission's mat-vec tuning stage (backends/gpu/tuning.py): auto, off or force, or "
+                        help="admission's mat-vec tuning stage (backends/gpu/tuning.py): auto, off or force, "
+                             "exact (auto without int8 activations: AdmissionPolicy.int8_activations), or "
                              "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
                              "order, for an A/B in one process); no cache is used, so 'auto' measures every time")
     parser.add_argument("--out")

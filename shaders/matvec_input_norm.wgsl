@@ -45,7 +45,7 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
 
 // After the loop: 1 / sqrt(mean(x^2) + eps) of the row, the same in every lane. Uniform
 // control flow (workgroup_total has barriers).
-fn input_finish(lane: u32) -> f32 {
+fn input_finish(lane: u32, m: u32) -> f32 {
     let total = workgroup_total(norm_squares, lane);
     return inverseSqrt(total / f32(params.cols) + bitcast<f32>(params.aux));
 }

@@ -30,7 +30,7 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
 }
 
 // Nothing to finish: the row sums are the outputs.
-fn input_finish(lane: u32) -> f32 {
+fn input_finish(lane: u32, m: u32) -> f32 {
     return 1.0;
 }
 

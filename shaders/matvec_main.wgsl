@@ -23,27 +23,17 @@
 // A reduction file provides `row_sums` and `workgroup_total` (workgroup memory or
 // subgroups). An input file (matvec_input_{plain,norm,swiglu}.wgsl) provides the activation
 // and output bindings (from X_BINDING on), `x_full(m, q)` and `x_quad(m, k0)` (a quad of the
-// activations the weights multiply), `input_finish(lane)` (after the loop: 1, or the row's
+// activations the weights multiply), `input_finish(lane, m)` (after the loop: 1, or the row's
 // 1/rms from the squares of the quads the loop loaded) and `scaled(total, scale)`:
 //   plain   y = W x                        x [M][x_stride]
 //   norm    y = (W (x * g)) / rms(x)       x [M][x_stride], g [K] (read as vec4), eps = aux
 //   swiglu  y = W (silu(h_gate) * h_up)    h [M][x_stride]: gate at 0.., up at aux.. (floats)
-// ACCUMULATE adds y's previous value (y += ..., one more rounding).
+// ACCUMULATE adds y's previous value (y += ..., one more rounding). The uniform block, Params,
+// is matvec_params.wgsl (shared with quantize_x.wgsl, which reads the same block).
 
 override WG: u32 = 64u;      // invocations per workgroup; allowlist 32, 64, 128, 256
 override ROWS: u32 = 4u;     // output rows per workgroup; allowlist 1, 2, 4, 8, 16
 override ACCUMULATE: bool = false;   // y += W x instead of y = W x (a residual add)
-
-struct Params {
-    rows: u32,       // N, output rows
-    cols: u32,       // K, real elements per row
-    blocks: u32,     // scale blocks per row (quantized encodings)
-    units: u32,      // units per weight row
-    row_words: u32,  // u32 words per weight row (f16 and f32 encodings)
-    x_stride: u32,   // floats between activation rows; a multiple of 4
-    y_stride: u32,   // floats between output rows
-    aux: u32,        // input "norm": eps (f32 bits); "swiglu": floats from a row's gate to its up; else 0
-}
 
 // One invocation's partial sums of the workgroup's rows 0..15 (rows >= ROWS stay 0).
 struct Partials {
@@ -76,7 +66,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
         }
     }
 
-    let scale = input_finish(lane);      // barriers inside: uniform control flow here
+    let scale = input_finish(lane, m);      // barriers inside: uniform control flow here
     let total = row_sums(sums, lane);
     if (lane < ROWS && first_row + lane < params.rows) {
         let at = m * params.y_stride + first_row + lane;

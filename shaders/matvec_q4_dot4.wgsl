@@ -6,8 +6,9 @@
 //   scales [rows * blocks], mins [rows * blocks] (quant_scales.wgsl, quant_mins.wgsl)
 //   then the activations and y from X_BINDING on (matvec_input_*.wgsl)
 //
-// load_x quantizes the unit's 32 activations to bytes q with one power-of-two scale d
-// (matvec_int8_x.wgsl) once; each row then needs, per code word, one mask and one shift to
+// load_x brings the unit's 32 activations as bytes q with one power-of-two scale d
+// (int8_pack.wgsl, matvec_int8_x.wgsl): quantized here (matvec_q4_dot4_x.wgsl, per workgroup)
+// or once per mat-vec beforehand (matvec_input_int8.wgsl, from quantize_x.wgsl). Each row then needs, per code word, one mask and one shift to
 // split the 8 nibbles into two words of 4 bytes (codes 0,2,4,6 and 1,3,5,7: a nibble is a
 // non-negative signed byte) and two dot4I8Packed, instead of 8 decodes and 8 multiply-adds.
 // The x bytes are packed in that same even/odd order. Per unit (a unit never straddles two
@@ -29,53 +30,6 @@ override RESIDUAL: bool = false;  // a second byte per activation for the roundi
 @group(0) @binding(2) var<storage, read> scales: array<u32>;
 @group(0) @binding(3) var<storage, read> mins: array<u32>;
 const X_BINDING: u32 = 4u;        // the first binding of the input file
-
-// A unit of x as bytes: word j of `even` holds q at 8j, 8j+2, 8j+4, 8j+6 (low byte first),
-// word j of `odd` q at 8j+1, 8j+3, 8j+5, 8j+7; `even_r`, `odd_r` the residual bytes r likewise
-// (RESIDUAL only); and the f32 sum of the unit's x.
-struct UnitX {
-    even: vec4<u32>,
-    odd: vec4<u32>,
-    even_r: vec4<u32>,
-    odd_r: vec4<u32>,
-    scale: f32,       // d
-    total: f32,
-}
-
-// The even and odd words of q (xy) and of r (zw) for activations 8j .. 8j+7 (quads a = 8j..,
-// b = 8j+4..).
-fn pack_pair(a: vec4<f32>, b: vec4<f32>, inverse: f32) -> vec4<u32> {
-    let la = int8_lanes(a, inverse);
-    let lb = int8_lanes(b, inverse);
-    return vec4<u32>(pack4xI8(vec4<i32>(la.q.x, la.q.z, lb.q.x, lb.q.z)),
-                     pack4xI8(vec4<i32>(la.q.y, la.q.w, lb.q.y, lb.q.w)),
-                     pack4xI8(vec4<i32>(la.r.x, la.r.z, lb.r.x, lb.r.z)),
-                     pack4xI8(vec4<i32>(la.r.y, la.r.w, lb.r.y, lb.r.w)));
-}
-
-fn load_x(u: u32, m: u32) -> UnitX {
-    var q: array<vec4<f32>, 8>;
-    let k0 = u * 32u;
-    if (k0 + 32u <= params.cols) {      // every unit but a partial last one: plain loads
-        for (var j = 0u; j < 8u; j++) {
-            q[j] = x_full(m, u * 8u + j);
-        }
-    } else {
-        for (var j = 0u; j < 8u; j++) {
-            q[j] = x_quad(m, k0 + 4u * j);
-        }
-    }
-    let total = dot(((q[0] + q[1]) + (q[2] + q[3])) + ((q[4] + q[5]) + (q[6] + q[7])), vec4<f32>(1.0));
-    let big = max(max(max(abs(q[0]), abs(q[1])), max(abs(q[2]), abs(q[3]))),
-                  max(max(abs(q[4]), abs(q[5])), max(abs(q[6]), abs(q[7]))));
-    let d = int8_scale(quad_max(big));
-    let w0 = pack_pair(q[0], q[1], d.inverse);
-    let w1 = pack_pair(q[2], q[3], d.inverse);
-    let w2 = pack_pair(q[4], q[5], d.inverse);
-    let w3 = pack_pair(q[6], q[7], d.inverse);
-    return UnitX(vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(w0.y, w1.y, w2.y, w3.y),
-                 vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(w0.w, w1.w, w2.w, w3.w), d.scale, total);
-}
 
 // sum_k c_k b_k over the unit for the bytes b of (even, odd) and the code words split in
 // low (codes 0,2,4,6) and high (1,3,5,7) nibbles.

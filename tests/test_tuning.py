@@ -28,6 +28,7 @@ from webslm.program.fusion import ALL
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
 LOGIT_TOLERANCE = 2e-3            # tests/test_gpu_engine_native.py's bound, the same model
+INT8_LOGIT_TOLERANCE = 6e-2       # int8 activations in every q4 mat-vec (matvec_prequant): measured 1.8-3.3e-2 here
 # Forced tuning with time for every form (lavapipe compiles each launch shape in ~0.1-1 s).
 FORCED = AdmissionPolicy(fusions=ALL, tuning="force", tuning_budget_s=600.0)
 
@@ -115,6 +116,44 @@ def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(nat
     assert max(errors) <= LOGIT_TOLERANCE, errors
     rows_compiled = {dict(o)["ROWS"] for name, o in compiled if name.startswith("matvec_")}
     assert 16 in rows_compiled or 2 in rows_compiled
+
+
+def _prequantized_entries(report) -> dict[str, dict]:
+    """The measured cache entries with every q4 form on the pre-quantized path (int8 activations)."""
+    return {key: {**entry, "choice": {"variant": "xq", "WG": 32, "ROWS": 4} if key.split("|")[2].startswith("q4")
+                  else entry["choice"]} for key, entry in report.cache_entries.items()}
+
+
+def test_pre_quantized_q4_matvecs_run_the_engine_within_the_int8_bound(native_gpu, model, measured, run):
+    """Every q4 form on quantize_x + the packed-dot mat-vec (kernels/matvec_prequant.py): the
+    session compiles and self-tests both launches, and the engine's logits follow the CPU
+    oracle within INT8_LOGIT_TOLERANCE (int8 activations: a stated error, not the exact path's)."""
+    report, _ = measured
+    cache = _prequantized_entries(report)
+    ids = prompt_ids(model, "hi there", chat=True)
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
+        assert session.tuning.source == "cached"
+        backend = await GpuBackend.build(session, model)
+        cpu = CpuBackend(model)
+        try:
+            errors = []
+            got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
+            for _ in range(6):
+                errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
+                token = int(np.argmax(want))
+                got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
+            return errors, set(session.kernels), session.self_test
+        finally:
+            backend.release()
+    errors, compiled, self_test = run(go())
+    names = {name for name, _ in compiled}
+    assert {"quantize_x_norm", "quantize_x_swiglu", "quantize_x_plain"} <= names, names
+    assert any(name.startswith("matvec_int8_q4_dot4") for name in names), names
+    assert "matvec_prequant" in self_test["families"], self_test
+    assert max(errors[1:]) <= INT8_LOGIT_TOLERANCE, errors      # decode steps (prefill runs the exact GEMM)
+    assert max(errors[1:]) > LOGIT_TOLERANCE / 100, errors       # int8 activations do move the logits
 
 
 def test_a_launch_that_computes_the_wrong_rows_is_never_chosen(native_gpu, model, run, monkeypatch):

@@ -91,6 +91,8 @@ class AdmissionPolicy:
     tuning: str = "auto"                    # mat-vec launch shapes: "auto" measure (not on a software
                                             # adapter), "off" the rule, "force" measure anyway (tests)
     tuning_budget_s: float = 4.0            # the tuning stage's time; forms not reached keep the rule
+    int8_activations: bool = True           # tuning may give q4 mat-vecs int8 activations where measured
+                                            # faster (llama.cpp's mat-vec numerics); False: all exact
 
 
 @dataclasses.dataclass
@@ -391,7 +393,7 @@ class _Admission:
         return await tuning.tune(self.device, self.model, self.plan, self.buffers, cache=self.tuning_cache,
                                  device_identity=identity, bundle_hash=bundle_hash(),
                                  checkpoint=self._checkpoint, force=self.policy.tuning == "force",
-                                 budget_seconds=self.policy.tuning_budget_s)
+                                 budget_seconds=self.policy.tuning_budget_s, int8=self.policy.int8_activations)
 
     async def _allocate(self) -> None:
         from . import pipelines as pipeline_set

@@ -92,6 +92,8 @@ class TrackedDevice(Device):
         self.features = inner.features
         self.limits = inner.limits
         self.implicit_wgsl_enables = getattr(inner, "implicit_wgsl_enables", frozenset())
+        # What its WGSL compiler accepts (packed dot products: registry.capabilities)
+        self.wgsl_language_features = frozenset(getattr(inner, "wgsl_language_features", ()))
         self.live_buffers: set[int] = set()
         self.buffers_created = 0
         self.pipelines_requested = 0

@@ -13,8 +13,10 @@ The WGSL is assembled from trusted bundle files only (registry "sources"):
     matvec_<encoding>.wgsl            weight bindings and one unit's dot products
     matvec_unit32.wgsl                q5, q4k, q5k, q6k: their unit of x (32 values, with sums)
     matvec_input_<input>.wgsl         the activation and output bindings, and what the weights
-                                      multiply: x ("plain"), RMSNorm(x) ("norm") or
-                                      silu(gate) * up ("swiglu", with silu.wgsl)
+                                      multiply: x ("plain"), RMSNorm(x) ("norm"),
+                                      silu(gate) * up ("swiglu", with silu.wgsl), or bytes
+                                      quantized beforehand ("int8", q4 dot4 only:
+                                      matvec_prequant.py)
     quant_scales.wgsl, quant_mins.wgsl  q4/q5/q8 scale_at, q4/q5 min_at (f16 or f32 scales)
 
 Variants (registry names; `kernel_name`): `matvec_<enc>[_subgroup]` (input "plain", INPUT 0),
@@ -77,9 +79,10 @@ UNITS_PER_INVOCATION = 4
 VARIANTS = {"q4": ("dot4",), "q8": ("dot4",), "f16": ("wide",), "f32": (), "q5": (), "q4k": (), "q5k": (),
             "q6k": ()}
 DOT4_FEATURE = "packed_4x8_integer_dot_product"     # the WGSL language feature dot4 needs
-INPUTS = {"plain": 0, "norm": 1, "swiglu": 2}               # input mode -> INPUT number (docs)
+# input mode -> INPUT number (docs); "int8": activations quantized beforehand (matvec_prequant.py)
+INPUTS = {"plain": 0, "norm": 1, "swiglu": 2, "int8": 3}
 # The activation bindings of each input mode, after the weight parts (y follows them).
-INPUT_BINDINGS = {"plain": ("x",), "norm": ("x", "norm_weight"), "swiglu": ("h",)}
+INPUT_BINDINGS = {"plain": ("x",), "norm": ("x", "norm_weight"), "swiglu": ("h",), "int8": ("xq",)}
 
 
 class MatvecShapeError(ValueError):
@@ -104,16 +107,34 @@ def kernel_name(encoding: str, subgroups: bool, input: str = "plain", variant: s
 
 def input_of(name: str) -> str:
     """The input mode of a mat-vec registry name."""
-    for mode in ("norm", "swiglu"):
+    for mode in ("norm", "swiglu", "int8"):
         if name.startswith(f"matvec_{mode}_"):
             return mode
     return "plain"
+
+
+def _sources(encoding: str, input: str, variant: str, subgroups: bool) -> tuple[str, ...]:
+    """The bundle files of one mat-vec kernel, in order (module docstring)."""
+    reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
+    weights_file = f"matvec_{encoding}" + (f"_{variant}" if variant else "") + ".wgsl"
+    q4_dot4 = encoding == "q4" and variant == "dot4"
+    return ((("enable_subgroups.wgsl",) if subgroups else ())
+            + ("common_quant.wgsl", "matvec_params.wgsl", "matvec_main.wgsl", weights_file)
+            + (("int8_unit.wgsl",) if q4_dot4 else ())
+            + (("int8_pack.wgsl", "matvec_q4_dot4_x.wgsl") if q4_dot4 and input != "int8" else ())
+            + (("matvec_unit32.wgsl",) if encoding in UNIT32 else ())
+            + (f"matvec_input_{input}.wgsl", reduce)
+            + (("matvec_int8_x.wgsl",) if variant == "dot4" else ())
+            + (("silu.wgsl",) if input == "swiglu" else ())
+            + QUANT_SOURCES.get(encoding, ()))
 
 
 def _specs():
     for input in INPUTS:
         for encoding in ENCODINGS:
             for variant in ("", *VARIANTS[encoding]):
+                if input == "int8" and (encoding, variant) != ("q4", "dot4"):
+                    continue                   # pre-quantized activations: q4 packed-dot only
                 for subgroups in (False, True):
                     overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP, "ACCUMULATE": (0, 1)}
                     if encoding in ("q4", "q8", "q5"):
@@ -121,18 +142,10 @@ def _specs():
                     if encoding in ("q4", "q5"):
                         overrides |= {"ZERO_MIN": (0, 1)}
                     if variant == "dot4":
-                        overrides |= {"RESIDUAL": (0, 1)}
-                    reduce = "matvec_reduce_subgroup.wgsl" if subgroups else "matvec_reduce_workgroup.wgsl"
-                    weights_file = f"matvec_{encoding}" + (f"_{variant}" if variant else "") + ".wgsl"
+                        overrides |= {"RESIDUAL": (0,) if input == "int8" else (0, 1)}
                     yield KernelSpec(
                         name=kernel_name(encoding, subgroups, input, variant),
-                        sources=(("enable_subgroups.wgsl",) if subgroups else ())
-                        + ("common_quant.wgsl", "matvec_main.wgsl", weights_file)
-                        + (("matvec_unit32.wgsl",) if encoding in UNIT32 else ())
-                        + (f"matvec_input_{input}.wgsl", reduce)
-                        + (("matvec_int8_x.wgsl",) if variant == "dot4" else ())
-                        + (("silu.wgsl",) if input == "swiglu" else ())
-                        + QUANT_SOURCES.get(encoding, ()),
+                        sources=_sources(encoding, input, variant, subgroups),
                         entry_point="main",
                         bindings=("uniform",) + ("read-only-storage",) * (len(PART_NAMES[encoding])
                                                                           + len(INPUT_BINDINGS[input]))
@@ -312,8 +325,9 @@ def check_shapes(device: Device, weights: Weights, m: int, x_stride: int, input:
     how many f32 the norm weight's binding holds (it must cover cols rounded up to 4)."""
     if weights.encoding not in ENCODINGS:
         raise MatvecShapeError("encoding", f"mat-vec has no {weights.encoding!r} encoding")
-    if input not in INPUTS:
-        raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
+    if input not in INPUTS or input == "int8":     # "int8" is no op's mode: matvec_prequant.plan makes it
+        raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(set(INPUTS) - {'int8'})}, "
+                                        f"not {input!r}")
     if weights.rows < 1 or weights.cols < 1 or m < 1:
         raise MatvecShapeError("empty", f"empty mat-vec: rows={weights.rows} cols={weights.cols} m={m}")
     if x_stride % 4 or x_stride < weights.cols:

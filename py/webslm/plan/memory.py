@@ -64,7 +64,7 @@ from typing import Any, Mapping
 from ..errors import CodedError
 from ..program.fusion import ALL as ALL_FUSIONS, DEFAULT as DEFAULT_FUSIONS, fuse
 from ..program.ops import (SCHEDULES, Layout, Program, activation_bytes, ffn_padded, gemm_partials_floats,
-                           qkv_offsets, reference, weight_forms)
+                           int8_x_bytes, qkv_offsets, reference, weight_forms)
 from .proof import plan_hash
 
 MiB = 1 << 20
@@ -575,6 +575,12 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     size = max(4, min(4 * gemm_partials_floats(arch, tokens["prefill"]), binding // 4 * 4))
     partials.add("prefill.gemm_partials", size, s_align, "storage")
     planned.append(partials)
+    # The decode activations quantized once for a pre-quantized q4 mat-vec
+    # (kernels/matvec_prequant.py): the lowering's scratch like the partials, written by the
+    # quantizer and read by the mat-vec right after it.
+    int8_x = _Packer("int8_x", "scratch", ("STORAGE",), used["maxBufferSize"])
+    int8_x.add("decode.int8_x", int8_x_bytes(arch), s_align, "storage")
+    planned.append(int8_x)
 
     # staging (one bounded upload chunk) and readback (the result words and one logits row).
     staging = _Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])

@@ -11,6 +11,9 @@ own plan functions, before any GPU work.
     embed            embed_<enc>                          ids, table parts               x
     norm             rms_norm[_residual]                  weight, x (or delta)           out (and x)
     matmul decode    matvec[_norm|_swiglu]_<enc>          weight parts, x (+ norm weight)  y
+                     or, measured faster ("xq"):
+                     quantize_x_<input>, then             x (+ norm weight)              int8_x
+                     matvec_int8_q4_dot4                  weight parts, int8_x           y
     matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
     rope_kv          rope_kv_append[_bias]_<kv dtype>     rope_table (+ q, k, v biases)  qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
@@ -30,8 +33,8 @@ import dataclasses
 
 import numpy as np
 
-from ..kernels import (attention, attention_rope, embed, gemm, gemm_split, head_norm, logits, matvec, norm, rope_kv,
-                       scale, swiglu)
+from ..kernels import (attention, attention_rope, embed, gemm, gemm_split, head_norm, logits, matvec, matvec_prequant,
+                       norm, rope_kv, scale, swiglu)
 from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -224,12 +227,23 @@ class Lowering:
                 extra = {"up_offset": self.f_pad}
             choice = self.choices.get(matvec.form_key(weights, mode, accumulate))
             if choice is not None:
-                extra |= {"variant": choice.variant, "workgroup": choice.workgroup, "rows_per_group": choice.rows}
+                extra |= {"workgroup": choice.workgroup, "rows_per_group": choice.rows}
             m = 1 if op.option("head") else tokens
-            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode, accumulate=accumulate, **extra)
             inputs = {"x": Binding("x", op.read("x")), "h": Binding("h", op.read("x"))}
             if mode == "norm":
                 inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
+            if choice is not None and choice.variant == matvec_prequant.VARIANT:
+                # Activations quantized once, then the packed-dot mat-vec on them: two launches
+                # on one params block, through the plan's int8_x scratch (kernels/matvec_prequant.py).
+                q = matvec_prequant.plan(self.device, weights, m, x_stride, y_stride, mode, accumulate, **extra)
+                xq = Binding("xq", "int8_x")
+                label = op.label.split("#")[0]
+                return [Launch(q.quantize.kernel, dict(q.quantize.overrides), q.quantize.params, q.quantize.grid,
+                               tuple(inputs[name] for name in q.quantize.inputs), (xq,), f"{label} quantize"),
+                        self._launch(op, q.matvec, parts + [xq], [y])]
+            if choice is not None:
+                extra["variant"] = choice.variant
+            p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode, accumulate=accumulate, **extra)
             return [self._launch(op, p, parts + [inputs[name] for name in p.inputs], [y])]
         if op.option("input", "plain") != "plain":
             raise ValueError(f"{op.name}: the prefill GEMM has no fused input")

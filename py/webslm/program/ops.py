@@ -304,6 +304,14 @@ def gemm_partials_floats(arch, tokens: int) -> int:
     return min(PARTIALS_MAX_FLOATS, 4 * tokens * (-(-widest // 4) * 4))
 
 
+def int8_x_bytes(arch) -> int:
+    """Bytes of the plan's `decode.int8_x` region: one decode row of activations quantized for
+    the pre-quantized q4 mat-vec (kernels/matvec_prequant.py xq_bytes), for the widest K of
+    any decode matmul (q4 rows hold whole blocks of up to 256: 8 units of 32 each)."""
+    widest = max(arch.hidden, arch.n_heads * arch.head_dim, arch.ffn)
+    return 16 * (1 + 3 * (-(-widest // 256) * 8))
+
+
 # -- the reference program ------------------------------------------------------------------------
 
 def _matmul(label: str, layer: int | None, tensor: str, x: str, y: str, layout: Layout, **mode) -> list[Op]:

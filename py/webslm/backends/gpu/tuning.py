@@ -17,11 +17,19 @@ ACCUMULATE; layers of one form share it) is run as the engine runs it:
                      own weights, the median of ROUNDS rounds of >= ROUND_SECONDS
         keep:        the fastest, if it beats the rule by more than NOISE (else the rule)
 
-Only the exact variants are tried (the rule's: f32 activations), so a choice changes
-summation order, not numerics class: the engine's tokens stay within the oracle's bounds
-whatever is chosen. The check against the rule is a differential one: both are exact f32
-mat-vecs, so they may differ by a few rounding errors of sum |w x|; CHECK_RELATIVE is far
-above that and far below what a wrong row, column or reduction gives.
+The shapes above are of the rule's variant (f32 activations, exact): such a choice changes
+summation order, not numerics class. The check against the rule is a differential one: both
+are exact f32 mat-vecs, so they may differ by a few rounding errors of sum |w x|;
+CHECK_RELATIVE is far above that and far below what a wrong row, column or reduction gives.
+
+Then, for q4 forms on a device whose WGSL has packed dot products (and unless the caller
+says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
+(kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on int8
+activations), timed as its two dispatches per op, checked with INT8_CHECK_RELATIVE (the int8
+rounding moves y by about 1% of max|y|), and kept only where it beats the best exact choice
+by NOISE: llama.cpp's mat-vec numerics (int8 activations per 32), a stated error
+(matvec.fused_oracle int8=1), taken only where it pays. Small forms (SmolLM2's, at the
+dispatch floor) keep the exact kernel: the extra dispatch costs more than it saves.
 
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
 rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
@@ -42,7 +50,7 @@ from typing import Awaitable, Callable, Mapping
 
 import numpy as np
 
-from ...kernels import matvec
+from ...kernels import matvec, matvec_prequant
 from ...kernels.registry import KERNELS
 from ...program.lowering import Binding
 from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
@@ -54,6 +62,9 @@ SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software ad
 BUDGET_SECONDS = 4.0           # the whole stage; forms not reached keep the rule
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
 CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
+INT8_CHECK_RELATIVE = 3e-2     # the same for int8 activations: their rounding (<= 1/128 of a unit's
+                               # largest |x| per value) moves y by ~1% of max|y| on random x
+XQ_SHAPES = ((32, 2), (32, 4), (32, 8), (32, 16))   # pre-quantized (WG, ROWS) first tried; then WG at the best ROWS
 
 
 @dataclasses.dataclass
@@ -76,10 +87,10 @@ class TuningReport:
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
 
 
-def cache_key(device_identity: str, bundle_hash: str, form: str) -> str:
+def cache_key(device_identity: str, bundle_hash: str, form: str, int8: bool = True) -> str:
     """The cache's key: a result holds for one adapter (description, vendor, architecture,
-    features), one shader bundle and one form."""
-    return f"{device_identity}|{bundle_hash[:16]}|{form}"
+    features), one shader bundle, one form, and whether int8 activations were allowed."""
+    return f"{device_identity}|{bundle_hash[:16]}|{form}" + ("" if int8 else "|exact")
 
 
 MAX_CACHE_ENTRIES = 4096       # a cache file past this is started afresh
@@ -169,23 +180,29 @@ class _Stage:
         return dispatches
 
     async def output(self, ops) -> np.ndarray:
-        """y of the form's first op, launched as the lowering now says, into a scratch buffer
+        """y of the form's first op, launched as the lowering now says (a pre-quantized choice:
+        its quantizer, then the mat-vec), the mat-vec's output redirected into a scratch buffer
         that starts as a fixed y0 (ACCUMULATE adds to it; rows a launch skips keep it): the
         plan's own output may not be writable from the host (the logits are not)."""
-        launch = self.lowering.lower(ops[0], "decode", 1, 0)[0]
-        kernel = await self.forward.kernel(launch.kernel, launch.overrides)
+        launches = self.lowering.lower(ops[0], "decode", 1, 0)
         y = self._bind("y", ops[0].write("y"))
         if self.scratch is None or self.scratch[1] < y.size:
             self.release()
             self.scratch = (self.device.create_buffer(y.size, SCRATCH_USAGE, "tuning.y"), y.size)
         scratch = self.scratch[0]
         self.device.write_buffer(scratch, 0, np.linspace(-1.0, 1.0, y.size // 4, dtype=np.float32))
-        pending = {"read-only-storage": [self.forward.resolve("decode", b) for b in launch.inputs],
-                   "storage": [BufferBinding(scratch, 0, y.size)]}
         params = self.forward.tables["decode"].binding(self.forward.slot(ops[0], "argmax"))
-        entries = [params if kind == "uniform" else pending[kind].pop(0) for kind in KERNELS[launch.kernel].bindings]
-        group = self.device.create_bind_group(kernel.bind_group_layout, entries, "tuning check")
-        self.device.submit([Dispatch(kernel.pipeline, [group], launch.grid)])
+        dispatches = []
+        for i, launch in enumerate(launches):
+            kernel = await self.forward.kernel(launch.kernel, launch.overrides)
+            outputs = ([BufferBinding(scratch, 0, y.size)] if i == len(launches) - 1
+                       else [self.forward.resolve("decode", b) for b in launch.outputs])
+            pending = {"read-only-storage": [self.forward.resolve("decode", b) for b in launch.inputs],
+                       "storage": outputs}
+            entries = [params if kind == "uniform" else pending[kind].pop(0) for kind in KERNELS[launch.kernel].bindings]
+            group = self.device.create_bind_group(kernel.bind_group_layout, entries, "tuning check")
+            dispatches.append(Dispatch(kernel.pipeline, [group], launch.grid))
+        self.device.submit(dispatches)
         return np.frombuffer(await self.device.read_buffer(scratch, 0, y.size), np.float32).copy()
 
     def release(self) -> None:
@@ -193,30 +210,33 @@ class _Stage:
             self.device.destroy_buffer(self.scratch[0])
             self.scratch = None
 
-    async def seconds_per_dispatch(self, ops, dispatches, rounds: int = ROUNDS) -> float:
+    async def seconds_per_op(self, ops, dispatches, rounds: int = ROUNDS) -> float:
+        """GPU seconds per op of the form (its dispatches: one, or a pre-quantized choice's two),
+        dependent as in a step; the median of `rounds` rounds of >= ROUND_SECONDS."""
         y = self._bind("y", ops[0].write("y"))
         sync = (y.buffer, y.offset, 4)
+        per_op = max(1, len(dispatches) // len(ops))
 
         async def timed(batch) -> float:
             await self.device.read_buffer(*sync)          # the queue is idle before the clock starts
             self.device.submit(batch)
             started = self.clock()                        # encoding is done: the GPU has the work
             await self.device.read_buffer(*sync)
-            return (self.clock() - started) / len(batch)
+            return (self.clock() - started) / (len(batch) // per_op)
 
         first = await timed(dispatches)                   # also the warm-up
         if rounds == 0:
             return first
-        repeat = max(1, int(ROUND_SECONDS / max(first * len(dispatches), 1e-7)))
+        repeat = max(1, int(ROUND_SECONDS / max(first * len(dispatches) / per_op, 1e-7)))
         batch = dispatches * repeat
         return statistics.median([await timed(batch) for _ in range(rounds)])
 
 
-def _agrees(y: np.ndarray, reference: np.ndarray) -> bool:
+def _agrees(y: np.ndarray, reference: np.ndarray, relative: float = CHECK_RELATIVE) -> bool:
     if not np.all(np.isfinite(y)):
         return False
     scale = float(np.max(np.abs(reference))) if reference.size else 0.0
-    return bool(np.all(np.abs(y - reference) <= CHECK_RELATIVE * scale + 1e-30))
+    return bool(np.all(np.abs(y - reference) <= relative * scale + 1e-30))
 
 
 def _rule_choice(device, weights, op) -> matvec.Choice:
@@ -229,9 +249,10 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                device_identity: str = "", bundle_hash: str = "",
                checkpoint: Callable[[], Awaitable[None]] | None = None,
                budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
-               force: bool = False) -> TuningReport:
+               force: bool = False, int8: bool = True) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
+    `int8`: q4 forms may also take pre-quantized int8 activations where measured faster.
     The activations and outputs the stage writes are the plan's own decode regions: nothing
     in them is live before the first step."""
     began = clock()
@@ -241,7 +262,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     cache = cache or {}
     pending = []
     for key, ops in forms.items():
-        cached = cache.get(cache_key(device_identity, bundle_hash, key))
+        cached = cache.get(cache_key(device_identity, bundle_hash, key, int8))
         try:
             choice = matvec.Choice.from_dict(cached["choice"]) if cached else None
         except (matvec.MatvecShapeError, TypeError, KeyError):
@@ -275,12 +296,12 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                 report.forms[key] = {"rule": rule.as_dict(), "rule_us": round(rule_seconds * 1e6, 2), "searched": False}
                 report.reason = f"budget of {budget_seconds} s spent: the forms that cost the step least keep the rule"
                 continue
-            form = await _search(stage, ops, rule, rule_seconds)
+            form = await _search(stage, ops, rule, rule_seconds, int8)
             choice = form.pop("choice")
             report.forms[key] = form
             if choice is not None:
                 report.choices[key] = choice
-            report.cache_entries[cache_key(device_identity, bundle_hash, key)] = {
+            report.cache_entries[cache_key(device_identity, bundle_hash, key, int8)] = {
                 **form, "choice": choice.as_dict() if choice is not None else None}
             if checkpoint is not None:
                 await checkpoint()
@@ -298,12 +319,12 @@ async def _rule_time(stage: _Stage, ops: list, force: bool) -> tuple[matvec.Choi
     rule = _rule_choice(stage.device, weights, ops[0])
     stage.fill_inputs(ops)
     dispatches = await stage.launches(ops, None)
-    if not force and await stage.seconds_per_dispatch(ops, dispatches[:1] * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
+    if not force and await stage.seconds_per_op(ops[:1] * 4, dispatches[:len(dispatches) // len(ops)] * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
         return None
-    return rule, await stage.seconds_per_dispatch(ops, dispatches)
+    return rule, await stage.seconds_per_op(ops, dispatches)
 
 
-async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float) -> dict:
+async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float, int8: bool) -> dict:
     """Time one form's launch shapes around the rule: ROWS at the rule's WG, then WG at the
     best ROWS. A shape the limits refuse is skipped; one that disagrees with the rule's output
     is rejected, never chosen."""
@@ -313,7 +334,7 @@ async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: f
     reference = await stage.output(ops)
     times, refused, rejected = {rule: rule_seconds}, [], []
 
-    async def trial(choice: matvec.Choice) -> None:
+    async def trial(choice: matvec.Choice, relative: float = CHECK_RELATIVE) -> None:
         if choice in times or choice in refused or choice in rejected:
             return
         try:
@@ -321,19 +342,34 @@ async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: f
         except matvec.MatvecShapeError:
             refused.append(choice)               # the device's limits refuse this shape
             return
-        if not _agrees(await stage.output(ops), reference):
+        if not _agrees(await stage.output(ops), reference, relative):
             rejected.append(choice)
             return
-        times[choice] = await stage.seconds_per_dispatch(ops, dispatches)
+        times[choice] = await stage.seconds_per_op(ops, dispatches)
 
     for rows in matvec.ROWS_PER_WORKGROUP:
         await trial(dataclasses.replace(rule, rows=rows))
     best_rows = min(times, key=times.get).rows
     for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
         await trial(dataclasses.replace(rule, workgroup=workgroup, rows=best_rows))
-    stage.lowering.choices.pop(key, None)
     best = min(times, key=times.get)
     chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
+    if int8 and matvec_prequant.serves(stage.device, weights):
+        # Activations quantized once (kernels/matvec_prequant.py): int8 numerics, so only where
+        # it beats the best exact shape by NOISE too, and checked with the int8 tolerance.
+        exact = set(times)
+        for workgroup, rows in XQ_SHAPES:
+            await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, rows), INT8_CHECK_RELATIVE)
+        prequant = {c: t for c, t in times.items() if c not in exact}
+        if prequant:
+            best_rows = min(prequant, key=prequant.get).rows
+            for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
+                await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, best_rows), INT8_CHECK_RELATIVE)
+            prequant = {c: t for c, t in times.items() if c not in exact}
+            fastest = min(prequant, key=prequant.get)
+            if prequant[fastest] < (1 - NOISE) * times[chosen]:
+                chosen = fastest
+    stage.lowering.choices.pop(key, None)
     return {"rule": rule.as_dict(), "rule_us": round(times[rule] * 1e6, 2), "chosen_us": round(times[chosen] * 1e6, 2),
             "tried": len(times), "refused": len(refused), "rejected": len(rejected),
             "choice": chosen if chosen != rule else None}

@@ -1,0 +1,51 @@
+// Quantize a mat-vec's activations once, for the pre-quantized q4 packed-dot mat-vec
+// (matvec_input_int8.wgsl): the same bytes every workgroup of matvec_q4_dot4_x.wgsl would make,
+// made by one workgroup per activation row m (grid z), read by all of the mat-vec's.
+//
+//   params  the mat-vec's own uniform block (matvec_params.wgsl): cols, units, x_stride, aux
+//   xq      [M][1 + 3 units] vec4<u32> (layout: matvec_input_int8.wgsl), written
+//   then the input mode's activations from X_BINDING on (matvec_input_{plain,norm,swiglu}.wgsl;
+//   their y binding is declared there but not used here)
+//
+// The norm mode quantizes t = x * g and stores 1/rms in the row's header, which the mat-vec
+// applies to its row sums: the numerics of the norm mode's dot4 mat-vec, step for step. The
+// sum of squares comes from the quads the unit loop loads (each once), added over the
+// workgroup by workgroup_total below.
+
+override WG: u32 = 64u;
+override RESIDUAL: bool = false;   // one byte per activation (int8_lanes reads this)
+const X_BINDING: u32 = 2u;
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> xq: array<vec4<u32>>;
+
+var<workgroup> lane_values: array<f32, 256>;     // [lane < WG <= 256]
+
+// The sum of every lane's value, returned to every lane, in lane order (the same in every lane).
+fn workgroup_total(value: f32, lane: u32) -> f32 {
+    lane_values[lane] = value;
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < WG; i++) {
+        total += lane_values[i];
+    }
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let m = group.z;
+    let row = m * (1u + 3u * params.units);
+    for (var u = lane; u < params.units; u += WG) {
+        let unit = quantize_unit(unit_quads(u, m));
+        let at = row + 1u + 3u * u;
+        xq[at] = unit.even;
+        xq[at + 1u] = unit.odd;
+        xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
+    }
+    let scale = input_finish(lane, m);   // barriers inside (norm): uniform control flow here
+    if (lane == 0u) {
+        xq[row] = vec4<u32>(bitcast<u32>(scale), 0u, 0u, 0u);
+    }
+}
