@@ -91,6 +91,23 @@ def _forced_entries(report) -> dict[str, dict]:
     return entries
 
 
+async def _errors_against_the_oracle(session, model, ids) -> list[float]:
+    """max |logits - oracle| / max |oracle| of the prefill and 6 greedy decode steps (the
+    oracle's tokens fed to both), then the session released."""
+    backend = await GpuBackend.build(session, model)
+    cpu = CpuBackend(model)
+    try:
+        errors = []
+        got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
+        for _ in range(6):
+            errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
+            token = int(np.argmax(want))
+            got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
+        return errors
+    finally:
+        backend.release()
+
+
 def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(native_gpu, model, measured, run):
     report, _ = measured
     cache = _forced_entries(report)
@@ -100,18 +117,7 @@ def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(nat
         session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
         assert session.tuning.source == "cached" and session.tuning.cache_entries == {}
         assert {c.rows for c in session.choices.values()} <= {2, 16} and len(session.choices) == len(report.forms)
-        backend = await GpuBackend.build(session, model)
-        cpu = CpuBackend(model)
-        try:
-            errors = []
-            got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
-            for _ in range(6):
-                errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
-                token = int(np.argmax(want))
-                got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
-            return errors, set(session.kernels)
-        finally:
-            backend.release()
+        return await _errors_against_the_oracle(session, model, ids), set(session.kernels)
     errors, compiled = run(go())
     assert max(errors) <= LOGIT_TOLERANCE, errors
     rows_compiled = {dict(o)["ROWS"] for name, o in compiled if name.startswith("matvec_")}
@@ -135,18 +141,7 @@ def test_pre_quantized_q4_matvecs_run_the_engine_within_the_int8_bound(native_gp
     async def go():
         session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
         assert session.tuning.source == "cached"
-        backend = await GpuBackend.build(session, model)
-        cpu = CpuBackend(model)
-        try:
-            errors = []
-            got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
-            for _ in range(6):
-                errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
-                token = int(np.argmax(want))
-                got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
-            return errors, set(session.kernels), session.self_test
-        finally:
-            backend.release()
+        return await _errors_against_the_oracle(session, model, ids), set(session.kernels), session.self_test
     errors, compiled, self_test = run(go())
     names = {name for name, _ in compiled}
     assert {"quantize_x_norm", "quantize_x_swiglu", "quantize_x_plain"} <= names, names
