@@ -220,3 +220,22 @@ def test_the_file_cache_merges_and_survives_a_broken_file(tmp_path, monkeypatch)
     monkeypatch.setenv("WEBSLM_TUNING_CACHE", "off")
     assert tuning.cache_path() is None and tuning.read_cache(None) == {}
     tuning.write_cache(None, {"x": {}})            # nothing to write to: no error
+
+
+def test_a_plan_too_small_for_the_quantized_activations_refuses_the_pre_quantized_path(native_gpu, model, run,
+                                                                                         monkeypatch):
+    """The lowering checks xq against the plan's decode.int8_x region before any dispatch: with
+    a region of one header only, every pre-quantized trial is refused and none is chosen."""
+    from webslm.plan import memory
+    monkeypatch.setattr(memory, "int8_x_bytes", lambda arch: 16)
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED)
+        try:
+            return session.tuning
+        finally:
+            session.destroy()
+    report = run(go())
+    q4_forms = [facts for form, facts in report.forms.items() if form.startswith("q4")]
+    assert q4_forms and all(facts["refused"] >= 1 for facts in q4_forms), report.forms
+    assert all(choice.variant != "xq" for choice in report.choices.values())

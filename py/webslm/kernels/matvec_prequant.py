@@ -8,7 +8,7 @@
 Why: the packed-dot mat-vec (matvec "dot4" variant) quantizes x in every workgroup, and the
 f32 one decodes every nibble to a float; either way the arithmetic, not the memory, sets the
 time. On the H200 (bench/matvec_ceiling.py, docs/RESULTS.md) a mat-vec reading bytes prepared
-once ran within 10-20% of a kernel that only loads the weights, about twice as fast as the
+once ran within 6-20% of a kernel that only loads the weights, about twice as fast as the
 f32 kernel at Llama-3.1-8B's shapes. llama.cpp's CUDA mat-vec (mmvq) works the same way.
 
 Numerics: exactly those of the dot4 variant with RESIDUAL=0 (the same quantize_unit, the
@@ -35,7 +35,6 @@ from .registry import KernelSpec, capabilities, register
 
 VARIANT = "xq"                          # matvec.Choice.variant of this path
 QUANTIZE_SIZES = (32, 64, 128, 256)     # quantize_x workgroup sizes (one lane per unit)
-UNIT_WORDS = 12                         # u32 words a unit takes in xq (3 vec4)
 
 
 def quantize_name(input: str) -> str:
@@ -61,11 +60,6 @@ register(*_specs())
 def xq_bytes(units: int, m: int = 1) -> int:
     """Bytes of xq for m activation rows of `units` units: a 16-byte header and 3 vec4 a unit."""
     return 16 * m * (1 + 3 * units)
-
-
-def xq_units(cols: int) -> int:
-    """The most units a q4 row of `cols` columns has (blocks of up to 256 codes, padding included)."""
-    return -(-cols // 256) * 8
 
 
 def serves(device: Device, weights: Weights) -> bool:
@@ -132,8 +126,9 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
     whose numerics this path has. Full runs also try other launch shapes of the mat-vec."""
     from .matvec_variants import _adversarial_cases, _random_cases, _real_cases
     results = []
-    if not any(spec.name.startswith("quantize_x_") for spec in ctx.variants("quantize_x_")):
+    if not ctx.variants("quantize_x_"):
         return results
+    name = matvec.kernel_name("q4", "subgroups" in ctx.device.features, "int8", "dot4")
     shapes = [(None, None)] if ctx.quick else [(None, None), (32, 16), (256, 1), (64, 8)]
     for item in (*_random_cases(ctx), *_adversarial_cases(ctx), *_real_cases(ctx)):
         case = item.case
@@ -144,7 +139,6 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
         for workgroup, rows in (shapes if case.name.startswith("random") else shapes[:1]):
             y = await run(ctx, case.weights, case.x, input=case.input, norm_weight=case.norm_weight, eps=case.eps,
                           up_offset=case.up_offset, y0=case.y0, workgroup=workgroup, rows_per_group=rows)
-            name = matvec.kernel_name("q4", "subgroups" in ctx.device.features, "int8", "dot4")
             shape = {"WG": workgroup or "rule", "ROWS": rows or "rule"}
             results.append(compare_bound("matvec_prequant", f"{quantize_name(case.input)}+{name} {shape}",
                                          case.name, y, exact, bound, rule))

@@ -98,6 +98,8 @@ class Lowering:
         self.choices = dict(choices or {})
         # Room for split-K partial sums (kernels/gemm_split.py), in floats: 0 in a plan without it.
         self.partials_floats = next((r.size // 4 for r in plan.regions if r.name == "prefill.gemm_partials"), 0)
+        # Room for decode activations quantized once (kernels/matvec_prequant.py), in bytes.
+        self.int8_x_bytes = next((r.size for r in plan.regions if r.name == "decode.int8_x"), 0)
         self.arch = a = model.architecture
         self.manifest = model.manifest
         self.plan = plan
@@ -236,6 +238,10 @@ class Lowering:
                 # Activations quantized once, then the packed-dot mat-vec on them: two launches
                 # on one params block, through the plan's int8_x scratch (kernels/matvec_prequant.py).
                 q = matvec_prequant.plan(self.device, weights, m, x_stride, y_stride, mode, accumulate, **extra)
+                if matvec_prequant.xq_bytes(matvec.units(weights), m) > self.int8_x_bytes:
+                    raise matvec.MatvecShapeError("binding-size", f"{op.name}: its quantized activations need "
+                                                  f"{matvec_prequant.xq_bytes(matvec.units(weights), m)} bytes; the "
+                                                  f"plan's decode.int8_x holds {self.int8_x_bytes}")
                 xq = Binding("xq", "int8_x")
                 label = op.label.split("#")[0]
                 return [Launch(q.quantize.kernel, dict(q.quantize.overrides), q.quantize.params, q.quantize.grid,
