@@ -31,15 +31,6 @@ override RESIDUAL: bool = false;  // a second byte per activation for the roundi
 @group(0) @binding(3) var<storage, read> mins: array<u32>;
 const X_BINDING: u32 = 4u;        // the first binding of the input file
 
-// sum_k c_k b_k over the unit for the bytes b of (even, odd) and the code words split in
-// low (codes 0,2,4,6) and high (1,3,5,7) nibbles.
-fn byte_dot(low: vec4<u32>, high: vec4<u32>, even: vec4<u32>, odd: vec4<u32>) -> i32 {
-    return (dot4I8Packed(low.x, even.x) + dot4I8Packed(high.x, odd.x))
-         + (dot4I8Packed(low.y, even.y) + dot4I8Packed(high.y, odd.y))
-         + (dot4I8Packed(low.z, even.z) + dot4I8Packed(high.z, odd.z))
-         + (dot4I8Packed(low.w, even.w) + dot4I8Packed(high.w, odd.w));
-}
-
 // Row `row`'s share of unit u.
 fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
     let c = codes[row * params.units + u];

@@ -3,5 +3,5 @@
 // and uses them for its ROWS rows.
 
 fn load_x(u: u32, m: u32) -> UnitX {
-    return quantize_unit(unit_quads(u, m));
+    return quantize_unit(unit_quads(u, m), false);
 }

@@ -1,6 +1,7 @@
-// Quantize a mat-vec's activations once, for the pre-quantized q4 packed-dot mat-vec
-// (matvec_input_int8.wgsl): the same bytes every workgroup of matvec_q4_dot4_x.wgsl would make,
-// made by one workgroup per activation row m (grid z), read by all of the mat-vec's.
+// Quantize a mat-vec's activations once, for the pre-quantized packed-dot mat-vecs
+// (matvec_input_int8.wgsl): the same bytes every workgroup of matvec_q4_dot4_x.wgsl would make
+// (in natural order for q8, NATURAL), made by one workgroup per activation row m (grid z),
+// read by all of the mat-vec's.
 //
 //   params  the mat-vec's own uniform block (matvec_params.wgsl): cols, units, x_stride, aux
 //   xq      [M][1 + 3 units] vec4<u32> (layout: matvec_input_int8.wgsl), written
@@ -14,6 +15,7 @@
 
 override WG: u32 = 64u;
 override RESIDUAL: bool = false;   // one byte per activation (int8_lanes reads this)
+override NATURAL: bool = false;    // bytes in natural order (q8 mat-vecs), else nibble order (q4, q4k)
 const X_BINDING: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -38,7 +40,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let m = group.z;
     let row = m * (1u + 3u * params.units);
     for (var u = lane; u < params.units; u += WG) {
-        let unit = quantize_unit(unit_quads(u, m));
+        let unit = quantize_unit(unit_quads(u, m), NATURAL);
         let at = row + 1u + 3u * u;
         xq[at] = unit.even;
         xq[at + 1u] = unit.odd;

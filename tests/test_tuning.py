@@ -12,7 +12,9 @@ Timings themselves are not asserted (lavapipe's numbers mean nothing for a GPU).
 """
 from __future__ import annotations
 
+import importlib.util
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -27,6 +29,7 @@ from webslm.kernels import matvec
 from webslm.program.fusion import ALL
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 LOGIT_TOLERANCE = 2e-3            # tests/test_gpu_engine_native.py's bound, the same model
 INT8_LOGIT_TOLERANCE = 6e-2       # int8 activations in every q4 mat-vec (matvec_prequant): measured 1.8-3.3e-2 here
 # Forced tuning with time for every form (lavapipe compiles each launch shape in ~0.1-1 s).
@@ -74,6 +77,7 @@ def test_forced_tuning_measures_every_decode_matvec_form(measured, model):
     for form, facts in report.forms.items():
         assert 2 <= facts["tried"] <= 9 and facts["rule_us"] > 0 and facts["chosen_us"] > 0, (form, facts)
         assert facts["chosen_us"] <= facts["rule_us"]
+        assert facts["rejected"] == 0, (form, facts)       # every correct launch passes the check (q8 on xq too)
     assert sorted(key.split("|", 2)[2] for key in report.cache_entries) == sorted(report.forms)
     # what was chosen is what the session compiled
     for form, choice in report.choices.items():
@@ -125,30 +129,58 @@ def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(nat
 
 
 def _prequantized_entries(report) -> dict[str, dict]:
-    """The measured cache entries with every q4 form on the pre-quantized path (int8 activations)."""
-    return {key: {**entry, "choice": {"variant": "xq", "WG": 32, "ROWS": 4} if key.split("|")[2].startswith("q4")
-                  else entry["choice"]} for key, entry in report.cache_entries.items()}
+    """The measured cache entries with every form the pre-quantized path serves (q4, q8, q4k:
+    matvec.PREQUANT_VARIANTS) on it (int8 activations)."""
+    def served(key: str) -> bool:
+        return key.split("|")[2].split("[")[0] in matvec.PREQUANT_VARIANTS
+    return {key: {**entry, "choice": {"variant": "xq", "WG": 32, "ROWS": 4} if served(key) else entry["choice"]}
+            for key, entry in report.cache_entries.items()}
 
 
-def test_pre_quantized_q4_matvecs_run_the_engine_within_the_int8_bound(native_gpu, model, measured, run):
-    """Every q4 form on quantize_x + the packed-dot mat-vec (kernels/matvec_prequant.py): the
-    session compiles and self-tests both launches, and the engine's logits follow the CPU
-    oracle within INT8_LOGIT_TOLERANCE (int8 activations: a stated error, not the exact path's)."""
+async def _prequantized_run(native_gpu, model, report, ids):
+    """Admit with every served form on the pre-quantized path (from the cache), then the engine
+    against the CPU oracle: (errors, compiled kernel names, the self-test report)."""
+    session = await admit(native_gpu, model, FORCED, tuning_cache=_prequantized_entries(report))
+    assert session.tuning.source == "cached"
+    kernels, self_test = {name for name, _ in session.kernels}, session.self_test
+    return await _errors_against_the_oracle(session, model, ids), kernels, self_test
+
+
+def test_pre_quantized_matvecs_run_the_engine_within_the_int8_bound(native_gpu, model, measured, run):
+    """Every q4 form and the q8 head on quantize_x + a packed-dot mat-vec
+    (kernels/matvec_prequant.py): the session compiles and self-tests both launches, and the
+    engine's logits follow the CPU oracle within INT8_LOGIT_TOLERANCE (int8 activations: a
+    stated error, not the exact path's)."""
     report, _ = measured
-    cache = _prequantized_entries(report)
-    ids = prompt_ids(model, "hi there", chat=True)
-
-    async def go():
-        session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
-        assert session.tuning.source == "cached"
-        return await _errors_against_the_oracle(session, model, ids), set(session.kernels), session.self_test
-    errors, compiled, self_test = run(go())
-    names = {name for name, _ in compiled}
+    errors, names, self_test = run(_prequantized_run(native_gpu, model, report,
+                                                     prompt_ids(model, "hi there", chat=True)))
     assert {"quantize_x_norm", "quantize_x_swiglu", "quantize_x_plain"} <= names, names
     assert any(name.startswith("matvec_int8_q4_dot4") for name in names), names
+    assert any(name.startswith("matvec_int8_q8_xq") for name in names), names       # the tied q8 head
     assert "matvec_prequant" in self_test["families"], self_test
     assert max(errors[1:]) <= INT8_LOGIT_TOLERANCE, errors      # decode steps (prefill runs the exact GEMM)
     assert max(errors[1:]) > LOGIT_TOLERANCE / 100, errors       # int8 activations do move the logits
+
+
+def test_pre_quantized_q4k_matvecs_run_a_q4_k_m_model_within_the_int8_bound(native_gpu, run, tmp_path):
+    """llama.cpp's Q4_K_M mix (bench/synthetic_model.py --shape kquant --encoding q4k_m): its q4k
+    forms on the pre-quantized path, the q6k ones on the exact kernels, the same bound."""
+    spec = importlib.util.spec_from_file_location("synthetic_model", ROOT / "bench" / "synthetic_model.py")
+    synthetic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synthetic)
+    synthetic.write_synthetic(tmp_path / "q4k_m.slm", "kquant", scheme="q4k_m")
+    model = webslm.open_model(tmp_path / "q4k_m.slm")
+
+    async def go():
+        session = await admit(native_gpu, model, FORCED)
+        report = session.tuning
+        session.destroy()
+        return await _prequantized_run(native_gpu, model, report, [5, 17, 99, 250, 3, 42, 7])
+    errors, names, self_test = run(go())
+    assert any(name.startswith("matvec_int8_q4k_xq") for name in names), names
+    assert any(name.startswith("matvec_") and "q6k" in name and "int8" not in name for name in names), names
+    assert max(errors[1:]) <= INT8_LOGIT_TOLERANCE, errors
+    assert max(errors[1:]) > LOGIT_TOLERANCE / 100, errors
 
 
 def test_a_launch_that_computes_the_wrong_rows_is_never_chosen(native_gpu, model, run, monkeypatch):

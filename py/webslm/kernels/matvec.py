@@ -15,8 +15,8 @@ The WGSL is assembled from trusted bundle files only (registry "sources"):
     matvec_input_<input>.wgsl         the activation and output bindings, and what the weights
                                       multiply: x ("plain"), RMSNorm(x) ("norm"),
                                       silu(gate) * up ("swiglu", with silu.wgsl), or bytes
-                                      quantized beforehand ("int8", q4 dot4 only:
-                                      matvec_prequant.py)
+                                      quantized beforehand ("int8": q4 dot4, q8 and q4k
+                                      "xq", PREQUANT_VARIANTS; matvec_prequant.py)
     quant_scales.wgsl, quant_mins.wgsl  q4/q5/q8 scale_at, q4/q5 min_at (f16 or f32 scales)
 
 Variants (registry names; `kernel_name`): `matvec_<enc>[_subgroup]` (input "plain", INPUT 0),
@@ -79,6 +79,9 @@ UNITS_PER_INVOCATION = 4
 VARIANTS = {"q4": ("dot4",), "q8": ("dot4",), "f16": ("wide",), "f32": (), "q5": (), "q4k": (), "q5k": (),
             "q6k": ()}
 DOT4_FEATURE = "packed_4x8_integer_dot_product"     # the WGSL language feature dot4 needs
+# Per encoding, the variant whose weight file multiplies activations quantized once (input
+# "int8", matvec_prequant.py): q4's dot4 file serves both; "xq" files serve only that input.
+PREQUANT_VARIANTS = {"q4": "dot4", "q8": "xq", "q4k": "xq"}
 # input mode -> INPUT number (docs); "int8": activations quantized beforehand (matvec_prequant.py)
 INPUTS = {"plain": 0, "norm": 1, "swiglu": 2, "int8": 3}
 # The activation bindings of each input mode, after the weight parts (y follows them).
@@ -98,9 +101,11 @@ class MatvecShapeError(ValueError):
 def kernel_name(encoding: str, subgroups: bool, input: str = "plain", variant: str = "") -> str:
     if input not in INPUTS:
         raise MatvecShapeError("input", f"mat-vec input must be one of {sorted(INPUTS)}, not {input!r}")
-    if variant and variant not in VARIANTS.get(encoding, ()):
+    known = VARIANTS.get(encoding, ()) + ((PREQUANT_VARIANTS[encoding],) if input == "int8" and
+                                          encoding in PREQUANT_VARIANTS else ())
+    if variant and variant not in known:
         raise MatvecShapeError("variant", f"{encoding} has no mat-vec variant {variant!r} "
-                                          f"(it has {list(VARIANTS.get(encoding, ()))})")
+                                          f"(it has {list(known)})")
     mode = "" if input == "plain" else f"{input}_"
     return f"matvec_{mode}{encoding}" + (f"_{variant}" if variant else "") + ("_subgroup" if subgroups else "")
 
@@ -120,9 +125,9 @@ def _sources(encoding: str, input: str, variant: str, subgroups: bool) -> tuple[
     q4_dot4 = encoding == "q4" and variant == "dot4"
     return ((("enable_subgroups.wgsl",) if subgroups else ())
             + ("common_quant.wgsl", "matvec_params.wgsl", "matvec_main.wgsl", weights_file)
-            + (("int8_unit.wgsl",) if q4_dot4 else ())
+            + (("int8_unit.wgsl",) if q4_dot4 or input == "int8" else ())
             + (("int8_pack.wgsl", "matvec_q4_dot4_x.wgsl") if q4_dot4 and input != "int8" else ())
-            + (("matvec_unit32.wgsl",) if encoding in UNIT32 else ())
+            + (("matvec_unit32.wgsl",) if encoding in UNIT32 and input != "int8" else ())
             + (f"matvec_input_{input}.wgsl", reduce)
             + (("matvec_int8_x.wgsl",) if variant == "dot4" else ())
             + (("silu.wgsl",) if input == "swiglu" else ())
@@ -132,9 +137,11 @@ def _sources(encoding: str, input: str, variant: str, subgroups: bool) -> tuple[
 def _specs():
     for input in INPUTS:
         for encoding in ENCODINGS:
-            for variant in ("", *VARIANTS[encoding]):
-                if input == "int8" and (encoding, variant) != ("q4", "dot4"):
-                    continue                   # pre-quantized activations: q4 packed-dot only
+            for variant in ("", *VARIANTS[encoding], "xq"):
+                if input == "int8" and variant != PREQUANT_VARIANTS.get(encoding):
+                    continue                   # pre-quantized activations: PREQUANT_VARIANTS only
+                if input != "int8" and variant == "xq":
+                    continue
                 for subgroups in (False, True):
                     overrides = {"WG": WORKGROUP_SIZES, "ROWS": ROWS_PER_WORKGROUP, "ACCUMULATE": (0, 1)}
                     if encoding in ("q4", "q8", "q5"):
@@ -152,7 +159,7 @@ def _specs():
                         + ("storage",),
                         overrides=overrides,
                         requires=(frozenset({"subgroups"}) if subgroups else frozenset())
-                        | (frozenset({DOT4_FEATURE}) if variant == "dot4" else frozenset()),
+                        | (frozenset({DOT4_FEATURE}) if variant in ("dot4", "xq") else frozenset()),
                     )
 
 
@@ -213,7 +220,7 @@ def tuning_for(encoding: str) -> Tuning:
 def variant_of(name: str) -> str:
     """The variant of a mat-vec registry name ("" for the plain kernels)."""
     parts = name.removesuffix("_subgroup").split("_")
-    return parts[-1] if parts[-1] in {v for vs in VARIANTS.values() for v in vs} else ""
+    return parts[-1] if parts[-1] in {v for vs in VARIANTS.values() for v in vs} | {"xq"} else ""
 
 
 def check_variant(device: Device, weights: Weights, variant: str) -> None:
@@ -581,7 +588,8 @@ INT8_RULE = (" ; int8 (x2: with the residual byte): + (1 + gamma(n)) Q (norm: (1
 
 def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_weight: np.ndarray | None = None,
                  eps: float | None = None, up_offset: int | None = None,
-                 y0: np.ndarray | None = None, int8: int = 0) -> tuple[np.ndarray, np.ndarray, str]:
+                 y0: np.ndarray | None = None, int8: int = 0,
+                 int8_unit: int | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """(exact y in float64, elementwise bound, rule) of every input mode, with or without y0.
 
     "plain": `oracle`. "norm": the kernel multiplies W by t = fl(x g) (one rounding each, so
@@ -595,7 +603,8 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
     rounding: (1+u) bound + u (|y0| + |exact|). Every mode adds (n + 2) 2^-126 for flushed
     subnormal products.
 
-    `int8` (the dot4 variants; 1: RESIDUAL=0, 2: RESIDUAL=1): the code part of each term
+    `int8` (the dot4 variants, and matvec_prequant's mat-vecs; 1: RESIDUAL=0, 2: RESIDUAL=1;
+    `int8_unit` activations a scale, default the encoding's unit): the code part of each term
     multiplies d q_k (d (q_k + r_k / 64)) instead of the activation t_k the mode computes,
     within delta_k of it (`int8_error`), so the bound gains Q = sum_k |s c_k| delta_k (scaled
     like the rest of the row sum in the norm mode), and the rounding terms are taken on
@@ -604,9 +613,9 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
     x64 = np.atleast_2d(x).astype(np.float64)
     w, magnitude_w, n, rule, code_magnitude = _magnitudes(weights)
     k = weights.cols
-    unit = UNIT_ELEMENTS[weights.encoding]
-    if int8 and weights.encoding not in ("q4", "q8"):
-        raise MatvecShapeError("variant", f"int8 activations are for q4 and q8, not {weights.encoding}")
+    unit = int8_unit or UNIT_ELEMENTS[weights.encoding]
+    if int8 and weights.encoding not in ("q4", "q8", "q4k"):
+        raise MatvecShapeError("variant", f"int8 activations are for q4, q8 and q4k, not {weights.encoding}")
     quantized = 0.0                                      # Q, see above
     if input == "plain":
         if int8:

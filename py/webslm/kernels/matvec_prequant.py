@@ -1,21 +1,29 @@
-"""The q4 decode mat-vec on activations quantized once, beforehand: two launches.
+"""The decode mat-vec on activations quantized once, beforehand: two launches.
 
     quantize_x_<input>   x (or x * g with the row's 1/rms, or silu(gate) * up) -> xq, the
                          activations as int8 bytes per 32 with a power-of-two scale and the
                          unit's sum (shaders/quantize_x.wgsl: one workgroup per activation row)
-    matvec_int8_q4_dot4  y = W xq with dot4I8Packed (matvec_q4_dot4.wgsl + matvec_input_int8.wgsl)
+    matvec_int8_<enc>_<variant>   y = W xq with dot4I8Packed, for the encodings of
+                         matvec.PREQUANT_VARIANTS: q4 (matvec_q4_dot4.wgsl), q4k
+                         (matvec_q4k_xq.wgsl), q8 (matvec_q8_xq.wgsl), with matvec_input_int8.wgsl
 
 Why: the packed-dot mat-vec (matvec "dot4" variant) quantizes x in every workgroup, and the
-f32 one decodes every nibble to a float; either way the arithmetic, not the memory, sets the
-time. On the H200 (bench/matvec_ceiling.py, docs/RESULTS.md) a mat-vec reading bytes prepared
-once ran within 6-20% of a kernel that only loads the weights, about twice as fast as the
-f32 kernel at Llama-3.1-8B's shapes. llama.cpp's CUDA mat-vec (mmvq) works the same way.
+f32 one decodes every code to a float; either way the arithmetic, not the memory, sets the
+time. On the H200 (bench/matvec_ceiling.py, docs/RESULTS.md) a q4 mat-vec reading bytes
+prepared once ran within 6-20% of a kernel that only loads the weights, about twice as fast
+as the f32 kernel at Llama-3.1-8B's shapes. llama.cpp's CUDA mat-vec (mmvq) works the same way.
 
-Numerics: exactly those of the dot4 variant with RESIDUAL=0 (the same quantize_unit, the
-same scale rule, the norm's 1/rms applied to the row sums after), so `matvec.fused_oracle(...,
-int8=1)` bounds it: int8 activations, a stated error, not the exact f32 mat-vec. The engine
-takes it only where admission's tuning stage measured it faster on the device and checked
-its output against the exact kernel's (backends/gpu/tuning.py); variant name "xq".
+The bytes come in two orders (shaders/int8_unit.wgsl): nibble order for the q4 family, whose
+code words split into even and odd nibbles, natural order for q8, whose codes are bytes
+already (quantize_x NATURAL). Either way a unit is 32 activations, so a q8 mat-vec here
+walks units of 32 (its params block counts those: `x_units`), not q8's usual 16.
+
+Numerics: for q4 exactly those of the dot4 variant with RESIDUAL=0 (the same quantize_unit,
+the same scale rule, the norm's 1/rms applied to the row sums after); for every encoding
+`matvec.fused_oracle(..., int8=1, int8_unit=32)` bounds it: int8 activations, a stated error,
+not the exact f32 mat-vec. The engine takes it only where admission's tuning stage measured
+it faster on the device and checked its output against the exact kernel's
+(backends/gpu/tuning.py); Choice variant "xq".
 
 Both launches read the mat-vec's own params block (matvec.params): the quantizer needs cols,
 units, x_stride and aux of the op's input mode. xq is the plan's `decode.int8_x` region
@@ -28,12 +36,13 @@ from typing import NamedTuple
 import numpy as np
 
 from ..webgpu.interface import Device
-from . import matvec, runner
+from . import kquant, matvec, runner
 from .golden import GoldenContext, GoldenResult, compare_bound, golden
 from .matvec import INPUT_BINDINGS, MatvecPlan, MatvecShapeError, Weights
 from .registry import KernelSpec, capabilities, register
 
 VARIANT = "xq"                          # matvec.Choice.variant of this path
+UNIT = 32                               # activations per quantized unit (one scale, one sum)
 QUANTIZE_SIZES = (32, 64, 128, 256)     # quantize_x workgroup sizes (one lane per unit)
 
 
@@ -49,7 +58,7 @@ def _specs():
                      "int8_pack.wgsl", "matvec_int8_x.wgsl") + (("silu.wgsl",) if input == "swiglu" else ()),
             entry_point="main",
             bindings=("uniform", "storage") + ("read-only-storage",) * len(INPUT_BINDINGS[input]),
-            overrides={"WG": QUANTIZE_SIZES},
+            overrides={"WG": QUANTIZE_SIZES, "NATURAL": (0, 1)},
             requires=frozenset({matvec.DOT4_FEATURE}),
         )
 
@@ -62,9 +71,16 @@ def xq_bytes(units: int, m: int = 1) -> int:
     return 16 * m * (1 + 3 * units)
 
 
+def x_units(weights: Weights) -> int:
+    """Units of 32 activations per row (padding included): what both launches walk."""
+    return matvec.units(weights) * matvec.UNIT_ELEMENTS[weights.encoding] // UNIT
+
+
 def serves(device: Device, weights: Weights) -> bool:
-    """Whether this path can run the weights on the device: q4, and packed dot products in its WGSL."""
-    return weights.encoding == "q4" and matvec.DOT4_FEATURE in capabilities(device)
+    """Whether this path can run the weights on the device: an encoding of
+    matvec.PREQUANT_VARIANTS, rows of whole units of 32, and packed dot products in its WGSL."""
+    return (weights.encoding in matvec.PREQUANT_VARIANTS and matvec.DOT4_FEATURE in capabilities(device)
+            and matvec.units(weights) * matvec.UNIT_ELEMENTS[weights.encoding] % UNIT == 0)
 
 
 class PrequantPlan(NamedTuple):
@@ -78,18 +94,24 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
          rows_per_group: int | None = None) -> PrequantPlan:
     """Both launches, validated on the host (matvec.plan's checks for the op's input mode)."""
     if not serves(device, weights):
-        raise MatvecShapeError("variant", f"pre-quantized activations need q4 weights and {matvec.DOT4_FEATURE} "
-                                          f"(got {weights.encoding})")
+        raise MatvecShapeError("variant", f"pre-quantized activations need weights of "
+                                          f"{sorted(matvec.PREQUANT_VARIANTS)} in whole units of {UNIT} and "
+                                          f"{matvec.DOT4_FEATURE} (got {weights.encoding})")
+    variant = matvec.PREQUANT_VARIANTS[weights.encoding]
     base = matvec.plan(device, weights, m, x_stride, y_stride, input, accumulate, eps, up_offset, norm_elements,
-                       workgroup, rows_per_group, variant="dot4")
+                       workgroup, rows_per_group, variant=variant if variant in matvec.VARIANTS[weights.encoding]
+                       else "")
     overrides = {k: v for k, v in base.overrides.items() if k != "RESIDUAL"}
-    name = matvec.kernel_name("q4", "subgroups" in device.features, "int8", "dot4")
-    units = matvec.units(weights)
+    name = matvec.kernel_name(weights.encoding, "subgroups" in device.features, "int8", variant)
+    units = x_units(weights)
+    params = base.params.copy()
+    params[3] = units                    # Params.units: units of 32 for both launches (q8: half its 16s)
     size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES, max(32, 1 << (units - 1).bit_length()))
     if size is None:
         raise MatvecShapeError("workgroup", "no quantize_x workgroup size fits the device's limits")
-    quantize = MatvecPlan(quantize_name(input), {"WG": size}, base.params, (1, 1, m), INPUT_BINDINGS[input])
-    return PrequantPlan(quantize, MatvecPlan(name, overrides, base.params, base.grid, INPUT_BINDINGS["int8"]))
+    quantize = MatvecPlan(quantize_name(input), {"WG": size, "NATURAL": int(weights.encoding == "q8")}, params,
+                          (1, 1, m), INPUT_BINDINGS[input])
+    return PrequantPlan(quantize, MatvecPlan(name, overrides, params, base.grid, INPUT_BINDINGS["int8"]))
 
 
 async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str = "plain",
@@ -110,7 +132,7 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
              matvec._quads(weights.cols) if input == "norm" else None, workgroup, rows_per_group)
     quantizer = await ctx.kernel(p.quantize.kernel, **p.quantize.overrides)
     (xq,) = await runner.run_once(device, quantizer, p.quantize.params, inputs,
-                                  [(xq_bytes(matvec.units(weights), m) // 4, np.uint32)], p.quantize.grid)
+                                  [(xq_bytes(x_units(weights), m) // 4, np.uint32)], p.quantize.grid)
     output = (m * weights.rows, np.float32) if y0 is None else np.asarray(y0, np.float32).reshape(-1).copy()
     kernel = await ctx.kernel(p.matvec.kernel, **p.matvec.overrides)
     (y,) = await runner.run_once(device, kernel, p.matvec.params, [*weights.bindings(), xq], [output],
@@ -118,24 +140,74 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
     return y.reshape(m, weights.rows)
 
 
+def _q4k_cases(ctx: GoldenContext):
+    """FusedCase values of q4k (matvec_q4k_xq.wgsl): random shapes (whole super-blocks) in every
+    input mode, on int8-exact and on random activations; adversarial activations; extreme
+    codes and scales (f16 +-65504, subnormals, zeros; sub-scales and sub-mins at their ends);
+    the model's own q4k matrices where it has them."""
+    from .matvec_cases import FusedCase, _norm_weight
+    from .matvec_variants import adversarial_activations, exact_int8_activations
+    rng, n = ctx.rng, ctx.rng.standard_normal
+    for rows, cols in [(9, 256)] if ctx.quick else [(7, 256), (65, 512), (300, 1024), (4, 4096)]:
+        w = kquant.random_weights(rng, "q4k", rows, cols)
+        what = f"random {rows}x{cols} q4k"
+        m = 2 if rows == 7 else 1
+        exact = exact_int8_activations(rng, m, cols, UNIT)
+        yield FusedCase(f"{what} plain int8-exact x", w, "plain", exact)
+        yield FusedCase(f"{what} norm int8-exact x, g = 1", w, "norm", exact, np.ones(cols, np.float32), 1e-5)
+        yield FusedCase(f"{what} plain +y0", w, "plain", (2 * n((m, cols))).astype(np.float32),
+                        y0=n((m, rows)).astype(np.float32))
+        yield FusedCase(f"{what} norm", w, "norm", (2 * n((m, cols))).astype(np.float32), _norm_weight(rng, cols), 1e-5)
+        yield FusedCase(f"{what} swiglu +y0", w, "swiglu", matvec.gate_up_row(3 * n((m, cols)), n((m, cols)), cols),
+                        up_offset=cols, y0=n((m, rows)).astype(np.float32))
+    if ctx.quick:
+        return
+    rows, cols = 40, 512
+    w = kquant.random_weights(rng, "q4k", rows, cols)
+    for name, x in adversarial_activations(rng, cols, UNIT):
+        yield FusedCase(f"{name} {rows}x{cols} q4k plain", w, "plain", x)
+    for codes, scales in (("max", "normal"), ("min", "normal"), ("mixed", "extreme"), ("random", "extreme")):
+        extreme = kquant.random_weights(rng, "q4k", rows, cols, codes=codes, scales=scales)
+        what = f"{codes} codes {scales} scales {rows}x{cols} q4k"
+        yield FusedCase(f"{what} plain int8-exact x", extreme, "plain", exact_int8_activations(rng, 1, cols, UNIT))
+        yield FusedCase(f"{what} swiglu +y0", extreme, "swiglu", matvec.gate_up_row(3 * n((1, cols)), n((1, cols)), cols),
+                        up_offset=cols, y0=n((1, rows)).astype(np.float32))
+    if ctx.model is not None:
+        for name, tensor in ctx.model.artifact.manifest.tensors.items():
+            if tensor.encoding == "q4k" and name.startswith("blk.0."):
+                w = Weights.from_model(ctx.model, name)
+                yield FusedCase(f"real {name} {w.rows}x{w.cols} q4k plain", w, "plain",
+                                n((1, w.cols)).astype(np.float32))
+
+
+def _cases(ctx: GoldenContext):
+    """Every FusedCase of the encodings this path serves: the dot4 variant's q4 and q8 cases
+    (random shapes with odd tails, int8-exact and adversarial activations, extreme codes, real
+    weights; exact activations in units of 32 as this path quantizes them) and q4k's."""
+    from .matvec_variants import _adversarial_cases, _random_cases, _real_cases
+    for item in (*_random_cases(ctx, UNIT), *_adversarial_cases(ctx, UNIT), *_real_cases(ctx, UNIT)):
+        if item.variant == "dot4" and item.case.weights.encoding in matvec.PREQUANT_VARIANTS:
+            yield item.case
+    yield from _q4k_cases(ctx)
+
+
 @golden("matvec_prequant", kernels=("quantize_x_", "matvec_int8_"))
 async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
-    """The dot4 variant's q4 cases (random shapes with odd tails, int8-exact activations,
-    adversarial activations and codes, real weights) through the two launches, against
-    `matvec.fused_oracle(int8=1)`: the bound of the one-launch dot4 variant with RESIDUAL=0,
-    whose numerics this path has. Full runs also try other launch shapes of the mat-vec."""
-    from .matvec_variants import _adversarial_cases, _random_cases, _real_cases
+    """Each case through the two launches, against `matvec.fused_oracle(int8=1, int8_unit=32)`:
+    for q4 the bound of the one-launch dot4 variant with RESIDUAL=0, whose numerics this path
+    has. Full runs also try other launch shapes of the mat-vec on the random cases."""
     results = []
     if not ctx.variants("quantize_x_"):
         return results
-    name = matvec.kernel_name("q4", "subgroups" in ctx.device.features, "int8", "dot4")
+    subgroups = "subgroups" in ctx.device.features
     shapes = [(None, None)] if ctx.quick else [(None, None), (32, 16), (256, 1), (64, 8)]
-    for item in (*_random_cases(ctx), *_adversarial_cases(ctx), *_real_cases(ctx)):
-        case = item.case
-        if item.variant != "dot4" or case.weights.encoding != "q4" or not ctx.uses(quantize_name(case.input)):
+    for case in _cases(ctx):
+        encoding = case.weights.encoding
+        name = matvec.kernel_name(encoding, subgroups, "int8", matvec.PREQUANT_VARIANTS[encoding])
+        if not (ctx.uses(quantize_name(case.input)) and ctx.uses(name)):
             continue
         exact, bound, rule = matvec.fused_oracle(case.weights, case.x, case.input, case.norm_weight, case.eps,
-                                                 case.up_offset, case.y0, int8=1)
+                                                 case.up_offset, case.y0, int8=1, int8_unit=UNIT)
         for workgroup, rows in (shapes if case.name.startswith("random") else shapes[:1]):
             y = await run(ctx, case.weights, case.x, input=case.input, norm_weight=case.norm_weight, eps=case.eps,
                           up_offset=case.up_offset, y0=case.y0, workgroup=workgroup, rows_per_group=rows)

@@ -53,10 +53,11 @@ def _weights(rng, rows: int, cols: int, option, data: str = "normal") -> Weights
                              scale_type or "f16")
 
 
-def _random_cases(ctx: GoldenContext):
+def _random_cases(ctx: GoldenContext, int8_unit: int | None = None):
     """Random shapes (odd tails for dot4; K % 8 == 0 for f16_wide) in every mode: the main
     options (QUICK_OPTIONS) on every shape, the other block sizes, zeros and scale types on
-    two shapes."""
+    two shapes. `int8_unit`: the activations per int8 scale of the kernel under test, when
+    not the encoding's unit (matvec_prequant: 32)."""
     rng, n = ctx.rng, ctx.rng.standard_normal
     shapes = [(33, 96)] if ctx.quick else [(1, 32), (7, 40), (7, 33), (65, 264), (65, 257), (300, 1000), (129, 4099)]
     for option in (QUICK_OPTIONS if ctx.quick else OPTIONS):
@@ -73,7 +74,7 @@ def _random_cases(ctx: GoldenContext):
             h = gate_up_row(3 * n((m, cols)), n((m, cols)), up_offset)
             y0 = n((m, rows)).astype(np.float32)
             if variant == "dot4":
-                exact = exact_int8_activations(rng, m, cols, UNIT_ELEMENTS[encoding])
+                exact = exact_int8_activations(rng, m, cols, int8_unit or UNIT_ELEMENTS[encoding])
                 yield VariantCase(variant, FusedCase(f"{what} plain int8-exact x", w, "plain", exact))
                 yield VariantCase(variant, FusedCase(f"{what} norm int8-exact x, g = 1", w, "norm", exact,
                                                      np.ones(cols, np.float32), 1e-5))
@@ -89,7 +90,24 @@ def _random_cases(ctx: GoldenContext):
                                                      up_offset=up_offset))
 
 
-def _adversarial_cases(ctx: GoldenContext):
+def adversarial_activations(rng, cols: int, unit: int) -> list[tuple[str, np.ndarray]]:
+    """(name, x [1, cols]) that stress an int8 rounding of `unit` activations a scale."""
+    n = rng.standard_normal
+    spike = (1e-3 * n((1, cols))).astype(np.float32)
+    spike[0, ::unit] = 1e3                    # one outlier a unit: the rest rounds to 0
+    zeros = (2 * n((1, cols))).astype(np.float32)
+    zeros[0, :2 * unit] = 0                   # whole units of zeros
+    ties = exact_int8_activations(rng, 1, cols, unit)
+    ties[0, 1::unit] *= np.float32(1.0 + 1.0 / 128)     # values between two steps
+    boundary = np.ldexp(rng.uniform(127.01, 127.99, (1, cols)), rng.integers(-8, 8, (1, cols)))
+    return [("outlier 1e3 in each unit", spike), ("zero units", zeros), ("off-grid ties", ties),
+            ("max |x| / 2^E in (127, 128): doubled scale", boundary.astype(np.float32)),
+            ("tiny x 1e-30", (1e-30 * n((1, cols))).astype(np.float32)),
+            ("huge x 1e30", (1e30 * n((1, cols))).astype(np.float32)),
+            ("int8-exact x over 2^-60 .. 2^60", exact_int8_activations(rng, 1, cols, unit, (-60, 60)))]
+
+
+def _adversarial_cases(ctx: GoldenContext, int8_unit: int | None = None):
     """Activations that stress the int8 rounding, extreme codes and weights, for each variant."""
     if ctx.quick:
         return
@@ -97,22 +115,10 @@ def _adversarial_cases(ctx: GoldenContext):
     rows, cols = 40, 520                      # a tail of 8 past 512 for q4, exact units for q8 and f16
     for option in OPTIONS:
         encoding, variant = option[0], option[1]
-        unit = UNIT_ELEMENTS[encoding]
+        unit = int8_unit or UNIT_ELEMENTS[encoding]
         w = _weights(rng, rows, cols, option)
         what = f"{rows}x{cols} {encoding}_{variant}/{option[2]}/{option[3]}/{option[4]}"
-        spike = (1e-3 * n((1, cols))).astype(np.float32)
-        spike[0, ::unit] = 1e3                # one outlier a unit: the rest rounds to 0
-        zeros = (2 * n((1, cols))).astype(np.float32)
-        zeros[0, :2 * unit] = 0               # whole units of zeros
-        ties = exact_int8_activations(rng, 1, cols, unit)
-        ties[0, 1::unit] *= np.float32(1.0 + 1.0 / 128)     # values between two steps
-        boundary = np.ldexp(rng.uniform(127.01, 127.99, (1, cols)), rng.integers(-8, 8, (1, cols)))
-        activations = [("outlier 1e3 in each unit", spike), ("zero units", zeros), ("off-grid ties", ties),
-                       ("max |x| / 2^E in (127, 128): doubled scale", boundary.astype(np.float32)),
-                       ("tiny x 1e-30", (1e-30 * n((1, cols))).astype(np.float32)),
-                       ("huge x 1e30", (1e30 * n((1, cols))).astype(np.float32)),
-                       ("int8-exact x over 2^-60 .. 2^60", exact_int8_activations(rng, 1, cols, unit, (-60, 60)))]
-        for name, x in activations:
+        for name, x in adversarial_activations(rng, cols, unit):
             yield VariantCase(variant, FusedCase(f"{name} {what} plain", w, "plain", x))
         yield VariantCase(variant, FusedCase(f"near-zero x (eps dominates) {what} norm", w, "norm",
                                              (1e-20 * n((1, cols))).astype(np.float32), _norm_weight(rng, cols), 1e-5))
@@ -135,7 +141,7 @@ def _adversarial_cases(ctx: GoldenContext):
                                                  up_offset=_quads(cols), y0=n((1, rows)).astype(np.float32)))
 
 
-def _real_cases(ctx: GoldenContext):
+def _real_cases(ctx: GoldenContext, int8_unit: int | None = None):
     """The model's weights where a variant serves their encoding: each matrix on random and
     on int8-exact activations, and the FFN down projection on the real gate|up."""
     model = ctx.model
@@ -154,7 +160,7 @@ def _real_cases(ctx: GoldenContext):
         what = f"real {name} {w.rows}x{w.cols} {w.encoding}_{variants}"
         yield VariantCase(variants, FusedCase(f"{what} plain", w, "plain", n((1, w.cols)).astype(np.float32)))
         if variants == "dot4":
-            exact = exact_int8_activations(rng, 1, w.cols, UNIT_ELEMENTS[w.encoding], (-8, 0))
+            exact = exact_int8_activations(rng, 1, w.cols, int8_unit or UNIT_ELEMENTS[w.encoding], (-8, 0))
             yield VariantCase(variants, FusedCase(f"{what} plain int8-exact x", w, "plain", exact))
         if name == "blk.0.ffn_up" and "blk.0.ffn_norm" in tensors:
             yield VariantCase(variants, FusedCase(f"{what} norm (blk.0.ffn_norm)", w, "norm",

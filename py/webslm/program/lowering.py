@@ -238,9 +238,9 @@ class Lowering:
                 # Activations quantized once, then the packed-dot mat-vec on them: two launches
                 # on one params block, through the plan's int8_x scratch (kernels/matvec_prequant.py).
                 q = matvec_prequant.plan(self.device, weights, m, x_stride, y_stride, mode, accumulate, **extra)
-                if matvec_prequant.xq_bytes(matvec.units(weights), m) > self.int8_x_bytes:
+                if matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m) > self.int8_x_bytes:
                     raise matvec.MatvecShapeError("binding-size", f"{op.name}: its quantized activations need "
-                                                  f"{matvec_prequant.xq_bytes(matvec.units(weights), m)} bytes; the "
+                                                  f"{matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m)} bytes; the "
                                                   f"plan's decode.int8_x holds {self.int8_x_bytes}")
                 xq = Binding("xq", "int8_x")
                 label = op.label.split("#")[0]

@@ -306,7 +306,7 @@ def gemm_partials_floats(arch, tokens: int) -> int:
 
 def int8_x_bytes(arch) -> int:
     """Bytes of the plan's `decode.int8_x` region: one decode row of activations quantized for
-    the pre-quantized q4 mat-vec (kernels/matvec_prequant.py xq_bytes), for the widest K of
+    the pre-quantized mat-vec (kernels/matvec_prequant.py xq_bytes), for the widest K of
     any decode matmul (q4 rows hold whole blocks of up to 256: 8 units of 32 each)."""
     widest = max(arch.hidden, arch.n_heads * arch.head_dim, arch.ffn)
     return 16 * (1 + 3 * (-(-widest // 256) * 8))

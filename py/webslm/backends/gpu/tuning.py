@@ -22,7 +22,7 @@ summation order, not numerics class. The check against the rule is a differentia
 are exact f32 mat-vecs, so they may differ by a few rounding errors of sum |w x|;
 CHECK_RELATIVE is far above that and far below what a wrong row, column or reduction gives.
 
-Then, for q4 forms on a device whose WGSL has packed dot products (and unless the caller
+Then, for q4, q4k and q8 forms on a device whose WGSL has packed dot products (unless the caller
 says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
 (kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on int8
 activations), timed as its two dispatches per op, checked with INT8_CHECK_RELATIVE (the int8
@@ -176,8 +176,17 @@ class _Stage:
             self.lowering.choices.pop(key, None)
         else:
             self.lowering.choices[key] = choice
+        self._write_params(ops)
         dispatches, _ = await self.forward.record("decode", ops, 1, 0)
         return dispatches
+
+    def _write_params(self, ops) -> None:
+        """The ops' params slots as the lowering now says: a choice may change them (a q8
+        mat-vec on pre-quantized activations counts its units in 32s, not 16s)."""
+        table = self.forward.tables["decode"]
+        for op in ops:
+            table.set(self.forward.slot(op, "argmax"), self.lowering.lower(op, "decode", 1, 0)[0].params)
+        self.device.write_buffer(*table.write())
 
     async def output(self, ops) -> np.ndarray:
         """y of the form's first op, launched as the lowering now says (a pre-quantized choice:
@@ -185,6 +194,7 @@ class _Stage:
         that starts as a fixed y0 (ACCUMULATE adds to it; rows a launch skips keep it): the
         plan's own output may not be writable from the host (the logits are not)."""
         launches = self.lowering.lower(ops[0], "decode", 1, 0)
+        self._write_params(ops[:1])
         y = self._bind("y", ops[0].write("y"))
         if self.scratch is None or self.scratch[1] < y.size:
             self.release()
@@ -252,7 +262,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                force: bool = False, int8: bool = True) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
-    `int8`: q4 forms may also take pre-quantized int8 activations where measured faster.
+    `int8`: q4, q4k and q8 forms may also take pre-quantized int8 activations where measured faster.
     The activations and outputs the stage writes are the plan's own decode regions: nothing
     in them is live before the first step."""
     began = clock()
