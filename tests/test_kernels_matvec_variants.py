@@ -180,18 +180,19 @@ def test_choice_follows_the_tuning(monkeypatch):
 
 def test_the_pre_quantized_path_passes_its_golden_cases(native_device, run):
     """quantize_x (every input mode) then the packed-dot mat-vec on its bytes
-    (kernels/matvec_prequant.py) for q4, q8 and q4k, under the int8 bound with units of 32,
+    (kernels/matvec_prequant.py) for q4, q8, q4k and q6k, under the int8 bound with units of 32,
     with and without ACCUMULATE, on several launch shapes, the adversarial activations, extreme
-    codes and (q4k) extreme scales included."""
+    codes and (q4k, q6k) extreme scales included."""
     report = run(golden.run_all(native_device, "full", seed=5, families=["matvec_prequant"]))
     results = report["families"]["matvec_prequant"]["results"]
     assert report["passed"], _failures(report)
     labels = " ".join(r["kernel"] for r in results)
     for input in ("plain", "norm", "swiglu"):
-        for kernel in ("matvec_int8_q4_dot4", "matvec_int8_q8_xq", "matvec_int8_q4k_xq"):
+        for kernel in ("matvec_int8_q4_dot4", "matvec_int8_q8_xq", "matvec_int8_q4k_xq", "matvec_int8_q6k_xq"):
             assert f"quantize_x_{input}+{kernel}" in labels, (input, kernel)
     assert "'ROWS': 16" in labels and "'WG': 256" in labels
     cases = " ".join(r["case"] for r in results)
     for word in ("int8-exact x", "outlier 1e3", "doubled scale", "huge x", "extreme gates", "max codes", "+y0",
-                 "129x4099", "extreme scales 40x512 q4k", "4x4096 q4k"):
+                 "129x4099", "extreme scales 40x512 q4k", "4x4096 q4k", "extreme scales 40x512 q6k",
+                 "4x4096 q6k"):
         assert word in cases, word

@@ -15,8 +15,8 @@ The WGSL is assembled from trusted bundle files only (registry "sources"):
     matvec_input_<input>.wgsl         the activation and output bindings, and what the weights
                                       multiply: x ("plain"), RMSNorm(x) ("norm"),
                                       silu(gate) * up ("swiglu", with silu.wgsl), or bytes
-                                      quantized beforehand ("int8": q4 dot4, q8 and q4k
-                                      "xq", PREQUANT_VARIANTS; matvec_prequant.py)
+                                      quantized beforehand ("int8": q4 dot4; q8, q4k and
+                                      q6k "xq"; PREQUANT_VARIANTS; matvec_prequant.py)
     quant_scales.wgsl, quant_mins.wgsl  q4/q5/q8 scale_at, q4/q5 min_at (f16 or f32 scales)
 
 Variants (registry names; `kernel_name`): `matvec_<enc>[_subgroup]` (input "plain", INPUT 0),
@@ -81,7 +81,7 @@ VARIANTS = {"q4": ("dot4",), "q8": ("dot4",), "f16": ("wide",), "f32": (), "q5":
 DOT4_FEATURE = "packed_4x8_integer_dot_product"     # the WGSL language feature dot4 needs
 # Per encoding, the variant whose weight file multiplies activations quantized once (input
 # "int8", matvec_prequant.py): q4's dot4 file serves both; "xq" files serve only that input.
-PREQUANT_VARIANTS = {"q4": "dot4", "q8": "xq", "q4k": "xq"}
+PREQUANT_VARIANTS = {"q4": "dot4", "q8": "xq", "q4k": "xq", "q6k": "xq"}
 # input mode -> INPUT number (docs); "int8": activations quantized beforehand (matvec_prequant.py)
 INPUTS = {"plain": 0, "norm": 1, "swiglu": 2, "int8": 3}
 # The activation bindings of each input mode, after the weight parts (y follows them).
@@ -614,8 +614,10 @@ def fused_oracle(weights: Weights, x: np.ndarray, input: str = "plain", norm_wei
     w, magnitude_w, n, rule, code_magnitude = _magnitudes(weights)
     k = weights.cols
     unit = int8_unit or UNIT_ELEMENTS[weights.encoding]
-    if int8 and weights.encoding not in ("q4", "q8", "q4k"):
-        raise MatvecShapeError("variant", f"int8 activations are for q4, q8 and q4k, not {weights.encoding}")
+    if int8 and weights.encoding not in ("q4", "q8", "q4k", "q6k"):
+        raise MatvecShapeError("variant", f"int8 activations are for q4, q8, q4k and q6k, not {weights.encoding}")
+    if int8 and weights.encoding == "q6k":
+        code_magnitude = np.abs(w)                       # its kernel multiplies the whole weight (c - 32)
     quantized = 0.0                                      # Q, see above
     if input == "plain":
         if int8:

@@ -5,7 +5,8 @@
                          unit's sum (shaders/quantize_x.wgsl: one workgroup per activation row)
     matvec_int8_<enc>_<variant>   y = W xq with dot4I8Packed, for the encodings of
                          matvec.PREQUANT_VARIANTS: q4 (matvec_q4_dot4.wgsl), q4k
-                         (matvec_q4k_xq.wgsl), q8 (matvec_q8_xq.wgsl), with matvec_input_int8.wgsl
+                         (matvec_q4k_xq.wgsl), q6k (matvec_q6k_xq.wgsl), q8 (matvec_q8_xq.wgsl),
+                         with matvec_input_int8.wgsl
 
 Why: the packed-dot mat-vec (matvec "dot4" variant) quantizes x in every workgroup, and the
 f32 one decodes every code to a float; either way the arithmetic, not the memory, sets the
@@ -13,8 +14,9 @@ time. On the H200 (bench/matvec_ceiling.py, docs/RESULTS.md) a q4 mat-vec readin
 prepared once ran within 6-20% of a kernel that only loads the weights, about twice as fast
 as the f32 kernel at Llama-3.1-8B's shapes. llama.cpp's CUDA mat-vec (mmvq) works the same way.
 
-The bytes come in two orders (shaders/int8_unit.wgsl): nibble order for the q4 family, whose
-code words split into even and odd nibbles, natural order for q8, whose codes are bytes
+The bytes come in two orders (shaders/int8_unit.wgsl): nibble order for the q4 family (q4,
+q4k, and q6k, whose two high bits join the nibbles), whose code words split into even and odd
+nibbles, natural order for q8, whose codes are bytes
 already (quantize_x NATURAL). Either way a unit is 32 activations, so a q8 mat-vec here
 walks units of 32 (its params block counts those: `x_units`), not q8's usual 16.
 
@@ -140,55 +142,65 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
     return y.reshape(m, weights.rows)
 
 
-def _q4k_cases(ctx: GoldenContext):
-    """FusedCase values of q4k (matvec_q4k_xq.wgsl): random shapes (whole super-blocks) in every
-    input mode, on int8-exact and on random activations; adversarial activations; extreme
-    codes and scales (f16 +-65504, subnormals, zeros; sub-scales and sub-mins at their ends);
-    the model's own q4k matrices where it has them."""
+SUPER_BLOCK_ENCODINGS = ("q4k", "q6k")   # the PREQUANT_VARIANTS encodings with cases here (kquant.py)
+
+
+def _super_block_cases(ctx: GoldenContext):
+    """FusedCase values of q4k and q6k (matvec_q4k_xq.wgsl, matvec_q6k_xq.wgsl): random shapes
+    (whole super-blocks) in every input mode, on int8-exact and on random activations;
+    adversarial activations; extreme codes and scales (f16 +-65504, subnormals, zeros;
+    sub-scales and sub-mins at their ends, q6k's of either sign); the model's own matrices of
+    these encodings where it has them."""
     from .matvec_cases import FusedCase, _norm_weight
     from .matvec_variants import adversarial_activations, exact_int8_activations
     rng, n = ctx.rng, ctx.rng.standard_normal
     for rows, cols in [(9, 256)] if ctx.quick else [(7, 256), (65, 512), (300, 1024), (4, 4096)]:
-        w = kquant.random_weights(rng, "q4k", rows, cols)
-        what = f"random {rows}x{cols} q4k"
-        m = 2 if rows == 7 else 1
-        exact = exact_int8_activations(rng, m, cols, UNIT)
-        yield FusedCase(f"{what} plain int8-exact x", w, "plain", exact)
-        yield FusedCase(f"{what} norm int8-exact x, g = 1", w, "norm", exact, np.ones(cols, np.float32), 1e-5)
-        yield FusedCase(f"{what} plain +y0", w, "plain", (2 * n((m, cols))).astype(np.float32),
-                        y0=n((m, rows)).astype(np.float32))
-        yield FusedCase(f"{what} norm", w, "norm", (2 * n((m, cols))).astype(np.float32), _norm_weight(rng, cols), 1e-5)
-        yield FusedCase(f"{what} swiglu +y0", w, "swiglu", matvec.gate_up_row(3 * n((m, cols)), n((m, cols)), cols),
-                        up_offset=cols, y0=n((m, rows)).astype(np.float32))
+        for encoding in SUPER_BLOCK_ENCODINGS:
+            w = kquant.random_weights(rng, encoding, rows, cols)
+            what = f"random {rows}x{cols} {encoding}"
+            m = 2 if rows == 7 else 1
+            exact = exact_int8_activations(rng, m, cols, UNIT)
+            yield FusedCase(f"{what} plain int8-exact x", w, "plain", exact)
+            yield FusedCase(f"{what} norm int8-exact x, g = 1", w, "norm", exact, np.ones(cols, np.float32), 1e-5)
+            yield FusedCase(f"{what} plain +y0", w, "plain", (2 * n((m, cols))).astype(np.float32),
+                            y0=n((m, rows)).astype(np.float32))
+            yield FusedCase(f"{what} norm", w, "norm", (2 * n((m, cols))).astype(np.float32),
+                            _norm_weight(rng, cols), 1e-5)
+            yield FusedCase(f"{what} swiglu +y0", w, "swiglu",
+                            matvec.gate_up_row(3 * n((m, cols)), n((m, cols)), cols),
+                            up_offset=cols, y0=n((m, rows)).astype(np.float32))
     if ctx.quick:
         return
     rows, cols = 40, 512
-    w = kquant.random_weights(rng, "q4k", rows, cols)
-    for name, x in adversarial_activations(rng, cols, UNIT):
-        yield FusedCase(f"{name} {rows}x{cols} q4k plain", w, "plain", x)
-    for codes, scales in (("max", "normal"), ("min", "normal"), ("mixed", "extreme"), ("random", "extreme")):
-        extreme = kquant.random_weights(rng, "q4k", rows, cols, codes=codes, scales=scales)
-        what = f"{codes} codes {scales} scales {rows}x{cols} q4k"
-        yield FusedCase(f"{what} plain int8-exact x", extreme, "plain", exact_int8_activations(rng, 1, cols, UNIT))
-        yield FusedCase(f"{what} swiglu +y0", extreme, "swiglu", matvec.gate_up_row(3 * n((1, cols)), n((1, cols)), cols),
-                        up_offset=cols, y0=n((1, rows)).astype(np.float32))
+    for encoding in SUPER_BLOCK_ENCODINGS:
+        w = kquant.random_weights(rng, encoding, rows, cols)
+        for name, x in adversarial_activations(rng, cols, UNIT):
+            yield FusedCase(f"{name} {rows}x{cols} {encoding} plain", w, "plain", x)
+        for codes, scales in (("max", "normal"), ("min", "normal"), ("mixed", "extreme"), ("random", "extreme")):
+            extreme = kquant.random_weights(rng, encoding, rows, cols, codes=codes, scales=scales)
+            what = f"{codes} codes {scales} scales {rows}x{cols} {encoding}"
+            yield FusedCase(f"{what} plain int8-exact x", extreme, "plain",
+                            exact_int8_activations(rng, 1, cols, UNIT))
+            yield FusedCase(f"{what} swiglu +y0", extreme, "swiglu",
+                            matvec.gate_up_row(3 * n((1, cols)), n((1, cols)), cols),
+                            up_offset=cols, y0=n((1, rows)).astype(np.float32))
     if ctx.model is not None:
         for name, tensor in ctx.model.artifact.manifest.tensors.items():
-            if tensor.encoding == "q4k" and name.startswith("blk.0."):
+            if tensor.encoding in SUPER_BLOCK_ENCODINGS and name.startswith("blk.0."):
                 w = Weights.from_model(ctx.model, name)
-                yield FusedCase(f"real {name} {w.rows}x{w.cols} q4k plain", w, "plain",
+                yield FusedCase(f"real {name} {w.rows}x{w.cols} {w.encoding} plain", w, "plain",
                                 n((1, w.cols)).astype(np.float32))
 
 
 def _cases(ctx: GoldenContext):
     """Every FusedCase of the encodings this path serves: the dot4 variant's q4 and q8 cases
     (random shapes with odd tails, int8-exact and adversarial activations, extreme codes, real
-    weights; exact activations in units of 32 as this path quantizes them) and q4k's."""
+    weights; exact activations in units of 32 as this path quantizes them), q4k's and q6k's."""
     from .matvec_variants import _adversarial_cases, _random_cases, _real_cases
     for item in (*_random_cases(ctx, UNIT), *_adversarial_cases(ctx, UNIT), *_real_cases(ctx, UNIT)):
         if item.variant == "dot4" and item.case.weights.encoding in matvec.PREQUANT_VARIANTS:
             yield item.case
-    yield from _q4k_cases(ctx)
+    yield from _super_block_cases(ctx)
 
 
 @golden("matvec_prequant", kernels=("quantize_x_", "matvec_int8_"))

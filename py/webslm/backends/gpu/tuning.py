@@ -22,7 +22,7 @@ summation order, not numerics class. The check against the rule is a differentia
 are exact f32 mat-vecs, so they may differ by a few rounding errors of sum |w x|;
 CHECK_RELATIVE is far above that and far below what a wrong row, column or reduction gives.
 
-Then, for q4, q4k and q8 forms on a device whose WGSL has packed dot products (unless the caller
+Then, for q4, q4k, q6k and q8 forms on a device whose WGSL has packed dot products (unless the caller
 says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
 (kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on int8
 activations), timed as its two dispatches per op, checked with INT8_CHECK_RELATIVE (the int8
@@ -262,7 +262,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                force: bool = False, int8: bool = True) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
-    `int8`: q4, q4k and q8 forms may also take pre-quantized int8 activations where measured faster.
+    `int8`: q4, q4k, q6k and q8 forms may also take pre-quantized int8 activations where measured faster.
     The activations and outputs the stage writes are the plan's own decode regions: nothing
     in them is live before the first step."""
     began = clock()
