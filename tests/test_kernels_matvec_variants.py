@@ -196,3 +196,23 @@ def test_the_pre_quantized_path_passes_its_golden_cases(native_device, run):
                  "129x4099", "extreme scales 40x512 q4k", "4x4096 q4k", "extreme scales 40x512 q6k",
                  "4x4096 q6k"):
         assert word in cases, word
+
+
+@pytest.mark.parametrize("name", ["q4/WG=32/ROWS=4", "q8/WG=32/ROWS=8", "q4k/WG=64/ROWS=4", "q6k/WG=32/ROWS=16"])
+def test_the_pre_quantized_bench_hook_times_the_right_product(native_device, run, name):
+    """bench/kernels.py --families matvec_prequant: the launch it times computes W x within the
+    int8 bound, for the weights and x its seed makes."""
+    from webslm.kernels import golden, matvec_prequant
+    shape = {"rows": 40, "cols": 512}
+    prepared = run(matvec_prequant.prepare_bench(native_device, name, shape, np.random.default_rng(3)))
+    try:
+        native_device.submit([prepared.dispatch])
+        (y,) = run(prepared.read_outputs(native_device))
+    finally:
+        prepared.release(native_device)
+    rng = np.random.default_rng(3)                      # the same draws as prepare_bench
+    weights = mv.random_weights_fast(rng, name.split("/")[0], 40, 512)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    exact, bound, rule = mv.fused_oracle(weights, x, int8=1, int8_unit=32)
+    assert golden.compare_bound("matvec_prequant", name, "bench", y.reshape(1, -1), exact, bound, rule).passed
+    assert prepared.bytes_moved > weights.nbytes and prepared.flops == 2 * 40 * 512

@@ -41,7 +41,7 @@ from ..webgpu.interface import Device
 from . import kquant, matvec, runner
 from .golden import GoldenContext, GoldenResult, compare_bound, golden
 from .matvec import INPUT_BINDINGS, MatvecPlan, MatvecShapeError, Weights
-from .registry import KernelSpec, capabilities, register
+from .registry import KernelSpec, capabilities, compile_kernel, register
 
 VARIANT = "xq"                          # matvec.Choice.variant of this path
 UNIT = 32                               # activations per quantized unit (one scale, one sum)
@@ -140,6 +140,35 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
     (y,) = await runner.run_once(device, kernel, p.matvec.params, [*weights.bindings(), xq], [output],
                                  p.matvec.grid)
     return y.reshape(m, weights.rows)
+
+
+# -- benchmark hook (bench/kernels.py --families matvec_prequant) ----------------------------
+
+# The mat-vec launch alone on bytes quantized beforehand (its quantizer runs once, untimed:
+# one per op in the engine, ~3 us on the H200, which the engine's tuning times with it).
+BENCH_SHAPES = {name: shape for name, shape in matvec.BENCH_SHAPES.items() if shape.get("big")}
+# An encoding, with the launch shape: WG and ROWS as admission's tuning finds them on the H200.
+BENCH_NAMES = ("q4/WG=32/ROWS=4", "q4/WG=32/ROWS=8", "q4/WG=64/ROWS=8", "q4/WG=32/ROWS=16",
+               "q8/WG=32/ROWS=4", "q8/WG=32/ROWS=8", "q8/WG=32/ROWS=16",
+               "q4k/WG=32/ROWS=4", "q4k/WG=32/ROWS=8", "q6k/WG=32/ROWS=4", "q6k/WG=32/ROWS=8")
+
+
+async def prepare_bench(device: Device, name: str, shape: dict, rng) -> runner.Prepared:
+    """One mat-vec on its own buffers, its xq made by the quantizer on random x (bench/kernels.py)."""
+    encoding, *settings = name.split("/")
+    pairs = {k: int(v) for k, v in (item.split("=") for item in settings)}
+    weights = matvec.random_weights_fast(rng, encoding, shape["rows"], shape["cols"])
+    x, stride = matvec.padded_activations(rng.standard_normal((1, weights.cols)).astype(np.float32), 0.0)
+    p = plan(device, weights, 1, stride, weights.rows, workgroup=pairs.get("WG"), rows_per_group=pairs.get("ROWS"))
+    quantizer = await compile_kernel(device, p.quantize.kernel, **p.quantize.overrides)
+    (xq,) = await runner.run_once(device, quantizer, p.quantize.params, [x],
+                                  [(xq_bytes(x_units(weights)) // 4, np.uint32)], p.quantize.grid)
+    kernel = await compile_kernel(device, p.matvec.kernel, **p.matvec.overrides)
+    prepared = runner.prepare(device, kernel, p.matvec.params, [*weights.bindings(), xq],
+                              [(weights.rows, np.float32)], p.matvec.grid)
+    prepared.bytes_moved = weights.nbytes + xq.nbytes + weights.rows * 4
+    prepared.flops = 2 * weights.rows * weights.cols
+    return prepared
 
 
 SUPER_BLOCK_ENCODINGS = ("q4k", "q6k")   # the PREQUANT_VARIANTS encodings with cases here (kquant.py)
