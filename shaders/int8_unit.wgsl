@@ -10,6 +10,12 @@
 //   natural order (q8, whose codes are bytes already): word j of `even` holds q at 8j .. 8j+3,
 //     word j of `odd` q at 8j+4 .. 8j+7;
 // `even_r`, `odd_r` the residual bytes r likewise (RESIDUAL only); and the f32 sum of the unit's x.
+// vec4 words a unit takes in xq (quantize_x.wgsl, matvec_input_int8.wgsl): even, odd, (d, sum),
+// and with RESIDUAL (declared by the including kernel) even_r, odd_r.
+fn xq_unit_words() -> u32 {
+    return select(3u, 5u, RESIDUAL);
+}
+
 struct UnitX {
     even: vec4<u32>,
     odd: vec4<u32>,

@@ -17,7 +17,8 @@
 // of the unit (its sub-blocks) C_h = sum_k (c_k - 32) q_k, and the unit gives
 //   d * d_x * (sc_0 C_0 + sc_1 C_1)
 // with every integer exact (|C_h| <= 16 * 32 * 127, |sc| <= 128: the sum < 2^24, exact as
-// f32 too). The error against W x: sum_k |w_k| |x_k - d_x q_k| (the weight has no separate
+// f32 too; with RESIDUAL, x ~ d_x (q + r / 64), C_h = sum_k (c_k - 32) (64 q_k + r_k) stays
+// exact, sc C_h is one f32 rounding). The error against W x: sum_k |w_k| |x_k - d_x q_k| (the weight has no separate
 // zero part here).
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -26,6 +27,7 @@
 @group(0) @binding(3) var<storage, read> scales: array<u32>;
 @group(0) @binding(4) var<storage, read> sub_scales: array<u32>;
 const X_BINDING: u32 = 5u;        // the first binding of the input file
+override RESIDUAL: bool = false;  // xq holds a second byte per activation (quantize_x.wgsl)
 
 // 4 codes as signed bytes c - 32: `nibbles` the low 4 bits in bytes (0..15 each), `top` the
 // two high bits already at bits 4-5 of each byte. c ^ 32 flips bit 5, leaving c - 32 as a
@@ -54,11 +56,19 @@ fn row_dot(xu: UnitX, u: u32, row: u32) -> f32 {
     let unit = row * params.units + u;
     let c = codes[unit];
     let h = high_bits[unit];
-    let first = word_dot(c.x, h.x & 0xFFFFu, xu.even.x, xu.odd.x) + word_dot(c.y, h.x >> 16u, xu.even.y, xu.odd.y);
-    let second = word_dot(c.z, h.y & 0xFFFFu, xu.even.z, xu.odd.z) + word_dot(c.w, h.y >> 16u, xu.even.w, xu.odd.w);
+    var first = word_dot(c.x, h.x & 0xFFFFu, xu.even.x, xu.odd.x) + word_dot(c.y, h.x >> 16u, xu.even.y, xu.odd.y);
+    var second = word_dot(c.z, h.y & 0xFFFFu, xu.even.z, xu.odd.z) + word_dot(c.w, h.y >> 16u, xu.even.w, xu.odd.w);
+    var d_x = xu.scale;
+    if (RESIDUAL) {        // 64 C_q + C_r per sub-block (|.| < 16 * 32 * 127 * 65 < 2^24): exact
+        first = 64 * first + word_dot(c.x, h.x & 0xFFFFu, xu.even_r.x, xu.odd_r.x)
+              + word_dot(c.y, h.x >> 16u, xu.even_r.y, xu.odd_r.y);
+        second = 64 * second + word_dot(c.z, h.y & 0xFFFFu, xu.even_r.z, xu.odd_r.z)
+               + word_dot(c.w, h.y >> 16u, xu.even_r.w, xu.odd_r.w);
+        d_x = xu.scale / RESIDUAL_STEPS;
+    }
     let pair = sub_scales[unit / 2u];
     let at = 2u * unit;
     let b = row * params.blocks + u / 8u;
     let d = f16_element(scales[b / 2u], b);
-    return (d * xu.scale) * (i8_element(pair, at) * f32(first) + i8_element(pair, at + 1u) * f32(second));
+    return (d * d_x) * (i8_element(pair, at) * f32(first) + i8_element(pair, at + 1u) * f32(second));
 }

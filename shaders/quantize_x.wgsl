@@ -4,7 +4,8 @@
 // read by all of the mat-vec's.
 //
 //   params  the mat-vec's own uniform block (matvec_params.wgsl): cols, units, x_stride, aux
-//   xq      [M][1 + 3 units] vec4<u32> (layout: matvec_input_int8.wgsl), written
+//   xq      [M][1 + 3 units] vec4<u32>, with RESIDUAL [M][1 + 5 units] (layout:
+//           matvec_input_int8.wgsl), written
 //   then the input mode's activations from X_BINDING on (matvec_input_{plain,norm,swiglu}.wgsl;
 //   their y binding is declared there but not used here)
 //
@@ -14,7 +15,7 @@
 // workgroup by workgroup_total below.
 
 override WG: u32 = 64u;
-override RESIDUAL: bool = false;   // one byte per activation (int8_lanes reads this)
+override RESIDUAL: bool = false;   // a second byte per activation, the rounding left over (int8_lanes)
 override NATURAL: bool = false;    // bytes in natural order (q8 mat-vecs), else nibble order (q4, q4k)
 const X_BINDING: u32 = 2u;
 
@@ -38,13 +39,18 @@ fn workgroup_total(value: f32, lane: u32) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let m = group.z;
-    let row = m * (1u + 3u * params.units);
+    let words = xq_unit_words();
+    let row = m * (1u + words * params.units);
     for (var u = lane; u < params.units; u += WG) {
         let unit = quantize_unit(unit_quads(u, m), NATURAL);
-        let at = row + 1u + 3u * u;
+        let at = row + 1u + words * u;
         xq[at] = unit.even;
         xq[at + 1u] = unit.odd;
         xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
+        if (RESIDUAL) {
+            xq[at + 3u] = unit.even_r;
+            xq[at + 4u] = unit.odd_r;
+        }
     }
     let scale = input_finish(lane, m);   // barriers inside (norm): uniform control flow here
     if (lane == 0u) {

@@ -4,7 +4,8 @@
     webslm validate FILE
     webslm inspect FILE
     webslm generate --model FILE --prompt TEXT [--chat] [--backend native|cpu] [--max-tokens N] [--seed S | --greedy] [--json]
-    webslm conformance --model FILE [--backend native|cpu] [--tokens N] [--prompt TEXT] [--json]
+    webslm conformance --model FILE [--backend native|cpu] [--matvec auto|exact|int8|int8-1] [--tokens N]
+                       [--prompt TEXT] [--json]
     webslm admit --model FILE --backend native [--feature-level auto|core|compatibility] [--fault NAME] [--json]
 
 Every failure is one line on stderr and a nonzero exit, never a traceback: 1 for an invalid
@@ -204,8 +205,9 @@ def cmd_conformance(args) -> int:
     import asyncio
     import json
     import math
-    from .admission.admit import AdmissionFailure
+    from .admission.admit import AdmissionFailure, AdmissionPolicy
     from .backends.cpu_path import CpuPath
+    from .kernels import matvec_prequant
     from .backends.scores import BackendLost
     from .engine.conformance import MARGIN_TOLERANCE, conformance
     from .engine.engine import EngineError, admit_and_build
@@ -223,13 +225,18 @@ def cmd_conformance(args) -> int:
         print(f"webslm conformance: {exc}", file=sys.stderr)
         return 2
     tolerance = MARGIN_TOLERANCE if args.margin_tolerance is None else args.margin_tolerance
+    tuning_summary: dict = {}          # which mat-vecs ran on int8 activations (the receipt's)
 
     async def run():
         if args.backend == "cpu":
             backend = CpuPath(model)
         else:
+            policy = {"auto": AdmissionPolicy(), "exact": AdmissionPolicy(int8_activations=False),
+                      "int8": AdmissionPolicy(tuning="int8"), "int8-1": AdmissionPolicy(tuning="int8-1")}[args.matvec]
             try:
-                backend, _ = await admit_and_build(_native_gpu(), model, None, None)
+                backend, _ = await admit_and_build(_native_gpu(), model, policy, None)
+                if backend.session.tuning is not None:
+                    tuning_summary.update(backend.session.tuning.summary())
             except (EngineError, AdmissionFailure, BackendLost):
                 raise
             except Exception as exc:
@@ -256,6 +263,9 @@ def cmd_conformance(args) -> int:
     except ValueError as exc:                    # a prompt that leaves no room in the context
         print(f"webslm conformance: {exc}", file=sys.stderr)
         return 2
+    int8_forms = sorted(form for form, choice in tuning_summary.get("choices", {}).items()
+                        if choice.get("variant") in matvec_prequant.VARIANTS)
+    report["matvec"] = {"asked": args.matvec, "int8_forms": int8_forms}
     if args.json:
         finite = lambda x: x if math.isfinite(x) else None     # noqa: E731 - JSON has no inf
         report["max_abs_logit_error"] = finite(report["max_abs_logit_error"])
@@ -266,6 +276,8 @@ def cmd_conformance(args) -> int:
         print(f"{report['backend']} vs CPU oracle: {report['positions']} positions after a "
               f"{report['prompt_tokens']}-token prompt, top-1 agreement {report['top1_agreement']:.1%}, "
               f"max |logit error| {report['max_abs_logit_error']:.3g}")
+        if int8_forms:
+            print(f"  int8 activations on {len(int8_forms)} mat-vec form(s): {', '.join(int8_forms)}")
         for d in report["disagreements"]:
             print(f"  position {d['position']}: oracle {d['oracle_token']}, backend {d['backend_token']}, "
                   f"oracle margin {d['margin']:.4g}")
@@ -369,6 +381,10 @@ def main(argv=None) -> int:
     conform = sub.add_parser("conformance", help="teacher-forced top-1 agreement of a backend with the CPU oracle")
     conform.add_argument("--model", required=True)
     conform.add_argument("--backend", choices=["native", "cpu"], default="native")
+    conform.add_argument("--matvec", choices=["auto", "exact", "int8", "int8-1"], default="auto",
+                         help="the GPU's decode mat-vecs: as admission chooses (auto), exact f32 activations "
+                              "only, or int8 activations on every form that has them, two bytes (int8) or "
+                              "one (int8-1) an activation (their numerics judged)")
     conform.add_argument("--tokens", type=int, default=128, help="positions to compare (capped by the context)")
     conform.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
     conform.add_argument("--margin-tolerance", type=float, default=None,

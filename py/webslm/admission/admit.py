@@ -52,7 +52,8 @@ from .tracked import Faults, TrackedDevice
 
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
           "allocate", "tune", "compile", "self-test", "scopes", "publish")
-TUNING_MODES = ("auto", "off", "force")
+TUNING_MODES = ("auto", "off", "force", "int8", "int8-1")
+PINNED_INT8 = {"int8": "xq2", "int8-1": "xq"}   # tuning mode -> the pre-quantized variant it pins
 TIER_ORDER = ("A", "B", "C")
 TIER_FEATURE = {"B": "shader-f16", "C": "subgroups"}
 
@@ -89,7 +90,10 @@ class AdmissionPolicy:
     fusions: tuple[str, ...] | None = None  # program/fusion.py rules (None: its DEFAULT; (): the reference program)
     prefill_chunk: int | None = None        # tokens per prefill submit (None: the planner's default)
     tuning: str = "auto"                    # mat-vec launch shapes: "auto" measure (not on a software
-                                            # adapter), "off" the rule, "force" measure anyway (tests)
+                                            # adapter), "off" the rule, "force" measure anyway (tests),
+                                            # "int8" ("int8-1") every form the pre-quantized path serves
+                                            # on two (one) byte activations, unmeasured (their numerics
+                                            # on a model: `webslm conformance --matvec`)
     tuning_budget_s: float = 4.0            # the tuning stage's time; forms not reached keep the rule
     int8_activations: bool = True           # tuning may give q4 mat-vecs int8 activations where measured
                                             # faster (llama.cpp's mat-vec numerics); False: all exact
@@ -393,7 +397,8 @@ class _Admission:
         return await tuning.tune(self.device, self.model, self.plan, self.buffers, cache=self.tuning_cache,
                                  device_identity=identity, bundle_hash=bundle_hash(),
                                  checkpoint=self._checkpoint, force=self.policy.tuning == "force",
-                                 budget_seconds=self.policy.tuning_budget_s, int8=self.policy.int8_activations)
+                                 budget_seconds=self.policy.tuning_budget_s, int8=self.policy.int8_activations,
+                                 pin_int8=PINNED_INT8.get(self.policy.tuning))
 
     async def _allocate(self) -> None:
         from . import pipelines as pipeline_set

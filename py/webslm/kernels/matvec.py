@@ -129,7 +129,7 @@ def _sources(encoding: str, input: str, variant: str, subgroups: bool) -> tuple[
             + (("int8_pack.wgsl", "matvec_q4_dot4_x.wgsl") if q4_dot4 and input != "int8" else ())
             + (("matvec_unit32.wgsl",) if encoding in UNIT32 and input != "int8" else ())
             + (f"matvec_input_{input}.wgsl", reduce)
-            + (("matvec_int8_x.wgsl",) if variant == "dot4" else ())
+            + (("matvec_int8_x.wgsl",) if variant == "dot4" or input == "int8" else ())
             + (("silu.wgsl",) if input == "swiglu" else ())
             + QUANT_SOURCES.get(encoding, ()))
 
@@ -148,8 +148,8 @@ def _specs():
                         overrides |= {"BLOCK": BLOCK_ELEMENTS, "SCALE_F16": (0, 1)}
                     if encoding in ("q4", "q5"):
                         overrides |= {"ZERO_MIN": (0, 1)}
-                    if variant == "dot4":
-                        overrides |= {"RESIDUAL": (0,) if input == "int8" else (0, 1)}
+                    if variant == "dot4" or input == "int8":
+                        overrides |= {"RESIDUAL": (0, 1)}
                     yield KernelSpec(
                         name=kernel_name(encoding, subgroups, input, variant),
                         sources=_sources(encoding, input, variant, subgroups),

@@ -228,20 +228,24 @@ class Lowering:
             elif mode == "swiglu":
                 extra = {"up_offset": self.f_pad}
             choice = self.choices.get(matvec.form_key(weights, mode, accumulate))
+            if choice is not None and choice.variant in matvec_prequant.VARIANTS and schedule != "decode":
+                choice = None     # the prefill head (once a prompt, of a decode form): exact, no int8_x there
             if choice is not None:
                 extra |= {"workgroup": choice.workgroup, "rows_per_group": choice.rows}
             m = 1 if op.option("head") else tokens
             inputs = {"x": Binding("x", op.read("x")), "h": Binding("h", op.read("x"))}
             if mode == "norm":
                 inputs["norm_weight"] = Binding("norm_weight", op.read("weight"))
-            if choice is not None and choice.variant == matvec_prequant.VARIANT:
+            if choice is not None and choice.variant in matvec_prequant.VARIANTS:
                 # Activations quantized once, then the packed-dot mat-vec on them: two launches
                 # on one params block, through the plan's int8_x scratch (kernels/matvec_prequant.py).
-                q = matvec_prequant.plan(self.device, weights, m, x_stride, y_stride, mode, accumulate, **extra)
-                if matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m) > self.int8_x_bytes:
+                residual = bool(matvec_prequant.VARIANTS[choice.variant])
+                q = matvec_prequant.plan(self.device, weights, m, x_stride, y_stride, mode, accumulate, **extra,
+                                         residual=residual)
+                need = matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m, residual)
+                if need > self.int8_x_bytes:
                     raise matvec.MatvecShapeError("binding-size", f"{op.name}: its quantized activations need "
-                                                  f"{matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m)} bytes; the "
-                                                  f"plan's decode.int8_x holds {self.int8_x_bytes}")
+                                                  f"{need} bytes; the plan's decode.int8_x holds {self.int8_x_bytes}")
                 xq = Binding("xq", "int8_x")
                 label = op.label.split("#")[0]
                 return [Launch(q.quantize.kernel, dict(q.quantize.overrides), q.quantize.params, q.quantize.grid,

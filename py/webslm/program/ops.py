@@ -307,9 +307,10 @@ def gemm_partials_floats(arch, tokens: int) -> int:
 def int8_x_bytes(arch) -> int:
     """Bytes of the plan's `decode.int8_x` region: one decode row of activations quantized for
     the pre-quantized mat-vec (kernels/matvec_prequant.py xq_bytes), for the widest K of
-    any decode matmul (q4 rows hold whole blocks of up to 256: 8 units of 32 each)."""
+    any decode matmul (q4 rows hold whole blocks of up to 256: 8 units of 32 each), with two
+    bytes an activation (5 vec4 a unit)."""
     widest = max(arch.hidden, arch.n_heads * arch.head_dim, arch.ffn)
-    return 16 * (1 + 3 * (-(-widest // 256) * 8))
+    return 16 * (1 + 5 * (-(-widest // 256) * 8))
 
 
 # -- the reference program ------------------------------------------------------------------------

@@ -24,11 +24,11 @@ CHECK_RELATIVE is far above that and far below what a wrong row, column or reduc
 
 Then, for q4, q4k, q6k and q8 forms on a device whose WGSL has packed dot products (unless the caller
 says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
-(kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on int8
-activations), timed as its two dispatches per op, checked with INT8_CHECK_RELATIVE (the int8
-rounding moves y by about 1% of max|y|), and kept only where it beats the best exact choice
-by NOISE: llama.cpp's mat-vec numerics (int8 activations per 32), a stated error
-(matvec.fused_oracle int8=1), taken only where it pays. Small forms (SmolLM2's, at the
+(kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on activations
+as two int8 bytes each, variant "xq2"), timed as its two dispatches per op, checked with
+INT8_CHECK_RELATIVE, and kept only where it beats the best exact choice by NOISE: a stated
+error (matvec.fused_oracle int8=2), taken only where it pays. Not llama.cpp's one byte
+("xq"): on real weights that changed greedy tokens (matvec_prequant's docstring). Small forms (SmolLM2's, at the
 dispatch floor) keep the exact kernel: the extra dispatch costs more than it saves.
 
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
@@ -62,8 +62,10 @@ SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software ad
 BUDGET_SECONDS = 4.0           # the whole stage; forms not reached keep the rule
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
 CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
-INT8_CHECK_RELATIVE = 3e-2     # the same for int8 activations: their rounding (<= 1/128 of a unit's
-                               # largest |x| per value) moves y by ~1% of max|y| on random x
+INT8_CHECK_RELATIVE = {        # the same for int8 activations (matvec_prequant.VARIANTS): one byte's
+    "xq": 3e-2,                # rounding (<= 1/128 of a unit's largest |x| per value) moves y by ~1%
+    "xq2": 2e-3,               # of max|y| on random x; two bytes' 64 times less
+}
 XQ_SHAPES = ((32, 2), (32, 4), (32, 8), (32, 16))   # pre-quantized (WG, ROWS) first tried; then WG at the best ROWS
 
 
@@ -74,7 +76,7 @@ class TuningReport:
     measured when that is so."""
     choices: dict[str, matvec.Choice]
     forms: dict[str, dict]
-    source: str                   # "measured", "cached", "rule" (see `reason`), "off"
+    source: str                   # "measured", "cached", "rule" (see `reason`), "off", "pinned"
     reason: str = ""
     seconds: float = 0.0
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
@@ -259,15 +261,21 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                device_identity: str = "", bundle_hash: str = "",
                checkpoint: Callable[[], Awaitable[None]] | None = None,
                budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
-               force: bool = False, int8: bool = True) -> TuningReport:
+               force: bool = False, int8: bool = True, pin_int8: str | None = None) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
     `int8`: q4, q4k, q6k and q8 forms may also take pre-quantized int8 activations where measured faster.
+    `pin_int8` (a matvec_prequant.VARIANTS name): nothing timed; every form the pre-quantized
+    path serves takes that variant (checked once against the rule like any choice), the rest
+    keep the rule; no cache read or written. It is how the int8 numerics are judged on a whole
+    model (`webslm conformance --matvec int8|int8-1`).
     The activations and outputs the stage writes are the plan's own decode regions: nothing
     in them is live before the first step."""
     began = clock()
     stage = _Stage(device, model, plan, buffers, checkpoint, clock)
     forms = stage.forms()
+    if pin_int8:
+        return await _pinned_int8(stage, forms, began, pin_int8)
     report = TuningReport({}, {}, "measured")
     cache = cache or {}
     pending = []
@@ -322,6 +330,37 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     return report
 
 
+async def _pinned_int8(stage: _Stage, forms: dict[str, list], began: float, variant: str) -> TuningReport:
+    """Every served form on the pre-quantized path (`variant`) at its second launch shape, if
+    it agrees with the rule within the int8 tolerance (else the rule, counted as rejected)."""
+    if variant not in matvec_prequant.VARIANTS:
+        raise ValueError(f"pin_int8 must be one of {sorted(matvec_prequant.VARIANTS)}, not {variant!r}")
+    report = TuningReport({}, {}, "pinned", f"int8 activations ({variant}) pinned on every form the "
+                                            f"pre-quantized path serves")
+    try:
+        for key, ops in forms.items():
+            weights = stage.lowering.matvec_form(ops[0])[1]
+            rule = _rule_choice(stage.device, weights, ops[0])
+            entry = {"rule": rule.as_dict(), "searched": False}
+            if matvec_prequant.serves(stage.device, weights):
+                stage.fill_inputs(ops)
+                await stage.launches(ops, None)
+                reference = await stage.output(ops)
+                pinned = matvec.Choice(variant, *XQ_SHAPES[1])
+                await stage.launches(ops, pinned)
+                if _agrees(await stage.output(ops), reference, INT8_CHECK_RELATIVE[variant]):
+                    report.choices[key] = pinned
+                else:
+                    entry["rejected"] = 1
+                stage.lowering.choices.pop(key, None)
+            report.forms[key] = entry
+    finally:
+        stage.release()
+    report.seconds = stage.clock() - began
+    report.compiled = dict(stage.forward._compiled)
+    return report
+
+
 async def _rule_time(stage: _Stage, ops: list, force: bool) -> tuple[matvec.Choice, float] | None:
     """(the rule's Choice, its seconds a dispatch) for one form; None when a first look (4
     dispatches and a round trip: cheap on any adapter) shows a slow adapter."""
@@ -369,12 +408,13 @@ async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: f
         # it beats the best exact shape by NOISE too, and checked with the int8 tolerance.
         exact = set(times)
         for workgroup, rows in XQ_SHAPES:
-            await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, rows), INT8_CHECK_RELATIVE)
+            await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, rows), INT8_CHECK_RELATIVE[matvec_prequant.VARIANT])
         prequant = {c: t for c, t in times.items() if c not in exact}
         if prequant:
             best_rows = min(prequant, key=prequant.get).rows
             for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
-                await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, best_rows), INT8_CHECK_RELATIVE)
+                await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, best_rows),
+                            INT8_CHECK_RELATIVE[matvec_prequant.VARIANT])
             prequant = {c: t for c, t in times.items() if c not in exact}
             fastest = min(prequant, key=prequant.get)
             if prequant[fastest] < (1 - NOISE) * times[chosen]:
