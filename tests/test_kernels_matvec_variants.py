@@ -198,7 +198,8 @@ def test_the_pre_quantized_path_passes_its_golden_cases(native_device, run):
         assert word in cases, word
 
 
-@pytest.mark.parametrize("name", ["q4/WG=32/ROWS=4", "q8/WG=32/ROWS=8", "q4k/WG=64/ROWS=4", "q6k/WG=32/ROWS=16"])
+@pytest.mark.parametrize("name", ["q4/WG=32/ROWS=4", "q8/WG=32/ROWS=8", "q4k/WG=64/ROWS=4", "q6k/WG=32/ROWS=16",
+                                  "q4/WG=32/ROWS=8/BYTES=1", "q8/WG=32/ROWS=8/BYTES=1", "q6k/WG=32/ROWS=8/BYTES=1"])
 def test_the_pre_quantized_bench_hook_times_the_right_product(native_device, run, name):
     """bench/kernels.py --families matvec_prequant: the launch it times computes W x within the
     int8 bound, for the weights and x its seed makes."""
@@ -213,6 +214,6 @@ def test_the_pre_quantized_bench_hook_times_the_right_product(native_device, run
     rng = np.random.default_rng(3)                      # the same draws as prepare_bench
     weights = mv.random_weights_fast(rng, name.split("/")[0], 40, 512)
     x = rng.standard_normal((1, 512)).astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(weights, x, int8=1, int8_unit=32)
+    exact, bound, rule = mv.fused_oracle(weights, x, int8=1 if name.endswith("BYTES=1") else 2, int8_unit=32)
     assert golden.compare_bound("matvec_prequant", name, "bench", y.reshape(1, -1), exact, bound, rule).passed
     assert prepared.bytes_moved > weights.nbytes and prepared.flops == 2 * 40 * 512
