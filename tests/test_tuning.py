@@ -289,3 +289,34 @@ def test_a_plan_too_small_for_the_quantized_activations_refuses_the_pre_quantize
     q4_forms = [facts for form, facts in report.forms.items() if form.startswith("q4")]
     assert q4_forms and all(facts["refused"] >= 1 for facts in q4_forms), report.forms
     assert all(choice.variant not in matvec_prequant.VARIANTS for choice in report.choices.values())
+
+
+def test_the_runoff_times_the_finalists_in_turn_so_a_drifting_clock_favours_none(run):
+    """GPU clocks that speed up while the stage runs make whatever is timed last look fastest
+    (on the H200 the pre-quantized shapes, tried last, won forms they lose in the step). The
+    runoff times the finalists in turn, each pair of rounds once forward and once reversed, so
+    each sees the same drift: with a true ranking of rule 10 us < b 10.4 us < c 10.8 us and every
+    measurement 7% faster than the one before, timing them one after the other ranks c first;
+    the runoff ranks them truly."""
+    true_us = {"rule": 10.0, "b": 10.4, "c": 10.8}
+
+    class DriftingStage:
+        def __init__(self):
+            self.calls, self.current, self.order = 0, None, []
+
+        async def launches(self, ops, choice):
+            self.current = "rule" if choice is None else choice
+            return [self.current]
+
+        async def seconds_per_op(self, ops, dispatches, rounds=3):
+            self.order.append(dispatches[0])
+            self.calls += 1
+            return true_us[dispatches[0]] * 0.93 ** self.calls
+
+    one_after_another = DriftingStage()
+    sequential = {name: run(one_after_another.seconds_per_op([], [name])) for name in ("rule", "b", "c")}
+    assert min(sequential, key=sequential.get) == "c"                  # the drift's winner
+    stage = DriftingStage()
+    times = run(tuning._runoff(stage, [], ["rule", "b", "c"]))
+    assert stage.order == ["rule", "b", "c", "c", "b", "rule"] * tuning.RUNOFF_PAIRS
+    assert sorted(times, key=times.get) == ["rule", "b", "c"]
