@@ -320,3 +320,57 @@ def test_the_runoff_times_the_finalists_in_turn_so_a_drifting_clock_favours_none
     times = run(tuning._runoff(stage, [], ["rule", "b", "c"]))
     assert stage.order == ["rule", "b", "c", "c", "b", "rule"] * tuning.RUNOFF_PAIRS
     assert sorted(times, key=times.get) == ["rule", "b", "c"]
+
+
+def _int8_report():
+    form_a, form_b = "q4[] 64x64 norm", "q4[] 64x128 swiglu +y"
+    report = tuning.TuningReport({form_a: matvec.Choice("xq2", 32, 4), form_b: matvec.Choice("", 64, 2)},
+                                 {form_a: {"rule_us": 9.0}, form_b: {"rule_us": 8.0}}, "measured")
+    return report, {form_a: matvec.Choice("", 32, 8), form_b: matvec.Choice("", 64, 2)}
+
+
+@pytest.mark.parametrize("int8_step_us, kept", [(95.0, True), (99.0, False), (120.0, False)])
+def test_int8_forms_stay_only_if_the_whole_step_is_faster_with_them(run, int8_step_us, kept):
+    """Each int8 form won alone; the step decides (tuning._step_check): the two steps are
+    timed in turn, and the int8 forms go back to their best exact choice unless the step with
+    them is STEP_GAIN (3%) faster than the 100 us without them."""
+    report, exact = _int8_report()
+    timed = []
+
+    async def seconds_per_step(choices):
+        uses_int8 = any(c.variant == "xq2" for c in choices.values())
+        timed.append(uses_int8)
+        return (int8_step_us if uses_int8 else 100.0) * 1e-6
+    run(tuning._step_check(report, exact, seconds_per_step))
+    assert timed == [True, False, False, True] * tuning.RUNOFF_PAIRS
+    assert report.step_us == {"int8": int8_step_us, "exact": 100.0}
+    form_a, form_b = sorted(exact)[1], sorted(exact)[0]
+    if kept:
+        assert report.choices[form_a].variant == "xq2" and "dropped" not in report.reason
+    else:
+        assert report.choices == exact, report.choices       # every form on its best exact choice
+        assert report.forms[form_a]["step_dropped"] and "int8 forms dropped" in report.reason
+    assert report.choices[form_b] == matvec.Choice("", 64, 2)
+
+
+def test_a_whole_decode_step_is_timed_with_and_without_int8_forms(native_gpu, model, measured, run):
+    """_Stage.seconds_per_step records the decode program's every op with the given choices
+    (the int8 ones with their quantizer launches) and times it on the device."""
+    report, _ = measured
+    choices = {key: matvec.Choice.from_dict(entry["choice"])
+               for key, entry in _prequantized_entries(report).items() if entry["choice"]}
+    assert any(c.variant == "xq2" for c in choices.values())
+
+    async def go():
+        import time
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=ALL, tuning="off"))
+        try:
+            stage = tuning._Stage(session.device, model, session.plan, session.buffers, None, time.perf_counter)
+            try:
+                return await stage.seconds_per_step(choices), await stage.seconds_per_step({}), stage
+            finally:
+                stage.release()
+        finally:
+            session.destroy()
+    with_int8, exact, stage = run(go())
+    assert with_int8 > 0 and exact > 0 and stage.lowering.choices == {}

@@ -28,8 +28,11 @@ says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
 as two int8 bytes each, variant "xq2"), timed as its two dispatches per op, checked with
 INT8_CHECK_RELATIVE, and kept only where it beats the best exact choice by NOISE: a stated
 error (matvec.fused_oracle int8=2), taken only where it pays. Not llama.cpp's one byte
-("xq"): on real weights that changed greedy tokens (matvec_prequant's docstring). Small forms (SmolLM2's, at the
-dispatch floor) keep the exact kernel: the extra dispatch costs more than it saves.
+("xq"): on real weights that changed greedy tokens (matvec_prequant's docstring). The last
+word is the whole step's (_step_check): timed with the int8 forms and without, side by side,
+they stay only if the step is STEP_GAIN faster with them. At the dispatch floor (SmolLM2's
+forms on the H200) a form can win alone and lose in the step: its extra dispatch costs more
+than it saves.
 
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
 rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
@@ -80,12 +83,13 @@ class TuningReport:
     reason: str = ""
     seconds: float = 0.0
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
+    step_us: dict[str, float] = dataclasses.field(default_factory=dict)        # _step_check's two steps
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
 
     def summary(self) -> dict:
         """Receipt-safe: counts and the choices, no adapter text."""
         return {"source": self.source, "reason": self.reason, "seconds": round(self.seconds, 3),
-                "forms": len(self.forms), "changed": len(self.choices),
+                "forms": len(self.forms), "changed": len(self.choices), "step_us": dict(self.step_us),
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
 
 
@@ -222,6 +226,20 @@ class _Stage:
             self.device.destroy_buffer(self.scratch[0])
             self.scratch = None
 
+    async def seconds_per_step(self, choices: dict) -> float:
+        """GPU seconds of one whole decode step (every op of the program, positions and tokens
+        as the stage set them) with `choices` as the mat-vecs' launches: one timed round."""
+        ops = self.forward.programs["decode"].ops
+        matmuls = [op for op in ops if op.kind == "matmul"]
+        self.lowering.choices.clear()
+        self.lowering.choices.update(choices)
+        self._write_params(matmuls)
+        dispatches, _ = await self.forward.record("decode", ops, 1, 0)
+        try:
+            return await self.seconds_per_op(matmuls[:1], dispatches, rounds=1)   # one "op": the step
+        finally:
+            self.lowering.choices.clear()
+
     async def seconds_per_op(self, ops, dispatches, rounds: int = ROUNDS) -> float:
         """GPU seconds per op of the form (its dispatches: one, or a pre-quantized choice's two),
         dependent as in a step; the median of `rounds` rounds of >= ROUND_SECONDS."""
@@ -308,6 +326,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             if checkpoint is not None:
                 await checkpoint()
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
+        exact: dict[str, matvec.Choice | None] = {}      # form -> its best exact choice (None: the rule)
         for key, ops in pending:
             rule, rule_seconds = rules[key]
             if clock() - began > budget_seconds:
@@ -315,14 +334,21 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                 report.reason = f"budget of {budget_seconds} s spent: the forms that cost the step least keep the rule"
                 continue
             form = await _search(stage, ops, rule, rule_seconds, int8)
-            choice = form.pop("choice")
+            choice, exact[key] = form.pop("choice"), form.pop("exact")
             report.forms[key] = form
             if choice is not None:
                 report.choices[key] = choice
-            report.cache_entries[cache_key(device_identity, bundle_hash, key, int8)] = {
-                **form, "choice": choice.as_dict() if choice is not None else None}
             if checkpoint is not None:
                 await checkpoint()
+        measured = {key for key, _ in pending if key in report.forms and "rule_us" in report.forms[key]}
+        if any(report.choices.get(key) is not None and report.choices[key].variant in matvec_prequant.VARIANTS
+               for key in measured):
+            await _step_check(report, exact, lambda choices: stage.seconds_per_step(choices))
+        for key in measured:     # cached as finally chosen: a later admission takes them unmeasured
+            if report.forms[key].get("searched", True):
+                choice = report.choices.get(key)
+                report.cache_entries[cache_key(device_identity, bundle_hash, key, int8)] = {
+                    **report.forms[key], "choice": choice.as_dict() if choice is not None else None}
     finally:
         stage.release()           # also when a checkpoint stops admission here
     report.seconds = clock() - began
@@ -426,15 +452,48 @@ async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: f
     if len(finalists) > 1:
         times.update(await _runoff(stage, ops, finalists))
     chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
+    exact_choice = chosen
     if fastest_int8 is not None and times[fastest_int8] < (1 - NOISE) * times[chosen]:
         chosen = fastest_int8
     stage.lowering.choices.pop(key, None)
     return {"rule": rule.as_dict(), "rule_us": round(times[rule] * 1e6, 2), "chosen_us": round(times[chosen] * 1e6, 2),
             "tried": len(times), "refused": len(refused), "rejected": len(rejected),
-            "choice": chosen if chosen != rule else None}
+            "choice": chosen if chosen != rule else None, "exact": exact_choice if exact_choice != rule else None}
 
 
 RUNOFF_PAIRS = 3               # pairs of timed rounds per finalist in the runoff
+STEP_GAIN = 0.03               # the whole step with int8 forms must be this much faster than without
+
+
+async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | None],
+                      seconds_per_step: Callable[[dict], Awaitable[float]]) -> None:
+    """Keep the int8 choices only if the whole decode step is faster with them. Each int8
+    form was timed alone, its quantizer and mat-vec as dependent dispatches; in the step its
+    extra dispatch can cost more than that shows. Measured on the H200: SmolLM2's shape kept
+    one or two forms on int8 and its step was 5-10% slower. The two steps (every choice, and
+    the int8 forms on their best exact choice) are timed in pairs of rounds, forward and
+    reversed (as the runoff); if the int8 step does not win by STEP_GAIN, the int8 forms go
+    back to their exact choice and the report says so."""
+    keys = [key for key, choice in report.choices.items() if choice.variant in matvec_prequant.VARIANTS]
+    with_int8 = dict(report.choices)
+    without = {key: choice for key, choice in report.choices.items() if key not in keys}
+    without |= {key: exact[key] for key in keys if exact.get(key) is not None}
+    means: list[list[float]] = [[], []]
+    for _ in range(RUNOFF_PAIRS):
+        pair = [0.0, 0.0]
+        for order in ((0, 1), (1, 0)):
+            for i in order:
+                pair[i] += await seconds_per_step(with_int8 if i == 0 else without) / 2
+        means[0].append(pair[0])
+        means[1].append(pair[1])
+    step_int8, step_exact = statistics.median(means[0]), statistics.median(means[1])
+    report.step_us = {"int8": round(step_int8 * 1e6, 1), "exact": round(step_exact * 1e6, 1)}
+    if step_int8 >= (1 - STEP_GAIN) * step_exact:
+        report.choices = without
+        for key in keys:
+            report.forms[key]["step_dropped"] = True
+        report.reason = (f"int8 forms dropped: the decode step took {step_int8 * 1e6:.0f} us with them, "
+                         f"{step_exact * 1e6:.0f} us without")
 
 
 async def _runoff(stage: _Stage, ops: list, finalists: list) -> dict:
