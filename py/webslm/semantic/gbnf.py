@@ -459,6 +459,7 @@ class TextGrammar:
         self.grammar = grammar
         self.initial = (grammar.initial, ())
         self._steps: dict = {}
+        self._closing = None
 
     def step(self, state, byte: int):
         key = (state, byte)
@@ -485,6 +486,13 @@ class TextGrammar:
 
     def in_string(self, state) -> bool:
         return False
+
+    def closing(self, state) -> float:
+        """The fewest bytes that finish a text of the language from `state` (closing.py states the rule)."""
+        if self._closing is None:
+            from .closing import GrammarClosing
+            self._closing = GrammarClosing(self.grammar)
+        return self._closing(state)
 
     def advance(self, state, data: bytes):
         for byte in data:

@@ -329,6 +329,7 @@ class SchemaGrammar:
         self.nodes = nodes
         self.initial = frozenset({((VALUE, root, 0),)})
         self._steps: dict = {}
+        self._closing = None
         # per object node: the properties a key may name at each `next`, and whether "}" may come
         self._keys_from, self._closable = {}, {}
         # per literal node: every proper prefix of a literal (so a literal equal to one may go on)
@@ -366,6 +367,13 @@ class SchemaGrammar:
         """Whether every stack is in a string's text: a plain byte then leaves the state as it is."""
         return all(stack and (stack[-1] == (STR, 0) or (stack[-1][0] == ANYV and stack[-1][1][1] == jg.STRING))
                    for stack in state)
+
+    def closing(self, state: frozenset) -> float:
+        """The fewest bytes that finish a valid value from `state` (closing.py states the rule)."""
+        if self._closing is None:
+            from .closing import SchemaClosing
+            self._closing = SchemaClosing(self)
+        return self._closing(state)
 
     def advance(self, state, data: bytes):
         for byte in data:
