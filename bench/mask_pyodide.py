@@ -1,18 +1,21 @@
 """What the constrained modes' token masks cost a token in Pyodide (the worker's Python, under
-Node.js's V8 here) next to CPython on the same machine: JSON mode, the schemas of
-tests/json_schemas.py (SCHEMAS and KEYWORD_SCHEMAS) and bench/schema_mask.py's grammars.
+Node.js's V8 here) next to CPython on the same machine, for the three modes: JSON mode and
+JSON-schema mode on SmolLM2's own answers recorded by bench/json_mode_50.py (the first
+--answers of each, bench/results/json_mode_50.json), the keyword schemas of
+tests/json_schemas.py (pattern, format, lengths, integer bounds) and bench/schema_mask.py's
+three grammars on valid texts written below.
 
-Each case is answered once in CPython by the default model on the CPU path (greedy, at most
---tokens tokens, as bench/schema_mask.py does); its committed tokens are then replayed, in
+No model runs: each text is encoded by SmolLM2's tokenizer and its tokens replayed, in
 CPython and in Pyodide alike, through a mask made fresh: per token, allowed_within (the mask
-the sampler applies, closing within the limit included) and the recognizer's advance. The
-first replay is uncached (a new grammar, its step caches and masks empty: what the first
-answer with a schema pays), the second cached (every state's mask kept: an app asking with
-the same schema again). The tokenizer's sorted pieces (once per tokenizer) are timed apart.
-Times are wall seconds of a single-threaded loop (perf_counter) on whatever else the
-machine runs: the load average is recorded before and after.
+the sampler applies, with the closing-within-the-limit groups; the limit is far, so none
+cuts) and the recognizer's advance. The first replay is uncached (a new grammar, its step
+caches and masks empty: what the first answer with a schema pays), the second cached
+(every state's mask kept: an app asking with the same schema again). The tokenizer's sorted
+pieces (once per tokenizer) are timed apart. Times are CPU seconds, so that other work on
+the shared cores counts less: CPython's calling thread (time.thread_time), Node's process
+(process.cpuUsage: V8's helper threads included); the load average is recorded.
 
-    PYTHONPATH=py .venv/bin/python bench/mask_pyodide.py [--tokens 48]
+    PYTHONPATH=py .venv/bin/python bench/mask_pyodide.py [--answers 10]
 
 Writes bench/results/mask_pyodide.json. Needs `node` and the assets (tools/assets.py)."""
 from __future__ import annotations
@@ -24,6 +27,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
@@ -33,10 +37,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 SITE = ROOT / ".assets/site"
 MODEL = SITE / "models/smollm2-135m-instruct-q4.slm"
 RESULTS = ROOT / "bench/results/mask_pyodide.json"
+LIMIT = 4096                 # the token limit the replay tells allowed_within: far, so nothing is cut
 
-# The replay, run as it is by CPython and by Pyodide: REPLAY_ARGS {cases, limit}, MODEL_PATH.
+# The replay, run as it is by CPython and by Pyodide (run(): the tokenizer, the cases, the limit).
 REPLAY = r'''
-import json, time
 from webslm.semantic import gbnf, json_grammar as jg, json_schema as js
 from webslm.semantic.token_mask import GrammarMask, TokenPieces
 
@@ -53,20 +57,20 @@ def fresh_grammar(case):
 def replay(mask, tokens, tokenizer, limit):
     state, mask_s, advance_s = mask.initial, [], []
     for i, token in enumerate(tokens):
-        t = time.perf_counter()
+        t = clock()
         allowed = mask.allowed_within(state, limit - i - 1)
-        mask_s.append(time.perf_counter() - t)
+        mask_s.append(clock() - t)
         assert allowed[token], (i, token)
-        t = time.perf_counter()
+        t = clock()
         state = mask.advance(state, tokenizer.piece_bytes(token))
-        advance_s.append(time.perf_counter() - t)
+        advance_s.append(clock() - t)
     return mask_s, advance_s
 
 
 def run(tokenizer, vocab, eos, cases, limit):
-    t = time.perf_counter()
+    t = clock()
     pieces = TokenPieces(tokenizer, vocab)
-    out = {"token_pieces_s": time.perf_counter() - t, "cases": {}}
+    out = {"token_pieces_s": clock() - t, "cases": {}}
     for case in cases:
         mask = GrammarMask(pieces, fresh_grammar(case), eos)
         row = {}
@@ -88,12 +92,14 @@ await py.loadPackage(["numpy"], { messageCallback: () => {} });
 py.FS.mkdirTree("/bench");
 py.FS.mount(py.FS.filesystems.NODEFS, { root: args.py }, "/bench");
 py.FS.writeFile("/model.slm", fs.readFileSync(args.model));
+globalThis.cpuSeconds = () => { const u = process.cpuUsage(); return (u.user + u.system) / 1e6; };
 py.globals.set("ARGS", py.toPy(args));
 console.log(py.runPython(`
-import json, sys
+import json, sys, js
 sys.path.insert(0, "/bench")
-from webslm.artifact.validate import validate_bytes
-model = validate_bytes(bytearray(open("/model.slm", "rb").read()))
+clock = js.cpuSeconds
+import webslm
+model = webslm.open_model("/model.slm")
 exec(ARGS["replay"])
 json.dumps(run(model.tokenizer, model.architecture.vocab, list(model.manifest.tokenizer["eos_ids"]),
                ARGS["cases"], ARGS["limit"]))
@@ -101,60 +107,73 @@ json.dumps(run(model.tokenizer, model.architecture.vocab, list(model.manifest.to
 """
 
 
-def cases_with_answers(tokens: int) -> list[dict]:
-    """Every case and the tokens the default model commits answering it (greedy, CPU path)."""
+# Valid answers for the keyword schemas and the grammars (the JSON ones are SmolLM2's own).
+KEYWORD_ANSWERS = {
+    "signup": '{"name": "Ada Lovelace", "born": "1815-12-10", "email": "ada@example.org", "age": 36}',
+    "sku": '{"code": "AB-1234", "quantity": 12}',
+    "server": '{"id": "123e4567-e89b-12d3-a456-426614174000", "ip": "192.168.1.20", '
+              '"booted": "2024-03-01T08:15:00Z"}',
+    "tags": '["baking", "quick-meals", "vegan"]',
+    "score": '{"score": 2, "why": "A timeless, moving classic.", "model": "smollm2"}',
+}
+GRAMMAR_ANSWERS = {
+    "grammar-answer": "The answer is yes.",
+    "grammar-csv": 'apple,red\nbanana,"yellow, sweet"\ncherry,dark red',
+    "grammar-arithmetic": "(2+3)*4-(10-8)*(1+1)+12",
+}
+
+
+def replay_cases(answers: int) -> list[dict]:
+    """Every case with its text's tokens (SmolLM2's tokenizer)."""
     import webslm
-    from json_schemas import KEYWORD_SCHEMAS, SCHEMAS
+    from json_mode_50 import SCHEMA
+    from json_schemas import KEYWORD_SCHEMAS
     from schema_mask import GRAMMARS
-    from webslm.cpu import CpuBackend
-    from webslm.generate import generate
-    from webslm.request import prompt_ids, sampler_settings
     from webslm.semantic.json_schema import canonical_schema
-    from webslm.semantic.ledger import Ledger
-    model = webslm.open_model(MODEL)
-    backend = CpuBackend(model)
-    cases = [{"name": "json_object", "kind": "json_object", "text": "", "prompt": "Describe Paris as a JSON object.",
-              "form": {"type": "json_object"}}]
-    for case in SCHEMAS + KEYWORD_SCHEMAS:
-        cases.append({"name": case["name"], "kind": "json_schema", "text": canonical_schema(case["schema"]),
-                      "prompt": case["prompt"], "form": {"type": "json_schema", "json_schema": {
-                          "name": case["name"], "schema": case["schema"]}}})
+    tokenizer = webslm.open_model(MODEL).tokenizer
+    recorded = json.loads((ROOT / "bench/results/json_mode_50.json").read_text())["modes"]
+    out = []
+    for n, row in enumerate(recorded["json_object"]["answers"][:answers]):
+        out.append({"name": f"json_object-{n}", "kind": "json_object", "text": "", "answer": row["text"]})
+    for n, row in enumerate(recorded["json_schema"]["answers"][:answers]):
+        out.append({"name": f"json_schema-{n}", "kind": "json_schema", "text": canonical_schema(SCHEMA),
+                    "answer": row["text"]})
+    for case in KEYWORD_SCHEMAS:
+        out.append({"name": case["name"], "kind": "json_schema", "text": canonical_schema(case["schema"]),
+                    "answer": KEYWORD_ANSWERS[case["name"]]})
     for case in GRAMMARS:
-        cases.append({"name": case["name"], "kind": "grammar", "text": case["grammar"], "prompt": case["prompt"],
-                      "form": {"type": "grammar", "grammar": case["grammar"]}})
-    for case in cases:
-        settings = sampler_settings(model, {"response_format": case.pop("form"), "temperature": 0, "max_tokens": tokens})
-        ids = prompt_ids(model, [{"role": "system", "content": "Answer with JSON only."},
-                                 {"role": "user", "content": case.pop("prompt")}])
-        ledger = Ledger()
-        for _ in generate(model, backend, ids, settings, ledger=ledger):
-            pass
-        case["tokens"] = list(ledger.committed_ids)
-    return cases
+        out.append({"name": case["name"], "kind": "grammar", "text": case["grammar"],
+                    "answer": GRAMMAR_ANSWERS[case["name"]]})
+    for case in out:
+        case["tokens"] = tokenizer.encode(case.pop("answer"), add_special=False)
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--answers", type=int, default=10, help="recorded answers per JSON mode")
     args = parser.parse_args()
     load_before = os.getloadavg()
-    cases = cases_with_answers(args.tokens)
+    cases = replay_cases(args.answers)
     import webslm
     model = webslm.open_model(MODEL)
-    scope: dict = {}
+    scope: dict = {"clock": time.thread_time}
     exec(REPLAY, scope)
     cpython = scope["run"](model.tokenizer, model.architecture.vocab, list(model.manifest.tokenizer["eos_ids"]),
-                           cases, args.tokens)
+                           cases, LIMIT)
     with tempfile.TemporaryDirectory() as tmp:
         runner, given = pathlib.Path(tmp) / "runner.mjs", pathlib.Path(tmp) / "args.json"
         runner.write_text(PYODIDE_RUNNER % {"pyodide": (SITE / "pyodide/pyodide.mjs").as_uri()})
         given.write_text(json.dumps({"indexURL": str(SITE / "pyodide") + "/", "py": str(ROOT / "py"),
-                                     "model": str(MODEL), "replay": REPLAY, "cases": cases, "limit": args.tokens}))
+                                     "model": str(MODEL), "replay": REPLAY, "cases": cases, "limit": LIMIT}))
         proc = subprocess.run(["node", str(runner), str(given)], capture_output=True, text=True, timeout=3600)
     if proc.returncode:
         raise RuntimeError(f"node failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     pyodide = json.loads(proc.stdout.strip().splitlines()[-1])
-    groups = {"json_object": ["json_object"], "schemas": [c["name"] for c in cases if c["kind"] == "json_schema"],
+    groups = {"json_object": [c["name"] for c in cases if c["kind"] == "json_object"],
+              "json_schema (json_mode_50's)": [c["name"] for c in cases if c["name"].startswith("json_schema-")],
+              "keyword schemas": [c["name"] for c in cases if c["kind"] == "json_schema"
+                                  and not c["name"].startswith("json_schema-")],
               "grammars": [c["name"] for c in cases if c["kind"] == "grammar"]}
     summary = {}
     print("| cases | runtime | mask ms/token uncached | cached | advance ms/token | worst mask ms |")
@@ -170,7 +189,7 @@ def main() -> None:
             summary.setdefault(group, {})[runtime] = line
             print(f"| {group} ({len(names)}) | {runtime} | {line['mask_ms_per_token_uncached']} | "
                   f"{line['mask_ms_per_token_cached']} | {line['advance_ms_per_token']} | {line['mask_ms_max']} |")
-    out = {"model": MODEL.name, "max_tokens": args.tokens, "node": subprocess.run(["node", "--version"], capture_output=True,
+    out = {"model": MODEL.name, "limit": LIMIT, "node": subprocess.run(["node", "--version"], capture_output=True,
                                                                                    text=True).stdout.strip(),
            "cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
            "token_pieces_s": {"CPython": round(cpython["token_pieces_s"], 3), "Pyodide": round(pyodide["token_pieces_s"], 3)},

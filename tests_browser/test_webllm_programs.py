@@ -164,7 +164,7 @@ def test_abort_and_reload(booted, brief_reference):
     assert raw["usage"]["prompt_tokens"] == 5 and raw["choices"][0]["text"]     # no chat template
     held = r["rawGrammar"]["choices"][0]
     assert held["text"] in (" Paris.", " Lyon.", " Nice.") and held["finish_reason"] == "stop", held
-    assert r["tooShort"]["code"] == "out-of-range" and "max_tokens" in r["tooShort"]["message"], r["tooShort"]
+    assert r["tooShort"]["code"] == "bad-request" and "max_tokens" in r["tooShort"]["message"], r["tooShort"]
     unknown = r["unknownModel"]
     assert unknown["code"] == "unknown-model" and "Llama-3.1-8B-Instruct-q4f32_1-MLC" in unknown["message"]
 
