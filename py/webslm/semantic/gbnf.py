@@ -459,6 +459,7 @@ class TextGrammar:
         self.grammar = grammar
         self.initial = (grammar.initial, ())
         self._steps: dict = {}
+        self._interned: dict = {}
         self._closing = None
 
     def step(self, state, byte: int):
@@ -475,6 +476,9 @@ class TextGrammar:
                 after = sc.utf8_lead(self.grammar, chars, byte)
             if len(self._steps) >= MAX_STEP_CACHE:
                 self._steps.clear()
+                self._interned.clear()
+            if after is not None:       # one object per state: the mask's closing() memo goes by identity
+                after = self._interned.setdefault(after, after)
             self._steps[key] = after
         return after
 

@@ -329,6 +329,7 @@ class SchemaGrammar:
         self.nodes = nodes
         self.initial = frozenset({((VALUE, root, 0),)})
         self._steps: dict = {}
+        self._interned: dict = {}
         self._closing = None
         # per object node: the properties a key may name at each `next`, and whether "}" may come
         self._keys_from, self._closable = {}, {}
@@ -354,6 +355,9 @@ class SchemaGrammar:
             after = frozenset(out) if out else None
             if len(self._steps) >= MAX_STEP_CACHE:
                 self._steps.clear()
+                self._interned.clear()
+            if after is not None:       # one object per state: the mask's closing() memo goes by identity
+                after = self._interned.setdefault(after, after)
             self._steps[key] = after
         return after
 

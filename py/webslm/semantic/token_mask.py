@@ -53,12 +53,12 @@ class SortedPieces:
         self.vocab = vocab
         self.bytes = [raw for raw, _ in pieces]
         self.ids = np.array([token for _, token in pieces], dtype=np.int64)
-        self.id_list = self.ids.tolist()
         self.shared = [0] + [_common_prefix(a, b) for a, b in zip(self.bytes, self.bytes[1:])]
 
     def walk(self, step, state, ends: list | None = None) -> np.ndarray:
         """bool [vocab]: the tokens whose every byte `step` accepts, starting from `state`.
-        ends: given a list, (token id, state after it) is appended for each."""
+        ends: given a list, the state after each such token is appended, then the array of
+        their ids, in the same order."""
         ok = np.zeros(len(self.bytes), dtype=bool)
         states = [state]              # states[d]: after the first d bytes of the token at hand
         k, n = 0, len(self.bytes)
@@ -75,10 +75,12 @@ class SortedPieces:
             else:
                 ok[k] = True
                 if ends is not None:
-                    ends.append((self.id_list[k], current))
+                    ends.append(current)
                 k += 1
         mask = np.zeros(self.vocab, dtype=bool)
         mask[self.ids[ok]] = True
+        if ends is not None:
+            ends.append(self.ids[ok])
         return mask
 
 
@@ -224,16 +226,10 @@ class GrammarMask:
         if self.grammar.accepting(state):
             mask |= self._eos
         now = self.grammar.closing(state)
-        closing, by_object = self.grammar.closing, {}      # the walk's end states repeat, as objects
-
-        def closing_of(after):
-            value = by_object.get(id(after))
-            if value is None:
-                value = by_object[id(after)] = closing(after)
-            return value
-
-        tokens = np.fromiter((t for t, _ in ends), dtype=np.int64, count=len(ends))
-        values = np.fromiter((closing_of(a) for _, a in ends), dtype=np.float64, count=len(ends))
+        tokens = ends.pop()
+        # the grammars intern their states, so the walk's 49152 end states are a few objects
+        closings = {after: self.grammar.closing(after) for after in set(ends)}
+        values = np.fromiter(map(closings.__getitem__, ends), dtype=np.float64, count=len(ends))
         if stays:                                # plain text leaves closing() where it is
             tokens = np.concatenate([tokens, self.pieces.plain_ids])
             values = np.concatenate([values, np.full(len(self.pieces.plain_ids), now, dtype=np.float64)])
