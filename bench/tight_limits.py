@@ -1,6 +1,7 @@
 """bench/json_mode_50.py's companion under tight token limits: the same 50 subjects and the same
 default model on the CPU path, answered in JSON mode, in JSON-schema mode (json_mode_50's
-SCHEMA: bounded strings, an enum, a bounded integer, a boolean) and in grammar mode with a
+SCHEMA: bounded strings, an enum, a bounded integer, a boolean; and FREE below: unbounded
+strings and an array with minItems) and in grammar mode with a
 recursive grammar (tests/test_grammar_mode.py's arithmetic: nested parentheses), each with
 max_tokens = the mode's shortest valid answer (closing() of the initial state, in bytes) +
 --slack, so most answers are cut by the limit and closed by the mask.
@@ -37,9 +38,14 @@ from webslm.cpu import CpuBackend  # noqa: E402
 from webslm.generate import generate  # noqa: E402
 from webslm.request import prompt_ids, sampler_settings  # noqa: E402
 
+# Free strings and an array with minItems: nothing bounds the answer but the limit.
+FREE = {"type": "object", "properties": {"name": {"type": "string"}, "summary": {"type": "string"},
+                                         "facts": {"type": "array", "items": {"type": "string"}, "minItems": 2}},
+        "required": ["name", "summary", "facts"], "additionalProperties": False}
 MODES = {
     "json_object": {"type": "json_object"},
     "json_schema": {"type": "json_schema", "json_schema": {"name": "thing", "schema": SCHEMA}},
+    "json_schema (free strings)": {"type": "json_schema", "json_schema": {"name": "facts", "schema": FREE}},
     "grammar (recursive)": {"type": "grammar", "grammar": ARITHMETIC},
 }
 
@@ -49,6 +55,8 @@ def ask(mode: str, subject: str) -> list[dict]:
         text = f"Write a long arithmetic expression, with parentheses, that counts something about {subject}."
     elif mode == "json_object":
         text = f"Describe {subject} as a JSON object with many details."
+    elif mode == "json_schema (free strings)":
+        text = f"Describe {subject} as JSON with its name, a long detailed summary and many facts."
     else:
         text = (f"Describe {subject} as JSON with its name, category, a one-sentence summary, a rating "
                 "from 1 to 10 and whether it is famous.")
@@ -65,7 +73,9 @@ def check(mode: str, text: str) -> tuple[bool, bool]:
         value = json.loads(text)
     except ValueError:
         return False, False
-    return True, isinstance(value, dict) if mode == "json_object" else errors(value, SCHEMA) == []
+    if mode == "json_object":
+        return True, isinstance(value, dict)
+    return True, errors(value, FREE if "free" in mode else SCHEMA) == []
 
 
 def main() -> None:
