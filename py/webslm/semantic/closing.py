@@ -6,12 +6,15 @@ answer closable within its token limit with it (json_grammar.closing is JSON mod
 The rule: `closing(state)` is the length of a shortest completion, in bytes, over the SAFE
 bytes only: the bytes every byte-level vocabulary spells with a token of its own (printable
 ASCII, tab, line feed, carriage return, UTF-8 continuation bytes, and the lead bytes of
-characters up to plane 3; SmolLM2 lacks single tokens for six control bytes and the lead
-bytes F1, F2, F5-FF). So it is also a number of tokens that surely suffices, and the first
+characters up to plane 3; SmolLM2 lacks single tokens for six control bytes and for C0,
+C1, F1, F2, F5-FF). So it is also a number of tokens that surely suffices, and the first
 byte of a shortest completion is always a token that lowers it by one: an answer whose
 closing() fits its remaining tokens can always go on fitting. A completion that needs an
 unsafe byte (a GBNF character class of control characters only, a character above plane 3)
-is not counted (a JSON string escapes such characters, so only grammars are affected).
+is not counted (a JSON string escapes such characters, so only grammars are affected; a
+schema's enum value or key with a character above plane 3 is counted as if it were safe).
+Bytes are a loose count of tokens (SmolLM2 spends 2.2-3.1 bytes a token on JSON answers), so the
+rule is safe, not tight: docs/js-api.md says what that costs.
 
 JSON text is counted as JSON spells it: in a string, '"' and '\\' and \\b \\f \\n \\r \\t take
 two bytes, other control characters six (\\u00XX), characters above plane 3 twelve (a
