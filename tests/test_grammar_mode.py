@@ -242,3 +242,18 @@ def test_smollm2_answers_in_the_grammars_language(name, question):
     assert again == answers[0]
     assert reason == "stop", out
     assert re.fullmatch(pattern, out) if pattern else in_arithmetic(out), out
+
+
+@needs_smollm2
+def test_a_raw_prompt_completion_in_grammar_mode():
+    """completions.create's path: a raw prompt (no chat template) through the worker's request
+    plan, continued by text of the grammar's language."""
+    from webslm.worker.requests import generation_plan
+    model = webslm.open_model(SMOLLM2)
+    plan = generation_plan(model, {"messages": "The sum 2 + 3 * 4 can be written as", "settings": {
+        "response_format": {"type": "grammar", "grammar": ARITHMETIC}, "temperature": 0.8, "seed": 5,
+        "max_tokens": 12}})
+    assert plan.ids == prompt_ids(model, "The sum 2 + 3 * 4 can be written as", chat=False)
+    deltas = list(generate(model, CpuBackend(model), plan.ids, plan.settings))
+    out = "".join(d.text for d in deltas)
+    assert in_arithmetic(out), (out, deltas[-1].finish_reason)

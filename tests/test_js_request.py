@@ -78,6 +78,16 @@ def test_text_parts_pass_as_parts_and_a_raw_prompt_as_a_string():
     assert check({"prompt": "Once upon", "max_tokens": 3}, "completion")["ok"]["prompt"] == "Once upon"
 
 
+def test_a_raw_completion_takes_a_grammar_or_json_mode():
+    grammar = {"type": "grammar", "grammar": 'root ::= " a" | " an"'}
+    got = check({"prompt": "Once upon", "response_format": grammar, "max_tokens": 4}, "completion")["ok"]
+    assert got["settings"] == {"max_tokens": 4, "response_format": grammar} and got["prompt"] == "Once upon"
+    assert check({"prompt": "x", "response_format": {"type": "json_object"}}, "completion")["ok"]["settings"] == {
+        "response_format": "json_object"}
+    assert "must be the grammar's GBNF text" in check({"prompt": "x", "response_format": {"type": "grammar"}},
+                                                     "completion")["error"]
+
+
 def test_defaults_apply_unless_the_request_sets_the_field():
     got = check({"messages": HI, "temperature": 0.1}, defaults={"temperature": 0.9, "top_p": 0.5})["ok"]
     assert got["settings"]["temperature"] == 0.1 and got["settings"]["top_p"] == 0.5

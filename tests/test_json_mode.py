@@ -10,9 +10,10 @@ token mask against a brute-force check of every token, and answers that always p
 - Answers: 50 seeded answers of the fixture model (random weights: the mask does all the
   work) are always a prefix the recognizer accepts, and every one that ends "stop" parses as
   a JSON object; SmolLM2 asked for JSON answers with objects that parse.
-- The token limit: closing() (the fewest bytes that finish the object) rises by at most the
-  per-byte bound the mask's window is made of, on random texts; 50 random-weight answers
-  with small max_tokens (3 to 32) are all whole objects, cut by the limit or not.
+- The token limit: closing() (the fewest bytes that finish the object) falls by one along
+  every byte of a JSON text and is 0 at its end (its exactness: tests/test_closing.py); 50
+  random-weight answers with small max_tokens (3 to 32) are all whole objects, cut by the
+  limit or not; max_tokens 1 (no room for "{}") is refused up front.
 """
 from __future__ import annotations
 
@@ -28,8 +29,7 @@ import webslm
 from webslm.cpu import CpuBackend
 from webslm.generate import generate
 from webslm.request import prompt_ids, sampler_settings
-from webslm.semantic.json_grammar import (DONE, INITIAL, MAX_DEPTH, JsonMask, _rise_per_byte, advance, closing,
-                                          json_mask_for, step)
+from webslm.semantic.json_grammar import DONE, INITIAL, MAX_DEPTH, advance, closing, json_mask_for, step
 from webslm.semantic.sampler import Sampler, SamplerError, SamplerSettings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -105,7 +105,7 @@ PREFIXES = [b"", b" ", b"{", b'{"', b'{"a', b'{"a\\', b'{"a\\u00', b'{"a"', b'{"
             b'{"a": "\xc3', b'{"a": 1}']
 
 
-def brute_force(mask: JsonMask, tokenizer, state) -> np.ndarray:
+def brute_force(mask, tokenizer, state) -> np.ndarray:
     expected = np.zeros(mask.vocab, dtype=bool)
     if state[1] == DONE:
         expected[list(mask._eos.nonzero()[0])] = True
@@ -126,7 +126,7 @@ def models(fixture_slm_path):
 def test_the_mask_is_exactly_the_tokens_the_recognizer_accepts(fixture_slm_path):
     for model in models(fixture_slm_path):
         eos = list(model.manifest.tokenizer["eos_ids"])
-        mask = JsonMask(model.tokenizer, model.architecture.vocab, eos)
+        mask = json_mask_for(model.tokenizer, model.architecture.vocab, eos)
         for prefix in PREFIXES:
             state = advance(INITIAL, prefix)
             got = mask.allowed(state)
@@ -185,14 +185,12 @@ def test_fifty_answers_of_a_random_model_are_json_objects_or_prefixes_of_one(fix
                     | st.text(max_size=6), lambda inner: st.lists(inner, max_size=3)
                     | st.dictionaries(st.text(max_size=4), inner, max_size=3), max_leaves=8),
        st.booleans())
-def test_closing_rises_by_at_most_the_per_byte_bound(value, ascii_only):
-    rise = _rise_per_byte()
+def test_closing_falls_by_at_most_one_a_byte_of_a_json_text(value, ascii_only):
     text = json.dumps({"v": value}, ensure_ascii=ascii_only).encode()
     state = INITIAL
     for byte in text:
         after = step(state, byte)
-        assert closing(after) - closing(state) <= rise[byte], (text, byte)
-        assert closing(after) >= 0
+        assert closing(state) - closing(after) <= 1 and closing(after) >= 0, (text, byte)
         state = after
     assert closing(state) == 0 and state[1] == DONE
 
@@ -207,6 +205,8 @@ def test_answers_cut_by_a_small_token_limit_are_still_whole_objects(fixture_slm_
         assert python_accepts(text), (n, reason, text)
         cut += reason == "length"
     assert cut >= 10                          # the limit did the closing, not only the model
+    with pytest.raises(SamplerError, match="takes 2 tokens"):
+        json_answer(model, backend, [{"role": "user", "content": "JSON"}], max_tokens=1)
 
 
 @pytest.mark.skipif(not SMOLLM2.is_file(), reason="SmolLM2 is built by set-up (tools/assets.py)")

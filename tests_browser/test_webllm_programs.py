@@ -21,7 +21,8 @@ examples do, and asks for a few tokens.
   languages; a keyword outside the subset, a left-recursive grammar and tools on SmolLM2
   (its template has none) are refused by name.
 - abort_reload: interruptGenerate ends a stream "abort"; reload; two requests sent at once are
-  answered in order (no "busy"); completions.create on a raw prompt; an unknown WebLLM model
+  answered in order (no "busy"); completions.create on a raw prompt, and with a grammar
+  (response_format; a max_tokens below its shortest text refused); an unknown WebLLM model
   id is a clear error.
 Each program's wall time is printed and written to tests_browser/results/<row>.json under
 "webllm_programs"; no test asserts a time.
@@ -161,6 +162,9 @@ def test_abort_and_reload(booted, brief_reference):
     raw = r["raw"]
     assert raw["object"] == "text_completion" and raw["usage"]["completion_tokens"] == 1
     assert raw["usage"]["prompt_tokens"] == 5 and raw["choices"][0]["text"]     # no chat template
+    held = r["rawGrammar"]["choices"][0]
+    assert held["text"] in (" Paris.", " Lyon.", " Nice.") and held["finish_reason"] == "stop", held
+    assert r["tooShort"]["code"] == "bad-request" and "max_tokens" in r["tooShort"]["message"], r["tooShort"]
     unknown = r["unknownModel"]
     assert unknown["code"] == "unknown-model" and "Llama-3.1-8B-Instruct-q4f32_1-MLC" in unknown["message"]
 

@@ -13,11 +13,13 @@ export class BadRequest extends Error {
 }
 
 // The fields both kinds take, and each kind's own.
+// response_format on a raw prompt constrains the text that continues it, as on a chat answer
+// (the mask does not look at the prompt).
 const COMMON = ["stream", "stream_options", "n", "temperature", "top_p", "top_k", "max_tokens", "seed", "stop",
                 "signal", "model", "cache_prompt", "frequency_penalty", "presence_penalty", "repetition_penalty",
-                "logit_bias", "logprobs", "top_logprobs", "ignore_eos"];
+                "logit_bias", "logprobs", "top_logprobs", "ignore_eos", "response_format"];
 const FIELDS = {
-  chat: new Set([...COMMON, "messages", "max_completion_tokens", "response_format", "tools", "tool_choice"]),
+  chat: new Set([...COMMON, "messages", "max_completion_tokens", "tools", "tool_choice"]),
   completion: new Set([...COMMON, "prompt", "echo", "suffix", "best_of"]),
 };
 // Sampling defaults a CreateMLCEngine chatOpts may set for every request (WebLLM's ChatOptions).

@@ -31,7 +31,7 @@ import dataclasses
 import time
 
 from .semantic.ledger import Ledger
-from .semantic.sampler import Sampler, SamplerSettings, StopMatcher
+from .semantic.sampler import Sampler, SamplerError, SamplerSettings, StopMatcher
 from .semantic.tokenizer import StreamDecoder
 
 
@@ -52,6 +52,40 @@ class Timings:
     generated_tokens: int = 0
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+
+
+def grammar_mask(model, settings: SamplerSettings):
+    """The token mask of settings.response_format (token_mask.GrammarMask, kept on the
+    tokenizer), or None for free text."""
+    arch, eos = model.architecture, sorted(model.manifest.tokenizer["eos_ids"])
+    if settings.response_format == "json_object":
+        from .semantic.json_grammar import json_mask_for
+        return json_mask_for(model.tokenizer, arch.vocab, frozenset(eos))
+    if settings.response_format == "json_schema":
+        from .semantic.json_schema import schema_mask_for
+        return schema_mask_for(model.tokenizer, arch.vocab, eos, settings.json_schema)
+    if settings.response_format == "grammar":
+        from .semantic.gbnf import grammar_mask_for
+        return grammar_mask_for(model.tokenizer, arch.vocab, eos, settings.grammar)
+    return None
+
+
+def check_room(model, prompt_ids: list[int], settings: SamplerSettings) -> None:
+    """SamplerError "out-of-range" on max_tokens when a constrained answer cannot be whole
+    within its token limit (max_tokens, or the room the prompt leaves in the context): asked
+    before anything is generated, so a request is refused, not answered with a cut text."""
+    mask = grammar_mask(model, settings)
+    if mask is not None:
+        _check_room(mask, settings, min(settings.max_tokens, model.architecture.context_length - len(prompt_ids)))
+
+
+def _check_room(mask, settings: SamplerSettings, limit: int) -> None:
+    need = mask.closing(mask.initial)
+    if mask.closes and need > limit:
+        room = "max_tokens" if limit == settings.max_tokens else "the room the prompt leaves in the context"
+        raise SamplerError("out-of-range", "max_tokens", f"the shortest answer the {settings.response_format} "
+                                                         f"format allows takes {need:.0f} tokens (counted as bytes), "
+                                                         f"more than {room} ({limit})")
 
 
 class Answer:
@@ -75,20 +109,12 @@ class Answer:
         self.finish_reason: str | None = None
         self.tokenizer = model.tokenizer
         self._logprobs: list[dict] = []     # entries not yet handed out
-        # JSON and JSON-schema modes: the masks, and the recognizer's state over the committed
-        # tokens' bytes
-        self._grammar = self._grammar_state = None
-        if settings.response_format == "json_object":
-            from .semantic.json_grammar import json_mask_for
-            self._grammar = json_mask_for(model.tokenizer, arch.vocab, self.eos)
-        elif settings.response_format == "json_schema":
-            from .semantic.json_schema import schema_mask_for
-            self._grammar = schema_mask_for(model.tokenizer, arch.vocab, sorted(self.eos), settings.json_schema)
-        elif settings.response_format == "grammar":
-            from .semantic.gbnf import grammar_mask_for
-            self._grammar = grammar_mask_for(model.tokenizer, arch.vocab, sorted(self.eos), settings.grammar)
+        # JSON, JSON-schema and grammar modes: the mask, and the recognizer's state over the
+        # committed tokens' bytes
+        self._grammar = grammar_mask(model, settings)
         if self._grammar is not None:
             self._grammar_state = self._grammar.initial
+            _check_room(self._grammar, settings, self.limit)
         self._committed = 0
         self._decode_started: float | None = None
 
@@ -98,12 +124,11 @@ class Answer:
         return self.sampler.position
 
     def allowed(self):
-        """JSON (schema) mode's mask of the tokens that may come next (bool [vocab]), else None."""
+        """The constrained modes' mask of the tokens that may come next (bool [vocab]), else
+        None: closable within the token limit (token_mask.GrammarMask.allowed_within)."""
         if self._grammar is None:
             return None
-        if self.settings.response_format == "json_object":        # closable within the token limit
-            return self._grammar.allowed_within(self._grammar_state, self.limit - self._committed - 1)
-        return self._grammar.allowed(self._grammar_state)
+        return self._grammar.allowed_within(self._grammar_state, self.limit - self._committed - 1)
 
     @property
     def has_room(self) -> bool:

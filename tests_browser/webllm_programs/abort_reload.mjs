@@ -30,11 +30,21 @@ const [first, second] = await Promise.all([
   engine.chat.completions.create({ ...question, max_tokens: 2 }),
 ]);
 const raw = await engine.completions.create({ prompt: "The capital of France is", temperature: 0, max_tokens: 1 });
+// A raw completion held to a grammar; a limit below its shortest text is refused up front.
+const cities = { type: "grammar", grammar: 'root ::= " " ("Paris" | "Lyon" | "Nice") "."' };
+const rawGrammar = await engine.completions.create({ prompt: "The capital of France is", temperature: 0,
+                                                     max_tokens: 8, response_format: cities });
+let tooShort = null;
+try {
+  await engine.completions.create({ prompt: "The capital of France is", max_tokens: 5, response_format: cities });
+} catch (error) {
+  tooShort = { name: error.name, code: error.code, message: error.message };
+}
 let unknownModel = null;
 try {
   await engine.reload("Llama-3.1-8B-Instruct-q4f32_1-MLC");
 } catch (error) {
   unknownModel = { name: error.name, code: error.code, message: error.message };
 }
-export const results = { pieces, finishReason, first, second, raw, unknownModel };
+export const results = { pieces, finishReason, first, second, raw, rawGrammar, tooShort, unknownModel };
 await engine.unload();

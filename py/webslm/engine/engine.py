@@ -55,7 +55,7 @@ from typing import AsyncIterator, Callable
 
 import numpy as np
 
-from ..answer import Answer, Delta, Timings
+from ..answer import Answer, Delta, Timings, check_room
 from ..backends.cpu_path import CpuPath
 from ..backends.scores import BackendCancelled, BackendLost, Scores, Want
 from ..errors import CodedError
@@ -360,6 +360,7 @@ class Engine:
             ids = prompt_ids(self.model, prompt, chat, system)
             if not isinstance(settings, SamplerSettings):
                 settings = sampler_settings(self.model, settings)
+            check_room(self.model, ids, settings)    # before the answer in progress is superseded
         except InvalidRequest as bad:        # the engine's callers match on EngineError codes
             raise EngineError(bad.code, bad.where, bad.sentence) from None
         await self._supersede()

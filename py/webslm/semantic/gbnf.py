@@ -459,6 +459,8 @@ class TextGrammar:
         self.grammar = grammar
         self.initial = (grammar.initial, ())
         self._steps: dict = {}
+        self._interned: dict = {}
+        self._closing = None
 
     def step(self, state, byte: int):
         key = (state, byte)
@@ -474,6 +476,9 @@ class TextGrammar:
                 after = sc.utf8_lead(self.grammar, chars, byte)
             if len(self._steps) >= MAX_STEP_CACHE:
                 self._steps.clear()
+                self._interned.clear()
+            if after is not None:       # one object per state: the mask's closing() memo goes by identity
+                after = self._interned.setdefault(after, after)
             self._steps[key] = after
         return after
 
@@ -485,6 +490,13 @@ class TextGrammar:
 
     def in_string(self, state) -> bool:
         return False
+
+    def closing(self, state) -> float:
+        """The fewest bytes that finish a text of the language from `state` (closing.py states the rule)."""
+        if self._closing is None:
+            from .closing import GrammarClosing
+            self._closing = GrammarClosing(self.grammar)
+        return self._closing(state)
 
     def advance(self, state, data: bytes):
         for byte in data:

@@ -9,24 +9,20 @@ Two parts:
   integer), so it can be a dict key. Bytes >= 0x80 are taken as string content (UTF-8 is
   left to the tokenizer's decoder); whitespace runs are at most MAX_WHITESPACE bytes and
   nesting at most MAX_DEPTH, so a model cannot stall in blanks or recurse without end.
-- `JsonMask(tokenizer, vocab, eos_ids)`: token_mask.GrammarMask over this recognizer:
+- `json_mask_for(tokenizer, vocab, eos_ids)`: token_mask.GrammarMask over this recognizer:
   `allowed(state)` is a bool [vocab] mask, cached per state. Special tokens are never
   allowed; the EOS ids are allowed exactly when the object is complete, and then nothing
-  else is. `allowed_within(state, left)` also keeps the answer closable within `left` more
-  tokens (the token limit): `closing(state)` is the fewest bytes that complete the object
-  (every ASCII byte is a token of its own, so as many tokens at most), and near the limit a
-  token is allowed only if the object can still be closed after it. So an answer cut by
-  max_tokens is still a whole object (when max_tokens leaves room for "{}" at all).
+  else is. `closing(state)` is the fewest bytes that complete the object (all ASCII), with
+  which `allowed_within(state, left)` keeps the answer closable within the token limit, as
+  it does for schemas and grammars (token_mask.py). So an answer cut by max_tokens is still
+  a whole object (a limit below 2, no room for "{}", is refused up front: answer.py).
 
 The mask is a function of the committed tokens only, so it is the same on the GPU and the
 CPU, after a device loss's replay, and in every browser: the sampler's determinism holds.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from functools import lru_cache
-
-import numpy as np
 
 from .token_mask import GrammarMask, token_pieces
 
@@ -183,25 +179,6 @@ def closing(state: State) -> int:
     return len(LITERALS[which]) - read + opened
 
 
-def _rise_per_byte() -> list[int]:
-    """Per byte: the most one byte can raise closing(), over every kind of state (the stack's
-    depth beyond its top does not change the difference)."""
-    states = [INITIAL]
-    for stack in ("{", "[", "{[", "[{"):
-        states += [(stack, mode, 0) for mode in (VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER)]
-        states += [(stack, STRING, k) for k in (0, 1)] + [(stack, ESCAPE, k) for k in (0, 1)]
-        states += [(stack, HEX, k * 8 + left) for k in (0, 1) for left in range(1, 5)]
-        states += [(stack, NUMBER, sub) for sub in range(8)]
-        states += [(stack, LITERAL, w * 8 + r) for w, lit in enumerate(LITERALS) for r in range(1, len(lit))]
-    rise = [0] * 256
-    for state in states:
-        for byte in range(256):
-            after = step(state, byte)
-            if after is not None:
-                rise[byte] = max(rise[byte], closing(after) - closing(state))
-    return rise
-
-
 class ObjectGrammar:
     """The recognizer above as token_mask's grammar: a whole object ends the answer."""
     initial = INITIAL
@@ -217,53 +194,14 @@ class ObjectGrammar:
     def in_string(state: State) -> bool:
         return state[1] == STRING
 
-
-class JsonMask(GrammarMask):
-    """The tokens that keep the text a JSON-object prefix, per recognizer state (module docstring)."""
-
-    def __init__(self, tokenizer, vocab: int, eos_ids):
-        super().__init__(token_pieces(tokenizer, vocab), ObjectGrammar, eos_ids)
-        self._pieces = {t: tokenizer.piece_bytes(t) for t in self.pieces.every.ids.tolist()}
-        rise = _rise_per_byte()
-        # the most any token can raise closing(): far from the limit no token needs checking
-        self.window = max((sum(rise[b] for b in raw) for raw in self._pieces.values()), default=0)
-        self._plain = np.zeros(vocab, dtype=bool)
-        self._plain[self.pieces.plain_ids] = True
-        self._closings: OrderedDict = OrderedDict()      # state -> (token ids, closing() after each)
-
-    def allowed_within(self, state: State, left: int) -> np.ndarray:
-        """allowed(state), less the tokens after which the object could not be closed within
-        `left` more tokens (module docstring). Unchanged when no token can be too many, or
-        when the object cannot be closed in time whatever comes next."""
-        mask = self.allowed(state)
-        now = closing(state)
-        if left >= now + self.window:
-            return mask
-        ids, after = self._after(state, mask)
-        out = mask.copy()
-        out[ids[after > left]] = False
-        if ObjectGrammar.in_string(state) and now > left:   # plain text leaves closing() as it is
-            out[self._plain] = False
-        return out if out.any() else mask
-
-    def _after(self, state: State, mask: np.ndarray):
-        kept = self._closings.get(state)
-        if kept is None:
-            ids = np.nonzero(mask & ~self._eos)[0]
-            if ObjectGrammar.in_string(state):
-                ids = ids[~self._plain[ids]]
-            after = np.array([closing(advance(state, self._pieces[t])) for t in ids.tolist()], dtype=np.int64)
-            kept = self._closings[state] = (ids, after)
-            if len(self._closings) > 256:
-                self._closings.popitem(last=False)
-        return kept
+    closing = staticmethod(closing)
 
 
-def json_mask_for(tokenizer, vocab: int, eos_ids) -> JsonMask:
-    """The tokenizer's JsonMask, made once and kept on the tokenizer (its sorted pieces and
-    every mask computed so far are reused by every later answer)."""
+def json_mask_for(tokenizer, vocab: int, eos_ids) -> GrammarMask:
+    """The tokenizer's JSON-mode GrammarMask, made once and kept on the tokenizer (its sorted
+    pieces and every mask computed so far are reused by every later answer)."""
     mask = getattr(tokenizer, "_json_mask", None)
     if mask is None or mask.vocab != vocab:
-        mask = JsonMask(tokenizer, vocab, eos_ids)
+        mask = GrammarMask(token_pieces(tokenizer, vocab), ObjectGrammar, eos_ids)
         tokenizer._json_mask = mask
     return mask

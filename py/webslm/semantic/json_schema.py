@@ -329,6 +329,8 @@ class SchemaGrammar:
         self.nodes = nodes
         self.initial = frozenset({((VALUE, root, 0),)})
         self._steps: dict = {}
+        self._interned: dict = {}
+        self._closing = None
         # per object node: the properties a key may name at each `next`, and whether "}" may come
         self._keys_from, self._closable = {}, {}
         # per literal node: every proper prefix of a literal (so a literal equal to one may go on)
@@ -353,6 +355,9 @@ class SchemaGrammar:
             after = frozenset(out) if out else None
             if len(self._steps) >= MAX_STEP_CACHE:
                 self._steps.clear()
+                self._interned.clear()
+            if after is not None:       # one object per state: the mask's closing() memo goes by identity
+                after = self._interned.setdefault(after, after)
             self._steps[key] = after
         return after
 
@@ -366,6 +371,13 @@ class SchemaGrammar:
         """Whether every stack is in a string's text: a plain byte then leaves the state as it is."""
         return all(stack and (stack[-1] == (STR, 0) or (stack[-1][0] == ANYV and stack[-1][1][1] == jg.STRING))
                    for stack in state)
+
+    def closing(self, state: frozenset) -> float:
+        """The fewest bytes that finish a valid value from `state` (closing.py states the rule)."""
+        if self._closing is None:
+            from .closing import SchemaClosing
+            self._closing = SchemaClosing(self)
+        return self._closing(state)
 
     def advance(self, state, data: bytes):
         for byte in data:

@@ -1,12 +1,14 @@
 """Grammar to token mask: which tokens of a vocabulary may come next, given a byte-level
-recognizer's state. JSON mode (json_grammar.py) and JSON-schema mode (json_schema.py) both
-mask through here.
+recognizer's state. JSON mode (json_grammar.py), JSON-schema mode (json_schema.py) and
+grammar mode (gbnf.py) all mask through here.
 
 A grammar is any object with
     step(state, byte) -> state | None     the state after one more byte (None: refused)
     accepting(state) -> bool              the text read so far is a whole answer: EOS may follow
     finished(state) -> bool               ... and nothing but EOS may follow
     in_string(state) -> bool              every PLAIN byte leaves the state as it is
+    closing(state) -> int                 the fewest bytes that make the text a whole answer,
+                                          over closing.SAFE bytes (closing.py states the rule)
 States must be hashable: masks are cached per state.
 
 - `TokenPieces(tokenizer, vocab)`: made once per tokenizer. Every token's bytes, sorted, with
@@ -19,6 +21,15 @@ States must be hashable: masks are cached per state.
 - `GrammarMask(pieces, grammar, eos_ids)`: allowed(state) -> bool [vocab], cached per state
   (packed to bits; at most MAX_CACHED states, the oldest dropped first). EOS is allowed
   exactly when the state is accepting; a finished state allows EOS only.
+  `allowed_within(state, left)` keeps the answer closable within the token limit: a token
+  is allowed only if closing() after it is at most `left`, the tokens that may follow it.
+  Every SAFE byte is a token of its own (checked: `closes`), so closing() counts tokens
+  that surely suffice, and a state with closing() <= left + 1 always keeps a token (the
+  first byte of a shortest completion, or EOS): an answer that starts with closing() within
+  its limit ends whole, however the limit cuts it (answer.py refuses a limit below the
+  initial state's closing() up front). The walk that makes a state's mask also records
+  closing() after each allowed token; the tokens that do not lower it are kept with the
+  mask, grouped by that value, since only they can be too many.
 """
 from __future__ import annotations
 
@@ -44,8 +55,10 @@ class SortedPieces:
         self.ids = np.array([token for _, token in pieces], dtype=np.int64)
         self.shared = [0] + [_common_prefix(a, b) for a, b in zip(self.bytes, self.bytes[1:])]
 
-    def walk(self, step, state) -> np.ndarray:
-        """bool [vocab]: the tokens whose every byte `step` accepts, starting from `state`."""
+    def walk(self, step, state, ends: list | None = None) -> np.ndarray:
+        """bool [vocab]: the tokens whose every byte `step` accepts, starting from `state`.
+        ends: given a list, the state after each such token is appended, then the array of
+        their ids, in the same order."""
         ok = np.zeros(len(self.bytes), dtype=bool)
         states = [state]              # states[d]: after the first d bytes of the token at hand
         k, n = 0, len(self.bytes)
@@ -61,9 +74,13 @@ class SortedPieces:
                 states.append(current)
             else:
                 ok[k] = True
+                if ends is not None:
+                    ends.append(current)
                 k += 1
         mask = np.zeros(self.vocab, dtype=bool)
         mask[self.ids[ok]] = True
+        if ends is not None:
+            ends.append(self.ids[ok])
         return mask
 
 
@@ -101,13 +118,15 @@ class TokenPieces:
         self.every = SortedPieces(pieces, vocab)
         self.plain_ids = np.array([t for raw, t in pieces if PLAIN.issuperset(raw)], dtype=np.int64)
         self.other = SortedPieces([(raw, t) for raw, t in pieces if not PLAIN.issuperset(raw)], vocab)
+        self.single_bytes = frozenset(raw[0] for raw, _ in pieces if len(raw) == 1)
 
-    def walk(self, step, state, plain_stays: bool = False) -> np.ndarray:
+    def walk(self, step, state, plain_stays: bool = False, ends: list | None = None) -> np.ndarray:
         """bool [vocab]: the tokens `step` accepts from `state`. plain_stays: the caller knows
-        that every PLAIN byte leaves `state` as it is (inside a string)."""
+        that every PLAIN byte leaves `state` as it is (inside a string: the plain tokens are
+        not walked, nor put in `ends`). ends: as SortedPieces.walk."""
         if not plain_stays:
-            return self.every.walk(step, state)
-        mask = self.other.walk(step, state)
+            return self.every.walk(step, state, ends)
+        mask = self.other.walk(step, state, ends)
         mask[self.plain_ids] = True
         return mask
 
@@ -144,11 +163,14 @@ class GrammarMask:
     """The tokens that keep the text in `grammar`'s language, per state (module docstring)."""
 
     def __init__(self, pieces: TokenPieces, grammar, eos_ids):
+        from .closing import SAFE
         self.pieces, self.grammar, self.vocab = pieces, grammar, pieces.vocab
         self._eos = np.zeros(self.vocab, dtype=bool)
         self._eos[[t for t in eos_ids if 0 <= t < self.vocab]] = True
         self._eos.flags.writeable = False
-        self._cache: OrderedDict = OrderedDict()     # state -> packed bool [vocab]
+        # state -> (packed bool [vocab], ((closing after, packed tokens), ...) for those not lowering it)
+        self._cache: OrderedDict = OrderedDict()
+        self.closes = SAFE <= pieces.single_bytes
 
     @property
     def initial(self):
@@ -162,18 +184,58 @@ class GrammarMask:
                 return None
         return state
 
+    def closing(self, state) -> int:
+        """The fewest tokens (bytes, closing.py's rule) that make the text a whole answer."""
+        return self.grammar.closing(state)
+
     def allowed(self, state) -> np.ndarray:
         """bool [vocab]: the tokens that may follow `state` (a fresh array, or EOS's read-only one)."""
         if self.grammar.finished(state):
             return self._eos
-        packed = self._cache.get(state)
-        if packed is None:
-            mask = self.pieces.walk(self.grammar.step, state, self.grammar.in_string(state))
-            if self.grammar.accepting(state):
-                mask |= self._eos
-            packed = self._cache[state] = np.packbits(mask)
+        return np.unpackbits(self._entry(state)[0], count=self.vocab).astype(bool)
+
+    def allowed_within(self, state, left: int) -> np.ndarray:
+        """allowed(state), less the tokens after which the answer could not be closed within
+        `left` more tokens (module docstring). Unchanged when the tokenizer does not spell
+        every SAFE byte alone (`closes` false: the rule does not hold)."""
+        if self.grammar.finished(state):
+            return self._eos
+        packed, rising = self._entry(state)
+        mask = np.unpackbits(packed, count=self.vocab).astype(bool)
+        if not self.closes:
+            return mask
+        for after, tokens in rising:
+            if after > left:
+                mask &= ~np.unpackbits(tokens, count=self.vocab).astype(bool)
+        return mask
+
+    def _entry(self, state):
+        entry = self._cache.get(state)
+        if entry is None:
+            entry = self._cache[state] = self._compute(state)
             if len(self._cache) > MAX_CACHED:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(state)
-        return np.unpackbits(packed, count=self.vocab).astype(bool)
+        return entry
+
+    def _compute(self, state):
+        ends: list = []
+        stays = self.grammar.in_string(state)
+        mask = self.pieces.walk(self.grammar.step, state, stays, ends)
+        if self.grammar.accepting(state):
+            mask |= self._eos
+        now = self.grammar.closing(state)
+        tokens = ends.pop()
+        # the grammars intern their states, so the walk's 49152 end states are a few objects
+        closings = {after: self.grammar.closing(after) for after in set(ends)}
+        values = np.fromiter(map(closings.__getitem__, ends), dtype=np.float64, count=len(ends))
+        if stays:                                # plain text leaves closing() where it is
+            tokens = np.concatenate([tokens, self.pieces.plain_ids])
+            values = np.concatenate([values, np.full(len(self.pieces.plain_ids), now, dtype=np.float64)])
+        rising = []
+        for value in np.unique(values[values >= now]).tolist():
+            chosen = np.zeros(self.vocab, dtype=bool)
+            chosen[tokens[values == value]] = True
+            rising.append((value, np.packbits(chosen)))
+        return np.packbits(mask), tuple(rising)

@@ -55,6 +55,7 @@ def generation_plan(model, request: dict) -> GenerationPlan:
     as it is, BOS as the model's tokenizer says. settings.tools and settings.tool_choice are
     OpenAI's (TOOL_SETTINGS): the tools are rendered through the chat template, and a forced
     call (tool_choice "required" or a function) is JSON-schema mode with the call's schema."""
+    from ..answer import check_room
     from ..request import InvalidRequest, prompt_ids, sampler_settings
     from ..semantic.sampler import SamplerError
     from ..semantic.tool_calls import ToolError, tool_plan
@@ -79,7 +80,9 @@ def generation_plan(model, request: dict) -> GenerationPlan:
                                                                                   "schema": tools.schema()}}
         ids = prompt_ids(model, prompt, chat=not raw, tools=tools.rendered if tools else None,
                          suffix=tools.prompt_suffix if tools else "")
-        return GenerationPlan(ids, sampler_settings(model, settings), tools)
+        plan = GenerationPlan(ids, sampler_settings(model, settings), tools)
+        check_room(model, ids, plan.settings)
+        return plan
     except (InvalidRequest, SamplerError, ToolError) as exc:
         raise RequestError(exc.code, exc.where, exc.sentence) from None
 
