@@ -35,14 +35,24 @@ def address(a: np.ndarray) -> int:
 class Kernels:
     """qmatmul.c's entry points as the CPU path calls them, and how rows of W are shared
     among threads (natively; the Pyodide worker has one). Its scratch arrays (x' and block
-    sums) are allocated once per layout and thread, so that a product costs Python no more
-    than it must: under Pyodide, asking numpy for an array's address costs several us."""
+    sums, and the outputs of qmatrix.Products) are allocated once per layout and thread and
+    reused, so that a product costs Python no more than it must: asking numpy for an array's
+    address costs ~2 us natively and several under Pyodide, and a decode step makes ~200
+    products. They are per thread so that backends in two threads never share one."""
 
     def __init__(self, q8, q4, prepare, name: str, threads: int = 1):
         self._q8, self._q4, self._prepare = q8, q4, prepare
         self.name, self.threads = name, threads
-        self._scratch: dict = {}          # (thread, layout) -> (rows, x', its address, sums, address)
+        self._local = threading.local()   # .scratch: layout -> (rows, x', address, sums, address)
+        #                                   .outputs: key -> (rows, [arrays], [addresses])
         self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+
+    def _store(self, name: str) -> dict:
+        store = getattr(self._local, name, None)
+        if store is None:
+            store = {}
+            setattr(self._local, name, store)
+        return store
 
     # Below this many products (rows of x times weights) a call runs on one thread: handing
     # work to a thread costs ~30-50 us in CPython, more than a small product.
@@ -54,25 +64,43 @@ class Kernels:
         until the next prepare of the same layout in this thread."""
         x = np.ascontiguousarray(x, np.float32)          # x itself when it already is
         m, k = x.shape
-        key = (threading.get_ident(), nblocks, block, q4, sums)
-        held = self._scratch.get(key)
+        key = (nblocks, block, q4, sums)
+        scratch = self._store("scratch")
+        held = scratch.get(key)
         if held is None or held[0] < m:
             xp, xs = np.empty(m * nblocks * block, np.float32), np.empty(m * nblocks, np.float32)
-            held = self._scratch[key] = (m, xp, address(xp), xs, address(xs) if sums else 0)
+            held = scratch[key] = (m, xp, address(xp), xs, address(xs) if sums else 0)
         self._prepare(address(x), m, k, k, nblocks, block, int(q4), held[2], held[4])
         return held[2], held[4]
+
+    def outputs(self, key, m: int, widths: list[int]) -> tuple[list[np.ndarray], list[int]]:
+        """Arrays [m, n] f32 for each n in widths, and their addresses, kept under `key` in
+        this thread and handed out again on the next call with that key (qmatrix.Products)."""
+        store = self._store("outputs")
+        held = store.get(key)
+        if held is None or held[0] < m:
+            arrays = [np.empty((m, n), np.float32) for n in widths]
+            held = store[key] = (m, arrays, [address(a) for a in arrays])
+        return ([a if len(a) == m else a[:m] for a in held[1]]), held[2]
 
     def matmul(self, w, m: int, xp_at: int, sums_at: int, y: np.ndarray) -> None:
         """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
         mins are taken once, when it is made) and x' from prepare()."""
         n, ya = w.shape[0], address(y)
-        if self._pool is None or m * n * w.nblocks * w.block < self.THREAD_MIN_WEIGHTS:
+        if not self.threaded(w, m):
             self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
             return
+        # the first share on this thread, the others on the pool: one hand-off fewer
         edges = [n * t // self.threads for t in range(self.threads + 1)]
-        jobs = [self._pool.submit(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in zip(edges, edges[1:]) if b > a]
+        jobs = [self._pool.submit(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in zip(edges[1:], edges[2:]) if b > a]
+        if edges[1]:
+            self._rows(w, m, xp_at, sums_at, ya, 0, edges[1])
         for job in jobs:
             job.result()
+
+    def threaded(self, w, m: int) -> bool:
+        """Whether matmul() splits this product among threads."""
+        return self._pool is not None and m * w.shape[0] * w.nblocks * w.block >= self.THREAD_MIN_WEIGHTS
 
     def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int) -> None:
         """Rows j0..j1 of W (columns j0..j1 of y)."""

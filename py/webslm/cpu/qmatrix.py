@@ -91,6 +91,17 @@ class QuantizedMatrix(StripMatrix):
         self.codes_at, self.scales_at = address(self.codes), address(self.scales)
         self.mins_at = 0 if self.mins is None else address(self.mins)
 
+    def kernel_call(self):
+        """f(x' address, m, block sums' address, y address): y [m, N] = x' . W^T, every row
+        on this thread, with the kernel's other arguments bound now (Products)."""
+        n, nblocks, block = self.shape[0], self.nblocks, self.block
+        codes, scales, mins = self.codes_at, self.scales_at, self.mins_at
+        if self.encoding == "q8":
+            q8 = self.kernel._q8
+            return lambda xp, m, sums, y: q8(xp, m, codes, scales, n, nblocks, block, y, n)
+        q4 = self.kernel._q4
+        return lambda xp, m, sums, y: q4(xp, m, codes, scales, mins, sums, n, nblocks, block, y, n)
+
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
@@ -133,6 +144,48 @@ def weight_matrix(model, name: str, use_kernel: bool = True) -> StripMatrix:
     if kernel is not None and info.encoding in QuantizedMatrix.KINDS:
         return QuantizedMatrix(info.encoding, shape, descriptor, arrays, kernel)
     return StripMatrix(info.encoding, shape, descriptor, arrays)
+
+
+class Products:
+    """x . W^T for the matrices of a layer that take the same x (q, k, v; gate, up; o; down),
+    as the forward pass calls them: ~7 times a layer, ~200 times a decode step, where Python's
+    own work per product (preparing x, allocating the result, taking addresses, ctypes'
+    argument conversion) was a large part of the step. Here, when every matrix is a
+    QuantizedMatrix of one layout (the kernel's case):
+      - x is prepared once for all of them;
+      - each kernel call's arguments other than x and the row count are worked out once;
+      - the results are written into arrays the kernel object keeps per thread under `role`
+        (kernels.Kernels.outputs), shared by every layer's Products of that role.
+    So a result is valid only until the next call of a Products of the same role in the same
+    thread: the forward pass consumes each (copies, adds, writes it to the cache) before then,
+    and holds none across its pauses. Products that the kernel splits among threads (a
+    prompt's chunk) go through QuantizedMatrix.matmul's path. The arithmetic is the kernel's
+    either way, so the values are those of w.matmul(x), bit for bit. Otherwise (StripMatrix),
+    multiply()."""
+
+    def __init__(self, role: str, *matrices: StripMatrix):
+        self.role, self.matrices = role, matrices
+        layouts = {w.layout() if isinstance(w, QuantizedMatrix) else None for w in matrices}
+        self.kernel = matrices[0].kernel if len(layouts) == 1 and None not in layouts else None
+        if self.kernel is None:
+            return
+        self.layout = matrices[0].layout()
+        self.widths = [w.shape[0] for w in matrices]
+        self.calls = [w.kernel_call() for w in matrices]
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        kernel = self.kernel
+        if kernel is None:
+            return multiply(x, *self.matrices)
+        m = len(x)
+        xp_at, sums_at = kernel.prepare(x, *self.layout)
+        outs, at = kernel.outputs((self.role, self.layout), m, self.widths)
+        for w, call, out, out_at in zip(self.matrices, self.calls, outs, at):
+            if kernel.threaded(w, m):
+                kernel.matmul(w, m, xp_at, sums_at, out)
+            else:
+                call(xp_at, m, sums_at, out_at)
+        return outs
 
 
 def multiply(x: np.ndarray, *matrices: StripMatrix) -> list[np.ndarray]:
