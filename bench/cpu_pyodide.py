@@ -135,7 +135,10 @@ def main(argv=None) -> int:
             (work / "base").mkdir()
             archive = subprocess.run(["git", "archive", args.baseline, "py"], cwd=ROOT, capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(work / "base")], input=archive, check=True)
-            variants.append((f"git {args.baseline}", work / "base/py", None))
+            # a revision with the Wasm kernel's source runs with the site's build of it
+            has_kernel = subprocess.run(["git", "cat-file", "-e", f"{args.baseline}:py/webslm/cpu/qmatmul.c"],
+                                        cwd=ROOT).returncode == 0
+            variants.append((f"git {args.baseline}", work / "base/py", wasm if has_kernel else None))
         print("| variant | kernel | prefill tok/s (per CPU s) | decode tok/s (per CPU s) | held MiB | Wasm heap MiB | load avg |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for label, py_dir, kernel in variants:

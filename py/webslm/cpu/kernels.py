@@ -21,7 +21,7 @@ import os
 import pathlib
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
@@ -30,6 +30,39 @@ LIBRARY = pathlib.Path(__file__).with_name("build") / "libwebslm_qmatmul.so"
 
 def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+class _Helper:
+    """A thread that runs one job at a time for the thread that hands it over. Handing over
+    and waiting go through two locks: ~10 us of CPU natively (the kernel call releases the
+    GIL, so both threads then compute), where a ThreadPoolExecutor future costs several
+    times that, too much for the ~120 products of a decode step that are worth splitting."""
+
+    def __init__(self):
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._job, self._error = None, None
+        threading.Thread(target=self._loop, name="webslm-qmatmul", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            try:
+                self._job()
+            except BaseException as error:  # noqa: BLE001 -- re-raised in the waiting thread
+                self._error = error
+            self._done.release()
+
+    def start(self, job) -> None:
+        self._job = job
+        self._go.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        self._job, error, self._error = None, self._error, None
+        if error is not None:
+            raise error
 
 
 class Kernels:
@@ -45,7 +78,9 @@ class Kernels:
         self.name, self.threads = name, threads
         self._local = threading.local()   # .scratch: layout -> (rows, x', address, sums, address)
         #                                   .outputs: key -> (rows, [arrays], [addresses])
-        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self._helpers: list[_Helper] = []   # threads - 1 of them, started on first use
+        self._helpers_pid = None            # ... in this process (a forked child starts its own)
+        self._busy = threading.Lock()       # held while one caller's work is on the helpers
 
     def _store(self, name: str) -> dict:
         store = getattr(self._local, name, None)
@@ -54,9 +89,39 @@ class Kernels:
             setattr(self._local, name, store)
         return store
 
-    # Below this many products (rows of x times weights) a call runs on one thread: handing
-    # work to a thread costs ~30-50 us in CPython, more than a small product.
-    THREAD_MIN_WEIGHTS = 1 << 20
+    # Below this many products (rows of x times weights) a call runs on one thread: a hand-
+    # off (_Helper) costs ~10 us, about what a product of 2^18 weights saves by being split.
+    THREAD_MIN_WEIGHTS = 1 << 18
+
+    def run(self, jobs: list) -> None:
+        """Run jobs (callables, at most `threads` of them) at once: the first on this thread,
+        the others on helper threads; all are done on return. Another thread's call that
+        finds the helpers busy runs its jobs one after the other instead (backends in two
+        threads share this object)."""
+        if len(jobs) == 1 or not self._busy.acquire(blocking=False):
+            for job in jobs:
+                job()
+            return
+        try:
+            if self._helpers_pid != os.getpid():
+                self._helpers = [_Helper() for _ in range(self.threads - 1)]
+                self._helpers_pid = os.getpid()
+            started = []
+            try:
+                for helper, job in zip(self._helpers, jobs[1:]):
+                    helper.start(job)
+                    started.append(helper)
+                jobs[0]()
+            finally:
+                for helper in started:
+                    helper.wait()
+        finally:
+            self._busy.release()
+
+    def shares(self, n: int) -> list[tuple[int, int]]:
+        """Rows 0..n of W as `threads` consecutive ranges (some empty when n < threads)."""
+        edges = [n * t // self.threads for t in range(self.threads + 1)]
+        return list(zip(edges, edges[1:]))
 
     def prepare(self, x: np.ndarray, nblocks: int, block: int, q4: bool, sums: bool) -> tuple[int, int]:
         """x [m, k] -> the addresses of x' [m, nblocks*block] and (sums: q4 "min") its block
@@ -87,20 +152,14 @@ class Kernels:
         """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
         mins are taken once, when it is made) and x' from prepare()."""
         n, ya = w.shape[0], address(y)
-        if not self.threaded(w, m):
+        if not self.threaded(m * n * w.nblocks * w.block):
             self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
             return
-        # the first share on this thread, the others on the pool: one hand-off fewer
-        edges = [n * t // self.threads for t in range(self.threads + 1)]
-        jobs = [self._pool.submit(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in zip(edges[1:], edges[2:]) if b > a]
-        if edges[1]:
-            self._rows(w, m, xp_at, sums_at, ya, 0, edges[1])
-        for job in jobs:
-            job.result()
+        self.run([partial(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in self.shares(n) if b > a])
 
-    def threaded(self, w, m: int) -> bool:
-        """Whether matmul() splits this product among threads."""
-        return self._pool is not None and m * w.shape[0] * w.nblocks * w.block >= self.THREAD_MIN_WEIGHTS
+    def threaded(self, weights: int) -> bool:
+        """Whether a product of this many weights (rows of x times weights) is split."""
+        return self.threads > 1 and weights >= self.THREAD_MIN_WEIGHTS
 
     def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int) -> None:
         """Rows j0..j1 of W (columns j0..j1 of y)."""

@@ -25,6 +25,7 @@ from decoding the whole matrix first) only in the order of the f32 sums.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import numpy as np
 
@@ -91,16 +92,20 @@ class QuantizedMatrix(StripMatrix):
         self.codes_at, self.scales_at = address(self.codes), address(self.scales)
         self.mins_at = 0 if self.mins is None else address(self.mins)
 
-    def kernel_call(self):
-        """f(x' address, m, block sums' address, y address): y [m, N] = x' . W^T, every row
-        on this thread, with the kernel's other arguments bound now (Products)."""
-        n, nblocks, block = self.shape[0], self.nblocks, self.block
-        codes, scales, mins = self.codes_at, self.scales_at, self.mins_at
+    def kernel_call(self, j0: int = 0, j1: int | None = None):
+        """f(x' address, m, block sums' address, y address): columns j0..j1 of y [m, N] =
+        x' . (rows j0..j1 of W)^T on this thread, the kernel's other arguments bound now
+        (Products). y is the address of column 0."""
+        n = self.shape[0]
+        j1 = n if j1 is None else j1
+        nblocks, block, rows, skip = self.nblocks, self.block, j1 - j0, 4 * j0
+        codes, scales = self.codes_at + j0 * self.codes.strides[0], self.scales_at + j0 * self.scales.strides[0]
+        mins = self.mins_at and self.mins_at + j0 * self.scales.strides[0]
         if self.encoding == "q8":
             q8 = self.kernel._q8
-            return lambda xp, m, sums, y: q8(xp, m, codes, scales, n, nblocks, block, y, n)
+            return lambda xp, m, sums, y: q8(xp, m, codes, scales, rows, nblocks, block, y + skip, n)
         q4 = self.kernel._q4
-        return lambda xp, m, sums, y: q4(xp, m, codes, scales, mins, sums, n, nblocks, block, y, n)
+        return lambda xp, m, sums, y: q4(xp, m, codes, scales, mins, sums, rows, nblocks, block, y + skip, n)
 
     @property
     def nbytes(self) -> int:
@@ -171,7 +176,13 @@ class Products:
             return
         self.layout = matrices[0].layout()
         self.widths = [w.shape[0] for w in matrices]
-        self.calls = [w.kernel_call() for w in matrices]
+        self.weights = sum(w.shape[0] * w.nblocks * w.block for w in matrices)   # a row of x's worth
+        self.calls = [(w.kernel_call(), i) for i, w in enumerate(matrices)]
+        # split among threads: each matrix's rows in `threads` consecutive shares, so that
+        # every thread gets the same work whatever the sizes (q vs k, v)
+        ranges = [self.kernel.shares(n) for n in self.widths]              # [matrix][thread]
+        self.split = [[(w.kernel_call(*ranges[i][t]), i) for i, w in enumerate(matrices) if ranges[i][t][1] > ranges[i][t][0]]
+                      for t in range(self.kernel.threads)]
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         kernel = self.kernel
@@ -180,12 +191,17 @@ class Products:
         m = len(x)
         xp_at, sums_at = kernel.prepare(x, *self.layout)
         outs, at = kernel.outputs((self.role, self.layout), m, self.widths)
-        for w, call, out, out_at in zip(self.matrices, self.calls, outs, at):
-            if kernel.threaded(w, m):
-                kernel.matmul(w, m, xp_at, sums_at, out)
-            else:
-                call(xp_at, m, sums_at, out_at)
+        if kernel.threaded(m * self.weights) and len(self.split) > 1:
+            kernel.run([partial(_run_calls, share, xp_at, m, sums_at, at) for share in self.split])
+        else:
+            _run_calls(self.calls, xp_at, m, sums_at, at)
         return outs
+
+
+def _run_calls(calls: list, xp_at: int, m: int, sums_at: int, at: list[int]) -> None:
+    """Products.__call__'s kernel calls for one thread: (call, which output) pairs."""
+    for call, i in calls:
+        call(xp_at, m, sums_at, at[i])
 
 
 def multiply(x: np.ndarray, *matrices: StripMatrix) -> list[np.ndarray]:
