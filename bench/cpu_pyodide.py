@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     tokens = {label: v["runs"][0]["tokens"] for label, v in results["variants"].items()}
     results["greedy_tokens"] = tokens
     args.out.write_text(json.dumps(results, indent=1) + "\n")
-    print(f"wrote {args.out.relative_to(ROOT)}")
+    print(f"wrote {args.out}")
     return 0
 
 

@@ -89,9 +89,13 @@ class Kernels:
             setattr(self._local, name, store)
         return store
 
-    # Below this many products (rows of x times weights) a call runs on one thread: a hand-
-    # off (_Helper) costs ~10 us, about what a product of 2^18 weights saves by being split.
-    THREAD_MIN_WEIGHTS = 1 << 18
+    # Below this many products (rows of x times weights) a call runs on one thread. A hand-
+    # off (_Helper) costs ~10 us of CPU, but on this shared 2-core machine (load 5-10) the
+    # helper is often not scheduled at once: splitting every layer product of 2^18+ weights
+    # decoded slower in both wall and CPU seconds than one thread (bench notes in
+    # docs/RESULTS.md), so a decode step splits only gate|up (1.8M) and the head (28M), and
+    # a prompt's chunks split everything.
+    THREAD_MIN_WEIGHTS = 1 << 20
 
     def run(self, jobs: list) -> None:
         """Run jobs (callables, at most `threads` of them) at once: the first on this thread,
