@@ -123,7 +123,11 @@ def main(argv=None) -> int:
         return 2
     ids = list(range(1000, 1042))              # 42 prompt ids, as bench/cpu_browser.py's prompt
     manifest = json.loads((SITE / "manifest.json").read_text())
-    wasm = SITE / manifest["kernels"]["qmatmul"]["file"] if "kernels" in manifest else None
+    site_wasm = SITE / manifest["kernels"]["qmatmul"]["file"] if "kernels" in manifest else None
+    # this checkout runs its own build of the kernel when there is one (tools/build_kernels.py),
+    # a baseline revision the site's
+    own = ROOT / "py/webslm/cpu/build/webslm_qmatmul.wasm"
+    wasm = own if own.is_file() else site_wasm
     results = {"prompt_tokens": len(ids), "decode_tokens": args.tokens, "node": subprocess.run(
         ["node", "--version"], capture_output=True, text=True).stdout.strip(), "cpus": os.cpu_count(), "variants": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +142,7 @@ def main(argv=None) -> int:
             # a revision with the Wasm kernel's source runs with the site's build of it
             has_kernel = subprocess.run(["git", "cat-file", "-e", f"{args.baseline}:py/webslm/cpu/qmatmul.c"],
                                         cwd=ROOT).returncode == 0
-            variants.append((f"git {args.baseline}", work / "base/py", wasm if has_kernel else None))
+            variants.append((f"git {args.baseline}", work / "base/py", site_wasm if has_kernel else None))
         print("| variant | kernel | prefill tok/s (per CPU s) | decode tok/s (per CPU s) | held MiB | Wasm heap MiB | load avg |")
         print("|---|---|---:|---:|---:|---:|---:|")
         for label, py_dir, kernel in variants:
