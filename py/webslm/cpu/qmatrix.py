@@ -163,10 +163,10 @@ class Products:
         (kernels.Kernels.outputs), shared by every layer's Products of that role.
     So a result is valid only until the next call of a Products of the same role in the same
     thread: the forward pass consumes each (copies, adds, writes it to the cache) before then,
-    and holds none across its pauses. Products that the kernel splits among threads (a
-    prompt's chunk) go through QuantizedMatrix.matmul's path. The arithmetic is the kernel's
-    either way, so the values are those of w.matmul(x), bit for bit. Otherwise (StripMatrix),
-    multiply()."""
+    and holds none across its pauses. A group of Kernels.THREAD_MIN_WEIGHTS or more (times
+    the rows of x) is split among threads, each taking a consecutive share of every matrix's
+    rows. An output's arithmetic is the kernel's whatever the split, so the values are those
+    of w.matmul(x), bit for bit. Otherwise (StripMatrix), multiply()."""
 
     def __init__(self, role: str, *matrices: StripMatrix):
         self.role, self.matrices = role, matrices
