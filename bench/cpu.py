@@ -233,9 +233,17 @@ def run_ours_in(py_dir: pathlib.Path, model: pathlib.Path, ids: list[int], decod
 
 
 def checkout_py(rev: str, dest: pathlib.Path) -> pathlib.Path:
-    """The py/ tree of git revision rev, unpacked under dest."""
-    archive = subprocess.run(["git", "archive", rev, "py"], cwd=ROOT, capture_output=True, check=True).stdout
+    """The py/ tree of git revision rev, unpacked under dest, with its own qmatmul kernel
+    built there when rev has one (the build is git-ignored, so the archive lacks it; without
+    this the baseline would silently fall back to numpy)."""
+    paths = ["py"]
+    builder = subprocess.run(["git", "cat-file", "-e", f"{rev}:tools/build_kernels.py"], cwd=ROOT).returncode == 0
+    if builder:
+        paths.append("tools/build_kernels.py")
+    archive = subprocess.run(["git", "archive", rev, *paths], cwd=ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    if builder:
+        subprocess.run([sys.executable, str(dest / "tools/build_kernels.py"), "--root", str(dest)], check=True)
     return dest / "py"
 
 

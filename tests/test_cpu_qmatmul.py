@@ -22,7 +22,7 @@ from webslm.artifact import quant
 from webslm.artifact.format import blocks_per_row
 from webslm.artifact.validate import validate_bytes
 from webslm.cpu import CpuBackend, kernels
-from webslm.cpu.qmatrix import QuantizedMatrix, StripMatrix, weight_matrix
+from webslm.cpu.qmatrix import Products, QuantizedMatrix, StripMatrix, weight_matrix
 
 KERNEL = kernels.kernels()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="no native qmatmul build: run tools/build_kernels.py")
@@ -181,6 +181,67 @@ def test_threads_split_rows_without_changing_a_bit():
     for encoding, zero in (("q8", None), ("q4", "min"), ("q4", "offset")):
         a, b = matrix(encoding, zero, w, 32, kernel=one), matrix(encoding, zero, w, 32, kernel=two)
         assert np.array_equal(a.matmul(x), b.matmul(x))
+
+
+def two_threads(threshold: int = 0) -> kernels.Kernels:
+    k = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, "2 threads", threads=2)
+    k.THREAD_MIN_WEIGHTS = threshold
+    return k
+
+
+@pytest.mark.parametrize("encoding,zero", [("q8", None), ("q4", "min"), ("q4", "offset")])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_products_split_or_not_equal_each_matrix_alone(encoding, zero, rows):
+    """A layer's Products (x prepared once, outputs kept, rows split among threads, a matrix
+    of one row among them) give each matrix's own matmul, bit for bit."""
+    rng = np.random.default_rng(5)
+    shapes = [(301, 96), (64, 96), (1, 96)]
+    ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    x = rng.standard_normal((rows, 96)).astype(np.float32)
+    alone = [matrix(encoding, zero, w, 32, kernel=KERNEL).matmul(x) for w in ws]
+    for kernel in (KERNEL, two_threads(0), two_threads(1 << 40)):
+        products = Products(f"test-{encoding}-{zero}", *[matrix(encoding, zero, w, 32, kernel=kernel) for w in ws])
+        for _ in range(2):                         # the second call reuses the outputs
+            got = products(x)
+            assert all(np.array_equal(a, b) for a, b in zip(got, alone))
+
+
+def test_products_from_two_threads_at_once():
+    """Backends in two threads share the kernel object: one caller's work on the helper
+    never mixes with the other's, and each thread keeps its own outputs."""
+    import threading
+    rng = np.random.default_rng(6)
+    kernel = two_threads(0)
+    ws = [rng.standard_normal((200, 64)).astype(np.float32) for _ in range(2)]
+    products = Products("shared", *[matrix("q4", "min", w, 32, kernel=kernel) for w in ws])
+    xs = [rng.standard_normal((3, 64)).astype(np.float32) for _ in range(2)]
+    want = [[m.matmul(x) for m in products.matrices] for x in xs]
+    failures = []
+
+    def work(i):
+        for _ in range(200):
+            got = products(xs[i])
+            if not all(np.array_equal(a, b) for a, b in zip(got, want[i])):
+                failures.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_a_failing_job_on_the_helper_is_raised_to_the_caller():
+    kernel = two_threads(0)
+    ran = []
+
+    def fail():
+        raise ValueError("in the helper")
+    with pytest.raises(ValueError, match="in the helper"):
+        kernel.run([lambda: ran.append(0), fail])
+    kernel.run([lambda: ran.append(1), lambda: ran.append(2)])        # still usable
+    assert sorted(ran) == [0, 1, 2]
 
 
 # -- the default model's real weights -------------------------------------------------------

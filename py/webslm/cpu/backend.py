@@ -44,7 +44,7 @@ from typing import Iterator
 import numpy as np
 
 from .layers import apply_rope, attention, geglu, rms_norm, rope_tables, swiglu
-from .qmatrix import multiply, weight_matrix
+from .qmatrix import Products, weight_matrix
 
 
 class CpuBackendError(ValueError):
@@ -64,6 +64,10 @@ class _Layer:
         self.attn_norm, self.ffn_norm = norm("attn_norm"), norm("ffn_norm")
         self.q, self.k, self.v, self.o = matrix("attn_q"), matrix("attn_k"), matrix("attn_v"), matrix("attn_output")
         self.gate, self.up, self.down = matrix("ffn_gate"), matrix("ffn_up"), matrix("ffn_down")
+        # the products as the forward pass calls them (their results live until the next
+        # call of the same role: qmatrix.Products)
+        self.qkv, self.o_proj = Products("qkv", self.q, self.k, self.v), Products("o", self.o)
+        self.gate_up, self.down_proj = Products("gate_up", self.gate, self.up), Products("down", self.down)
         self.bq = vector("attn_q.bias") if arch.qkv_bias else None
         self.bk = vector("attn_k.bias") if arch.qkv_bias else None
         self.bv = vector("attn_v.bias") if arch.qkv_bias else None
@@ -189,7 +193,7 @@ class CpuBackend:
             local_rope = rope_tables(positions, a.rope.rotary_dim, a.gemma3.local_rope_base) if a.gemma3 else None
             for i, layer in enumerate(self.layers):
                 h = rms_norm(x, layer.attn_norm, a.norm_eps)
-                q, k, v = multiply(h, layer.q, layer.k, layer.v)
+                q, k, v = layer.qkv(h)
                 if layer.bq is not None:
                     q, k, v = q + layer.bq, k + layer.bk, v + layer.bv
                 q, k = q.reshape(t, a.n_heads, a.head_dim), k.reshape(t, a.n_kv_heads, a.head_dim)
@@ -200,13 +204,13 @@ class CpuBackend:
                 k = apply_rope(k, cos, sin, a.rope.convention)
                 self._k[i, start:start + t] = k
                 self._v[i, start:start + t] = v.reshape(t, a.n_kv_heads, a.head_dim)
-                o = layer.o.matmul(attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
-                                             self.attention_scale, layer.window))
+                o = layer.o_proj(attention(q, self._k[i, :start + t], self._v[i, :start + t], start,
+                                           self.attention_scale, layer.window))[0]
                 if layer.post_attention_norm is not None:
                     o = rms_norm(o, layer.post_attention_norm, a.norm_eps)
                 x = x + o
                 yield begin + (2 * i + 1) * t // (2 * layers)
-                f = self.ffn(rms_norm(x, layer.ffn_norm, a.norm_eps), layer.gate, layer.up, layer.down)
+                f = self.ffn(rms_norm(x, layer.ffn_norm, a.norm_eps), layer.gate_up, layer.down_proj)
                 if layer.post_ffw_norm is not None:
                     f = rms_norm(f, layer.post_ffw_norm, a.norm_eps)
                 x = x + f

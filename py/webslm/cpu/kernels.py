@@ -21,7 +21,7 @@ import os
 import pathlib
 import sys
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
 
@@ -32,21 +32,100 @@ def address(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+class _Helper:
+    """A thread that runs one job at a time for the thread that hands it over. Handing over
+    and waiting go through two locks: ~10 us of CPU natively (the kernel call releases the
+    GIL, so both threads then compute), where a ThreadPoolExecutor future costs several
+    times that, too much for the ~120 products of a decode step that are worth splitting."""
+
+    def __init__(self):
+        self._go, self._done = threading.Lock(), threading.Lock()
+        self._go.acquire()
+        self._done.acquire()
+        self._job, self._error = None, None
+        threading.Thread(target=self._loop, name="webslm-qmatmul", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self._go.acquire()
+            try:
+                self._job()
+            except BaseException as error:  # noqa: BLE001 -- re-raised in the waiting thread
+                self._error = error
+            self._done.release()
+
+    def start(self, job) -> None:
+        self._job = job
+        self._go.release()
+
+    def wait(self) -> None:
+        self._done.acquire()
+        self._job, error, self._error = None, self._error, None
+        if error is not None:
+            raise error
+
+
 class Kernels:
     """qmatmul.c's entry points as the CPU path calls them, and how rows of W are shared
     among threads (natively; the Pyodide worker has one). Its scratch arrays (x' and block
-    sums) are allocated once per layout and thread, so that a product costs Python no more
-    than it must: under Pyodide, asking numpy for an array's address costs several us."""
+    sums, and the outputs of qmatrix.Products) are allocated once per layout and thread and
+    reused, so that a product costs Python no more than it must: asking numpy for an array's
+    address costs ~2 us natively and several under Pyodide, and a decode step makes ~200
+    products. They are per thread so that backends in two threads never share one."""
 
     def __init__(self, q8, q4, prepare, name: str, threads: int = 1):
         self._q8, self._q4, self._prepare = q8, q4, prepare
         self.name, self.threads = name, threads
-        self._scratch: dict = {}          # (thread, layout) -> (rows, x', its address, sums, address)
-        self._pool = ThreadPoolExecutor(threads) if threads > 1 else None
+        self._local = threading.local()   # .scratch: layout -> (rows, x', address, sums, address)
+        #                                   .outputs: key -> (rows, [arrays], [addresses])
+        self._helpers: list[_Helper] = []   # threads - 1 of them, started on first use
+        self._helpers_pid = None            # ... in this process (a forked child starts its own)
+        self._busy = threading.Lock()       # held while one caller's work is on the helpers
 
-    # Below this many products (rows of x times weights) a call runs on one thread: handing
-    # work to a thread costs ~30-50 us in CPython, more than a small product.
+    def _store(self, name: str) -> dict:
+        store = getattr(self._local, name, None)
+        if store is None:
+            store = {}
+            setattr(self._local, name, store)
+        return store
+
+    # Below this many products (rows of x times weights) a call runs on one thread. A hand-
+    # off (_Helper) costs ~10 us of CPU, but on this shared 2-core machine (load 5-10) the
+    # helper is often not scheduled at once: splitting every layer product of 2^18+ weights
+    # decoded slower in both wall and CPU seconds than one thread (bench notes in
+    # docs/RESULTS.md), so a decode step splits only gate|up (1.8M) and the head (28M), and
+    # a prompt's chunks split everything.
     THREAD_MIN_WEIGHTS = 1 << 20
+
+    def run(self, jobs: list) -> None:
+        """Run jobs (callables, at most `threads` of them) at once: the first on this thread,
+        the others on helper threads; all are done on return. Another thread's call that
+        finds the helpers busy runs its jobs one after the other instead (backends in two
+        threads share this object)."""
+        if len(jobs) == 1 or not self._busy.acquire(blocking=False):
+            for job in jobs:
+                job()
+            return
+        try:
+            if self._helpers_pid != os.getpid():
+                self._helpers = [_Helper() for _ in range(self.threads - 1)]
+                self._helpers_pid = os.getpid()
+            started = []
+            try:
+                for helper, job in zip(self._helpers, jobs[1:]):
+                    helper.start(job)
+                    started.append(helper)
+                jobs[0]()
+            finally:
+                for helper in started:
+                    helper.wait()
+        finally:
+            self._busy.release()
+
+    def shares(self, n: int) -> list[tuple[int, int]]:
+        """Rows 0..n of W as `threads` consecutive ranges (some empty when n < threads)."""
+        edges = [n * t // self.threads for t in range(self.threads + 1)]
+        return list(zip(edges, edges[1:]))
 
     def prepare(self, x: np.ndarray, nblocks: int, block: int, q4: bool, sums: bool) -> tuple[int, int]:
         """x [m, k] -> the addresses of x' [m, nblocks*block] and (sums: q4 "min") its block
@@ -54,25 +133,37 @@ class Kernels:
         until the next prepare of the same layout in this thread."""
         x = np.ascontiguousarray(x, np.float32)          # x itself when it already is
         m, k = x.shape
-        key = (threading.get_ident(), nblocks, block, q4, sums)
-        held = self._scratch.get(key)
+        key = (nblocks, block, q4, sums)
+        scratch = self._store("scratch")
+        held = scratch.get(key)
         if held is None or held[0] < m:
             xp, xs = np.empty(m * nblocks * block, np.float32), np.empty(m * nblocks, np.float32)
-            held = self._scratch[key] = (m, xp, address(xp), xs, address(xs) if sums else 0)
+            held = scratch[key] = (m, xp, address(xp), xs, address(xs) if sums else 0)
         self._prepare(address(x), m, k, k, nblocks, block, int(q4), held[2], held[4])
         return held[2], held[4]
+
+    def outputs(self, key, m: int, widths: list[int]) -> tuple[list[np.ndarray], list[int]]:
+        """Arrays [m, n] f32 for each n in widths, and their addresses, kept under `key` in
+        this thread and handed out again on the next call with that key (qmatrix.Products)."""
+        store = self._store("outputs")
+        held = store.get(key)
+        if held is None or held[0] < m:
+            arrays = [np.empty((m, n), np.float32) for n in widths]
+            held = store[key] = (m, arrays, [address(a) for a in arrays])
+        return ([a if len(a) == m else a[:m] for a in held[1]]), held[2]
 
     def matmul(self, w, m: int, xp_at: int, sums_at: int, y: np.ndarray) -> None:
         """y [m, n] = x' . W^T for a QuantizedMatrix w (the addresses of its codes, scales and
         mins are taken once, when it is made) and x' from prepare()."""
         n, ya = w.shape[0], address(y)
-        if self._pool is None or m * n * w.nblocks * w.block < self.THREAD_MIN_WEIGHTS:
+        if not self.threaded(m * n * w.nblocks * w.block):
             self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
             return
-        edges = [n * t // self.threads for t in range(self.threads + 1)]
-        jobs = [self._pool.submit(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in zip(edges, edges[1:]) if b > a]
-        for job in jobs:
-            job.result()
+        self.run([partial(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in self.shares(n) if b > a])
+
+    def threaded(self, weights: int) -> bool:
+        """Whether a product of this many weights (rows of x times weights) is split."""
+        return self.threads > 1 and weights >= self.THREAD_MIN_WEIGHTS
 
     def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int) -> None:
         """Rows j0..j1 of W (columns j0..j1 of y)."""

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .qmatrix import multiply
-
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x [T, D] -> x / sqrt(mean(x^2) + eps) * weight, accumulated in f32."""
@@ -85,11 +83,16 @@ def _attention_rows(q, k_cache, v_cache, start, scale, window) -> np.ndarray:
     v = v_cache.transpose(1, 0, 2)                                     # [K, n, E]
     scale = np.float32(1.0 / np.sqrt(e) if scale is None else scale)
     scores = (qg @ k[:, None]) * scale                                 # [K, G, T, n]
-    query_positions = (start + np.arange(t))[:, None]
-    hidden = np.arange(n)[None, :] > query_positions                   # [T, n]: future positions
-    if window is not None:
-        hidden |= np.arange(n)[None, :] <= query_positions - window    # [T, n]: out of the window
-    scores = np.where(hidden, np.float32(-np.inf), scores)
+    # n = start + t. One query row (a decode step) at the last position sees every position
+    # unless a window hides the oldest: then there is nothing to mask (the mask would leave
+    # every score as it is), and the five numpy calls that build it are a fair part of a
+    # decode step's attention.
+    if t > 1 or (window is not None and n > window):
+        query_positions = (start + np.arange(t))[:, None]
+        hidden = np.arange(n)[None, :] > query_positions               # [T, n]: future positions
+        if window is not None:
+            hidden |= np.arange(n)[None, :] <= query_positions - window  # [T, n]: out of the window
+        scores = np.where(hidden, np.float32(-np.inf), scores)
     scores = scores - scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
     weights /= weights.sum(axis=-1, keepdims=True)
@@ -97,11 +100,11 @@ def _attention_rows(q, k_cache, v_cache, start, scale, window) -> np.ndarray:
     return out.transpose(2, 0, 1, 3).reshape(t, heads * e)
 
 
-def swiglu(x: np.ndarray, gate, up, down) -> np.ndarray:
-    """down(silu(gate x) * up x); x [T, D]; gate, up [F, D] and down [D, F] weight matrices
-    (qmatrix.py)."""
-    g, u = multiply(x, gate, up)
-    return down.matmul((g / (np.float32(1) + np.exp(-g))) * u)
+def swiglu(x: np.ndarray, gate_up, down) -> np.ndarray:
+    """down(silu(gate x) * up x); x [T, D]; gate_up: x -> [gate x, up x] (gate, up [F, D]),
+    down: h -> [down h] (down [D, F]), as qmatrix.Products."""
+    g, u = gate_up(x)
+    return down((g / (np.float32(1) + np.exp(-g))) * u)[0]
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -110,7 +113,7 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
 
 
-def geglu(x: np.ndarray, gate, up, down) -> np.ndarray:
-    """down(gelu_tanh(gate x) * up x); shapes as swiglu's."""
-    g, u = multiply(x, gate, up)
-    return down.matmul(gelu_tanh(g) * u)
+def geglu(x: np.ndarray, gate_up, down) -> np.ndarray:
+    """down(gelu_tanh(gate x) * up x); arguments as swiglu's."""
+    g, u = gate_up(x)
+    return down(gelu_tanh(g) * u)[0]

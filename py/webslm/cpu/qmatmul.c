@@ -41,6 +41,21 @@ typedef uint32_t v4u __attribute__((vector_size(16)));
 #define INLINE static inline __attribute__((always_inline))
 #define M_TILE 4   /* rows of x that share one unpacking of a weight chunk (tile) */
 
+/* Natively, ask for the codes PREFETCH_BYTES ahead of the chunk being read. The hardware
+ * prefetcher alone left a mat-vec over weights that are not in cache (the 49k-row head, every
+ * layer's weights in decode) at a third of its in-cache speed (bench/cpu.py; docs/RESULTS.md).
+ * A prefetch only moves bytes into cache and never faults, so reading past a row's end is
+ * harmless and the arithmetic is untouched. Only when a row of W is read once (one or two
+ * rows of x, pair's and tile's first pass): with more, the same rows are read again from
+ * cache, and the prefetches cost a prompt's chunks ~10%. Wasm has no prefetch: the .wasm is
+ * unchanged. */
+#define PREFETCH_BYTES 2048
+#ifdef __wasm__
+#define PREFETCH(p) ((void)0)
+#else
+#define PREFETCH(p) do { if (prefetch) __builtin_prefetch((const char *)(p) + PREFETCH_BYTES); } while (0)
+#endif
+
 INLINE v4f load4(const float *p) { v4f v; __builtin_memcpy(&v, p, 16); return v; }
 INLINE v4i load_codes(const void *p) { v4i v; __builtin_memcpy(&v, p, 16); return v; }
 INLINE v4f splat(float s) { return (v4f){s, s, s, s}; }
@@ -90,13 +105,15 @@ enum kind { Q8, Q4_OFFSET, Q4_MIN };
 /* y[i, j] for `rows` (1..M_TILE) rows of x' (x, leading dimension ldx) and one weight row j
  * (its codes and scales), written to out[0], out[ldy], ... */
 INLINE void tile(const float *x, int ldx, int rows, const uint8_t *codes, const float *scales,
-                 int nblocks, int block, enum kind kind, float *out, int ldy) {
+                 int nblocks, int block, enum kind kind, float *out, int ldy, int prefetch) {
+    (void)prefetch;
     v4f a0 = splat(0), a1 = splat(0), a2 = splat(0), a3 = splat(0);
     const int chunks = block / 32, chunk_bytes = kind == Q8 ? 32 : 16;
     for (int b = 0; b < nblocks; b++) {
         v4f d0 = splat(0), d1 = splat(0), d2 = splat(0), d3 = splat(0);
         for (int k = 0; k < chunks; k++) {
             const uint8_t *p = codes + (b * chunks + k) * chunk_bytes;
+            PREFETCH(p);
             chunk c = kind == Q8 ? unpack_q8((const int8_t *)p) : kind == Q4_OFFSET ? unpack_q4_offset(p) : unpack_q4_min(p);
             const float *xp = x + (b * chunks + k) * 32;
             /* the first chunk starts d: 0 + p would turn a -0 into +0, nothing else */
@@ -144,13 +161,17 @@ INLINE v8f chunk_dot2(const float *xp, chunk2 c) {
 /* rows (1 or 2) rows of x' against two rows of W; out[0], out[1] for x row 0, out[ldy],
  * out[ldy + 1] for x row 1. */
 INLINE void pair(const float *x, int ldx, int rows, const uint8_t *row0, const uint8_t *row1,
-                 const float *s0, const float *s1, int nblocks, int block, enum kind kind, float *out, int ldy) {
+                 const float *s0, const float *s1, int nblocks, int block, enum kind kind, float *out, int ldy,
+                 int prefetch) {
+    (void)prefetch;
     v8f a0 = {0, 0, 0, 0, 0, 0, 0, 0}, a1 = a0;
     const int chunks = block / 32, chunk_bytes = kind == Q8 ? 32 : 16;
     for (int b = 0; b < nblocks; b++) {
         v8f d0 = {0, 0, 0, 0, 0, 0, 0, 0}, d1 = d0;
         for (int k = 0; k < chunks; k++) {
             const int at = (b * chunks + k) * chunk_bytes;
+            PREFETCH(row0 + at);
+            PREFETCH(row1 + at);
             chunk2 c;
             if (kind == Q8) {
                 v8i lo = load_codes2(row0 + at, row1 + at), hi = load_codes2(row0 + at + 16, row1 + at + 16);
@@ -181,8 +202,8 @@ INLINE void pair(const float *x, int ldx, int rows, const uint8_t *row0, const u
 
 /* Rows of W in pairs against rows of x in twos (pair), then an odd last row of W against rows
  * of x in fours (tile): every output by the same arithmetic. */
-INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, const float *scales,
-                   int n, int nblocks, int block, enum kind kind, float *y, int ldy) {
+INLINE void matmul_rows(const float *x, int m, const uint8_t *codes, int row_bytes, const float *scales,
+                        int n, int nblocks, int block, enum kind kind, float *y, int ldy, int prefetch) {
     const int ldx = nblocks * block;
     int j = 0;
     for (; j + 2 <= n; j += 2) {
@@ -190,19 +211,31 @@ INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, c
         const float *s0 = scales + (long)j * nblocks, *s1 = s0 + nblocks;
         int i = 0;
         for (; i + 2 <= m; i += 2)
-            pair(x + (long)i * ldx, ldx, 2, r0, r1, s0, s1, nblocks, block, kind, y + (long)i * ldy + j, ldy);
+            pair(x + (long)i * ldx, ldx, 2, r0, r1, s0, s1, nblocks, block, kind, y + (long)i * ldy + j, ldy, prefetch && i == 0);
         if (i < m)
-            pair(x + (long)i * ldx, ldx, 1, r0, r1, s0, s1, nblocks, block, kind, y + (long)i * ldy + j, ldy);
+            pair(x + (long)i * ldx, ldx, 1, r0, r1, s0, s1, nblocks, block, kind, y + (long)i * ldy + j, ldy, prefetch && i == 0);
     }
     for (; j < n; j++) {
         const uint8_t *row = codes + (long)j * row_bytes;
         const float *s = scales + (long)j * nblocks;
         int i = 0;
         for (; i + M_TILE <= m; i += M_TILE)
-            tile(x + (long)i * ldx, ldx, M_TILE, row, s, nblocks, block, kind, y + (long)i * ldy + j, ldy);
+            tile(x + (long)i * ldx, ldx, M_TILE, row, s, nblocks, block, kind, y + (long)i * ldy + j, ldy, prefetch && i == 0);
         for (; i < m; i++)
-            tile(x + (long)i * ldx, ldx, 1, row, s, nblocks, block, kind, y + (long)i * ldy + j, ldy);
+            tile(x + (long)i * ldx, ldx, 1, row, s, nblocks, block, kind, y + (long)i * ldy + j, ldy, prefetch && i == 0);
     }
+}
+
+INLINE void matmul(const float *x, int m, const uint8_t *codes, int row_bytes, const float *scales,
+                   int n, int nblocks, int block, enum kind kind, float *y, int ldy) {
+#ifdef __wasm__
+    matmul_rows(x, m, codes, row_bytes, scales, n, nblocks, block, kind, y, ldy, 0);
+#else
+    if (m <= 2)              /* each row of W read once, from memory: prefetch it */
+        matmul_rows(x, m, codes, row_bytes, scales, n, nblocks, block, kind, y, ldy, 1);
+    else
+        matmul_rows(x, m, codes, row_bytes, scales, n, nblocks, block, kind, y, ldy, 0);
+#endif
 }
 
 /* y [m, ldy] (columns 0..n-1 written) = x' [m, nblocks * block] . W^T, W q8:

@@ -25,6 +25,7 @@ from decoding the whole matrix first) only in the order of the f32 sums.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import numpy as np
 
@@ -91,6 +92,21 @@ class QuantizedMatrix(StripMatrix):
         self.codes_at, self.scales_at = address(self.codes), address(self.scales)
         self.mins_at = 0 if self.mins is None else address(self.mins)
 
+    def kernel_call(self, j0: int = 0, j1: int | None = None):
+        """f(x' address, m, block sums' address, y address): columns j0..j1 of y [m, N] =
+        x' . (rows j0..j1 of W)^T on this thread, the kernel's other arguments bound now
+        (Products). y is the address of column 0."""
+        n = self.shape[0]
+        j1 = n if j1 is None else j1
+        nblocks, block, rows, skip = self.nblocks, self.block, j1 - j0, 4 * j0
+        codes, scales = self.codes_at + j0 * self.codes.strides[0], self.scales_at + j0 * self.scales.strides[0]
+        mins = self.mins_at and self.mins_at + j0 * self.scales.strides[0]
+        if self.encoding == "q8":
+            q8 = self.kernel._q8
+            return lambda xp, m, sums, y: q8(xp, m, codes, scales, rows, nblocks, block, y + skip, n)
+        q4 = self.kernel._q4
+        return lambda xp, m, sums, y: q4(xp, m, codes, scales, mins, sums, rows, nblocks, block, y + skip, n)
+
     @property
     def nbytes(self) -> int:
         return self.codes.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
@@ -133,6 +149,59 @@ def weight_matrix(model, name: str, use_kernel: bool = True) -> StripMatrix:
     if kernel is not None and info.encoding in QuantizedMatrix.KINDS:
         return QuantizedMatrix(info.encoding, shape, descriptor, arrays, kernel)
     return StripMatrix(info.encoding, shape, descriptor, arrays)
+
+
+class Products:
+    """x . W^T for the matrices of a layer that take the same x (q, k, v; gate, up; o; down),
+    as the forward pass calls them: ~7 times a layer, ~200 times a decode step, where Python's
+    own work per product (preparing x, allocating the result, taking addresses, ctypes'
+    argument conversion) was a large part of the step. Here, when every matrix is a
+    QuantizedMatrix of one layout (the kernel's case):
+      - x is prepared once for all of them;
+      - each kernel call's arguments other than x and the row count are worked out once;
+      - the results are written into arrays the kernel object keeps per thread under `role`
+        (kernels.Kernels.outputs), shared by every layer's Products of that role.
+    So a result is valid only until the next call of a Products of the same role in the same
+    thread: the forward pass consumes each (copies, adds, writes it to the cache) before then,
+    and holds none across its pauses. A group of Kernels.THREAD_MIN_WEIGHTS or more (times
+    the rows of x) is split among threads, each taking a consecutive share of every matrix's
+    rows. An output's arithmetic is the kernel's whatever the split, so the values are those
+    of w.matmul(x), bit for bit. Otherwise (StripMatrix), multiply()."""
+
+    def __init__(self, role: str, *matrices: StripMatrix):
+        self.role, self.matrices = role, matrices
+        layouts = {w.layout() if isinstance(w, QuantizedMatrix) else None for w in matrices}
+        self.kernel = matrices[0].kernel if len(layouts) == 1 and None not in layouts else None
+        if self.kernel is None:
+            return
+        self.layout = matrices[0].layout()
+        self.widths = [w.shape[0] for w in matrices]
+        self.weights = sum(w.shape[0] * w.nblocks * w.block for w in matrices)   # a row of x's worth
+        self.calls = [(w.kernel_call(), i) for i, w in enumerate(matrices)]
+        # split among threads: each matrix's rows in `threads` consecutive shares, so that
+        # every thread gets the same work whatever the sizes (q vs k, v)
+        ranges = [self.kernel.shares(n) for n in self.widths]              # [matrix][thread]
+        self.split = [[(w.kernel_call(*ranges[i][t]), i) for i, w in enumerate(matrices) if ranges[i][t][1] > ranges[i][t][0]]
+                      for t in range(self.kernel.threads)]
+
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        kernel = self.kernel
+        if kernel is None:
+            return multiply(x, *self.matrices)
+        m = len(x)
+        xp_at, sums_at = kernel.prepare(x, *self.layout)
+        outs, at = kernel.outputs((self.role, self.layout), m, self.widths)
+        if kernel.threaded(m * self.weights) and len(self.split) > 1:
+            kernel.run([partial(_run_calls, share, xp_at, m, sums_at, at) for share in self.split])
+        else:
+            _run_calls(self.calls, xp_at, m, sums_at, at)
+        return outs
+
+
+def _run_calls(calls: list, xp_at: int, m: int, sums_at: int, at: list[int]) -> None:
+    """Products.__call__'s kernel calls for one thread: (call, which output) pairs."""
+    for call, i in calls:
+        call(xp_at, m, sums_at, at[i])
 
 
 def multiply(x: np.ndarray, *matrices: StripMatrix) -> list[np.ndarray]:
