@@ -161,9 +161,14 @@ class NativeDevice(Device):
         if self._pending_map is not None:
             # A readback in flight would wait forever (its callback comes from polling this
             # device): reject it the way wgpu-native reports a failed map. Its buffer keeps a
-            # pending map that wgpu-native cannot destroy or release (it crashes): kept alive.
+            # pending map, and wgpu-native crashes when that buffer, or the device holding it,
+            # is released, whenever that is: garbage-collected seconds later or at exit
+            # (reproduced on lavapipe). So wgpu-py is made to forget their handles: neither is
+            # ever released (the device's memory, its buffers destroyed, stays allocated; a
+            # loss that strikes during a readback is rare).
             promise, buffer = self._pending_map
             self._abandoned.append(buffer)
+            _forget(buffer, self._device, self._device.queue)
             if getattr(promise, "_state", "pending") == "pending":     # else its result came first
                 promise._wgpu_set_error(RuntimeError("the device was destroyed during a readback"))
         for waiter in self._lost_waiters:
@@ -355,6 +360,12 @@ class NativeDevice(Device):
             encoder.copy_buffer_to_buffer(c.source, c.source_offset, c.destination,
                                           c.destination_offset, c.size)
         self._device.queue.submit([encoder.finish()])
+
+
+def _forget(*objects: Any) -> None:
+    """Make wgpu-py forget the native handles of `objects`: their release never runs."""
+    for obj in objects:
+        obj._internal = None
 
 
 def _resource(entry: BufferBinding) -> dict:
