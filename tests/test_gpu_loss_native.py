@@ -95,6 +95,7 @@ class Loss:
         self.point, self.at, self.engine_box = point, at, engine_box
         self.fired = self.cancelled = False
         self.chained_before = None          # chained steps the executor had taken at the loss
+        self.want = None                    # what the dying decode step read back
 
     def arm(self, backend: GpuBackend) -> None:
         device = backend.device.inner
@@ -135,6 +136,7 @@ class Loss:
 
         async def decode_one(token, want, epoch=0):
             if backend.position + 1 >= self.at and not self.fired and not armed:
+                self.want = want.kind
                 if point == "decode" or (point == "full-logits" and self.at % 2):
                     self._die(device)
                 else:
@@ -196,11 +198,16 @@ def test_a_device_loss_anywhere_ends_cleanly_or_continues_exactly(native_gpu, mo
         return engine, first, await answer(engine)
 
     engine, (deltas, got, positions, after), (again, again_ids, _, _) = run(asyncio.wait_for(scenario(), HANG_GUARD_S))
-    assert loss.fired, point
+    assert loss.fired and loss.cancelled == (point in CANCELS), point
+    if point in ("full-logits", "logprobs"):
+        assert loss.want == "full"           # the step that died read the whole row
+    if point in PREFILL_POINTS:              # the GPU committed nothing: the loss was in the prefill
+        rebuilt = [e for e in events if e.get("to") == "CPUGenerating"]
+        assert not rebuilt or rebuilt[0].get("position") in (None, len(ids)), rebuilt
     shown = "".join(d.text for d, _ in deltas)
     committed_text = model.tokenizer.decode(got, skip_special=True)
     finish = deltas[-1][0].finish_reason
-    if point in CANCELS and loss.cancelled:
+    if point in CANCELS:
         assert finish == "abort" and deltas[-1][0].text == "", point
         assert all(not d.text for d, cancelled in deltas if cancelled), point     # nothing shown after
         assert got == reference[:len(got)], point
