@@ -28,7 +28,13 @@ def resident_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+def load_average() -> list[float]:
+    with open("/proc/loadavg") as f:
+        return [float(x) for x in f.read().split()[:3]]
+
+
 async def soak(path: str, cycles: int) -> dict:
+    load_before = load_average()
     model = webslm.open_model(path)
     gpu = NativeGpu()
     ids = prompt_ids(model, "hi there", chat=True)
@@ -47,7 +53,8 @@ async def soak(path: str, cycles: int) -> dict:
                      "seconds": round(time.perf_counter() - started, 2)})
         print(rows[-1], flush=True)
     second, last = rows[min(1, cycles - 1)]["resident_mib"], rows[-1]["resident_mib"]
-    return {"model": pathlib.Path(path).name, "cycles": cycles, "growth": round(last / second - 1, 4), "rows": rows}
+    return {"model": pathlib.Path(path).name, "cycles": cycles, "growth": round(last / second - 1, 4),
+            "load_average_before": load_before, "load_average_after": load_average(), "rows": rows}
 
 
 def main() -> None:

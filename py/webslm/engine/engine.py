@@ -158,6 +158,7 @@ class Engine:
         self.choice: Choice | None = None    # the GPU/CPU timing, when gpu_choice ran
         self.last_timings: Timings | None = None
         self._gpu = None                     # the GPU executor while it is usable
+        self._gpu_loss: BackendLost | None = None       # a loss only an abandoned step saw
         self._cpu_path: CpuPath | None = None
         self._backend = None                 # the backend the current answer runs on
         self._run: Answer | None = None
@@ -231,6 +232,8 @@ class Engine:
             self._gpu, self.receipt, self.cpu_reason = backend, receipt, None
             if hasattr(backend, "current_epoch"):  # lets the executor abandon stale work itself
                 backend.current_epoch = lambda: self.ledger.epoch
+            if hasattr(backend, "on_lost"):        # a loss while idle leaves the GPU at once
+                backend.on_lost(lambda lost, gpu=backend: self._gpu_died(gpu, lost))
             self._go(S.GPU_READY, "all allocations, pipelines, tests pass")
         return self.state
 
@@ -264,6 +267,7 @@ class Engine:
         return self._cpu_path
 
     def _release_gpu(self, why: str) -> None:
+        self._gpu_loss = None
         if self._gpu is not None:
             gpu, self._gpu = self._gpu, None
             if self.prompt_cache.backend is gpu:
@@ -423,6 +427,11 @@ class Engine:
         step is still in flight stays CancelPending until it retires (_settle_retired)."""
         if reason == "abort" and self.state in GENERATING:
             self._go(S.CANCEL_PENDING, "cancellation")
+        settling = (self.state is S.CANCEL_PENDING and self._in_flight is None) or self.state in GENERATING
+        lost = self._dead_gpu() if settling else None
+        if lost is not None:                 # never GPUReady on a dead device
+            self._leave_dead_gpu(lost, "the device died while the answer ended")
+            return
         ready = S.GPU_READY if self._gpu is not None else S.CPU_READY
         if self.state is S.CANCEL_PENDING:
             if self._in_flight is None:
@@ -430,6 +439,29 @@ class Engine:
         elif self.state in GENERATING:
             self._go(ready, "generation completes" if reason != "error" else "generation failed",
                      finish_reason=reason)
+
+    def _dead_gpu(self) -> BackendLost | None:
+        """The loss of the GPU the engine still holds, if it is known: seen by a step that
+        retired unseen (abandoned by a cancel), or reported by the device now."""
+        if self._gpu is None:
+            return None
+        if self._gpu_loss is not None:
+            return self._gpu_loss
+        return self._gpu.lost_now() if hasattr(self._gpu, "lost_now") else None
+
+    def _gpu_died(self, gpu, lost: BackendLost) -> None:
+        """The executor's device was lost (its lost promise resolved). While an answer runs
+        on it, its next step raises and the answer goes on on the CPU path, or the answer's
+        end settles it (_settle_after); while idle the engine leaves it now."""
+        if self._gpu is gpu and self.state is S.GPU_READY:
+            self._leave_dead_gpu(lost, "the device died between generations")
+
+    def _leave_dead_gpu(self, lost: BackendLost, reason: str) -> None:
+        """Lost -> CPUReady with no answer to continue: the GPU released, the CPU path built."""
+        self._go(S.LOST, reason, code=lost.code, sentence=lost.sentence)
+        self._release_gpu(lost.code)
+        self._cpu()
+        self._go(S.CPU_READY, "lost with no generation to continue")
 
     def _settle_retired(self) -> None:
         """The step an ended answer left in flight has retired: CancelPending ends."""
@@ -522,6 +554,8 @@ class Engine:
             error = call.exception()            # retrieved: an abandoned call's failure is nobody's
             if error is None:
                 self._discard(call.result())
+            elif isinstance(error, BackendLost) and self._gpu is not None and self._backend is self._gpu:
+                self._gpu_loss = error          # the engine leaves that GPU as it settles
         self._settle_retired()
 
     def _discard(self, scores: Scores) -> None:

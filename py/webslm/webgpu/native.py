@@ -42,6 +42,10 @@ _ERROR_KINDS = (
 )
 
 
+# The promises of readbacks a destroy() abandoned (NativeDevice.destroy): never freed.
+_NEVER_RELEASED: list = []
+
+
 def camel_limit(name: str) -> str:
     head, *rest = name.split("-")
     return head + "".join(part.capitalize() for part in rest)
@@ -159,12 +163,18 @@ class NativeDevice(Device):
         self._device.destroy()
         self._lost_info = DeviceLost("destroyed", "device.destroy() was called")
         if self._pending_map is not None:
-            # A readback in flight would wait forever (its callback comes from polling this
-            # device): reject it the way wgpu-native reports a failed map. Its buffer keeps a
-            # pending map that wgpu-native cannot destroy or release (it crashes): kept alive.
             promise, buffer = self._pending_map
             self._abandoned.append(buffer)
             if getattr(promise, "_state", "pending") == "pending":     # else its result came first
+                # A readback in flight would wait forever (its callback comes from polling
+                # this device): reject it the way wgpu-native reports a failed map. wgpu-native
+                # still holds that map: when the buffer or the device is released (garbage
+                # collection, exit), or the next adapter request processes events, it calls the
+                # map's callback, and crashes if that is gone (reproduced on lavapipe). So the
+                # promise (which owns the callback) is kept for the life of the process, and
+                # wgpu-py forgets the buffer's and the device's handles: neither is released.
+                _NEVER_RELEASED.append(promise)
+                _forget(buffer, self._device, self._device.queue)
                 promise._wgpu_set_error(RuntimeError("the device was destroyed during a readback"))
         for waiter in self._lost_waiters:
             if not waiter.done():
@@ -234,7 +244,8 @@ class NativeDevice(Device):
                 raise RuntimeError("read_mapped: the device was lost during the readback")
             return bytes(buffer.read_mapped(int(offset), int(size)))
         finally:
-            buffer.unmap()
+            if self._lost_info is None:   # a lost device's buffer cannot be unmapped (a validation error)
+                buffer.unmap()
 
     def destroy_buffer(self, buffer: Any) -> None:
         if self._lost_info is not None:   # destroying the device destroyed its buffers
@@ -355,6 +366,12 @@ class NativeDevice(Device):
             encoder.copy_buffer_to_buffer(c.source, c.source_offset, c.destination,
                                           c.destination_offset, c.size)
         self._device.queue.submit([encoder.finish()])
+
+
+def _forget(*objects: Any) -> None:
+    """Make wgpu-py forget the native handles of `objects`: their release never runs."""
+    for obj in objects:
+        obj._internal = None
 
 
 def _resource(entry: BufferBinding) -> dict:

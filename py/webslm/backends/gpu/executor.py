@@ -78,7 +78,8 @@ class GpuBackend:
         self.sequence = 0                        # submissions so far (tags every result)
         self.current_epoch: Callable[[], int] | None = None
         self._errors: list = []
-        self._lost = None
+        self._lost = None                        # the device's lost promise, watched (_watch_lost)
+        self._on_lost: Callable[[BackendLost], None] | None = None
         self._recordings: dict = {}
         self._released = False
         self._ahead: _Ahead | None = None
@@ -408,13 +409,39 @@ class GpuBackend:
         own event loop (asyncio.run per call) cancels it when that loop closes: watch again."""
         if self._lost is None or self._lost.cancelled():
             self._lost = asyncio.ensure_future(self.device.lost())
+            self._lost.add_done_callback(self._lost_resolved)
+
+    def on_lost(self, callback: Callable[[BackendLost], None]) -> None:
+        """callback(BackendLost) once the device is lost while this executor holds it, even
+        with no call in progress (the engine then leaves a GPU it is not using). Not called
+        for release(): the executor's own teardown is no loss."""
+        self._on_lost = callback
+        self._watch_lost()
+
+    def _lost_resolved(self, task: asyncio.Future) -> None:
+        if task.cancelled() or self._released:
+            return
+        if self._on_lost is not None:
+            self._on_lost(BackendLost("device-lost", "gpu", "the GPU device was lost"))
+
+    def lost_now(self) -> BackendLost | None:
+        """The loss _check_alive would raise (the device lost, or an uncaptured GPU error),
+        without raising and without needing an event loop; None while the device serves."""
+        return None if self._released else self._loss()
+
+    def _loss(self) -> BackendLost | None:
+        if self._lost is not None and self._lost.done() and not self._lost.cancelled():
+            return BackendLost("device-lost", "gpu", "the GPU device was lost")
+        if self._errors:
+            error = self._errors[0]
+            return BackendLost("gpu-error", "gpu", f"the GPU reported a {error.kind} error: {error.message[:300]}")
+        return None
 
     def _check_alive(self) -> None:
         self._watch_lost()
-        if self._lost.done():
-            raise BackendLost("device-lost", "gpu", "the GPU device was lost")
-        if self._errors:
-            raise BackendLost("gpu-error", "gpu", f"the GPU reported a {self._errors[0].kind} error: {self._errors[0].message[:300]}")
+        lost = self._loss()
+        if lost is not None:
+            raise lost
 
     async def _run(self, recording, writes, read=None):
         self.sequence += 1
