@@ -112,6 +112,19 @@ def transitions(events) -> list[tuple[str, str]]:
     return [(e["from"], e["to"]) for e in events if e["event"] == "state"]
 
 
+def assert_went_to_the_cpu(pairs: list[tuple[str, str]], point: str) -> None:
+    """The state changes of an answer the GPU lost and the CPU continued: Lost -> CPURebuild ->
+    CPUGenerating from the answer, or (a loss the engine saw before the answer began: only at
+    "before-prefill") GPUReady -> Lost -> CPUReady -> CPUGenerating."""
+    if ("GPUReady", "Lost") in pairs:
+        assert point == "before-prefill" and pairs[3:6] == [
+            ("GPUReady", "Lost"), ("Lost", "CPUReady"), ("CPUReady", "CPUGenerating")], pairs
+    else:
+        i = pairs.index(("Generating", "Lost"))
+        assert pairs[i:i + 3] == [("Generating", "Lost"), ("Lost", "CPURebuild"),
+                                  ("CPURebuild", "CPUGenerating")], (point, pairs)
+
+
 # -- the executor against the oracle ----------------------------------------------------------
 
 def test_gpu_logits_follow_the_cpu_oracle_through_prefill_and_decode(native_gpu, model, ids, run, path, policy):
@@ -286,13 +299,7 @@ def test_a_device_loss_continues_exactly_on_the_cpu(native_gpu, model, run, tria
     assert "".join(d.text for d in deltas) == model.tokenizer.decode(got, skip_special=True)   # shown = committed
     records = engine.ledger.records
     assert [r.position for r in records] == list(range(len(ids), len(ids) + len(records)))
-    pairs = transitions(events)
-    if ("GPUReady", "Lost") in pairs:          # the engine saw the loss before the answer began
-        assert point == "before-prefill" and pairs[3:6] == [
-            ("GPUReady", "Lost"), ("Lost", "CPUReady"), ("CPUReady", "CPUGenerating")], pairs
-    else:
-        i = pairs.index(("Generating", "Lost"))
-        assert pairs[i:i + 3] == [("Generating", "Lost"), ("Lost", "CPURebuild"), ("CPURebuild", "CPUGenerating")]
+    assert_went_to_the_cpu(transitions(events), point)
     session = build.built[0]
     assert session.device.destroyed and not session.device.live_buffers and not session.buffers
     assert engine.backend_kind == "cpu" and deltas[-1].finish_reason in ("stop", "length")

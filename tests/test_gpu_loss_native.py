@@ -50,7 +50,7 @@ from webslm.generate import prompt_ids
 from webslm.program.fusion import DEFAULT
 from webslm.semantic.sampler import SamplerSettings
 
-from test_gpu_engine_native import MAX_TOKENS, cpu_answer, greedy, sampled, transitions
+from test_gpu_engine_native import MAX_TOKENS, assert_went_to_the_cpu, cpu_answer, greedy, sampled, transitions
 
 pytestmark = pytest.mark.usefixtures("self_test_once")     # admission's self-test runs once
 
@@ -216,14 +216,7 @@ def test_a_device_loss_anywhere_ends_cleanly_or_continues_exactly(native_gpu, mo
         assert finish in ("stop", "length"), point
         assert got == reference, point                                # an uninterrupted CPU run
         assert shown == committed_text, point
-        pairs = transitions(events)
-        if ("GPUReady", "Lost") in pairs:    # the engine saw the loss before the answer began
-            assert point == "before-prefill" and pairs[3:6] == [
-                ("GPUReady", "Lost"), ("Lost", "CPUReady"), ("CPUReady", "CPUGenerating")], pairs
-        else:
-            i = pairs.index(("Generating", "Lost"))
-            assert pairs[i:i + 3] == [("Generating", "Lost"), ("Lost", "CPURebuild"),
-                                      ("CPURebuild", "CPUGenerating")], point
+        assert_went_to_the_cpu(transitions(events), point)
     if point == "chained":
         assert loss.chained_before >= 1      # the loss found the executor chaining
     assert positions == list(range(len(ids), len(ids) + len(got)))   # none missing, none twice
