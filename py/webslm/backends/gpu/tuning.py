@@ -443,7 +443,6 @@ async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: f
                             INT8_CHECK_RELATIVE[matvec_prequant.VARIANT])
             prequant = {c: t for c, t in times.items() if c not in exact}
             fastest_int8 = min(prequant, key=prequant.get)
-        best = min(exact, key=times.get)
     # The finalists again, side by side: the shapes above were timed one after the other while
     # the GPU's clocks moved (on the H200 one form's rule measured 9.6 us in one admission and
     # 20.8 in the next), which favoured whatever came last: the pre-quantized shapes, chosen
