@@ -206,6 +206,23 @@ def test_products_split_or_not_equal_each_matrix_alone(encoding, zero, rows):
             assert all(np.array_equal(a, b) for a, b in zip(got, alone))
 
 
+def test_products_of_one_role_for_two_models_keep_their_own_widths():
+    """The kernel object is shared by every model in the process, and outputs are kept per
+    role: a second model whose "down" has other widths must get its own arrays (the full
+    suite once ran a tiny Gemma 3 after a model with another width: its FFN came out 48 wide
+    instead of 64)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    first = Products("down", matrix("q8", None, rng.standard_normal((48, 64)).astype(np.float32), 32, kernel=KERNEL))
+    second = Products("down", matrix("q8", None, rng.standard_normal((64, 64)).astype(np.float32), 32, kernel=KERNEL))
+    for _ in range(2):
+        (a,) = first(x)
+        a = a.copy()                 # valid until the next call of this role: keep it
+        (b,) = second(x)
+        assert a.shape == (2, 48) and b.shape == (2, 64)
+        assert np.array_equal(a, first.matrices[0].matmul(x)) and np.array_equal(b, second.matrices[0].matmul(x))
+
+
 def test_products_from_two_threads_at_once():
     """Backends in two threads share the kernel object: one caller's work on the helper
     never mixes with the other's, and each thread keeps its own outputs."""

@@ -144,12 +144,14 @@ class Kernels:
 
     def outputs(self, key, m: int, widths: list[int]) -> tuple[list[np.ndarray], list[int]]:
         """Arrays [m, n] f32 for each n in widths, and their addresses, kept under `key` in
-        this thread and handed out again on the next call with that key (qmatrix.Products)."""
+        this thread and handed out again on the next call with that key and those widths
+        (qmatrix.Products). The kernel object is shared by every model in the process, so two
+        models' products of one role meet here: other widths get new arrays."""
         store = self._store("outputs")
         held = store.get(key)
-        if held is None or held[0] < m:
+        if held is None or held[0] < m or held[3] != tuple(widths):
             arrays = [np.empty((m, n), np.float32) for n in widths]
-            held = store[key] = (m, arrays, [address(a) for a in arrays])
+            held = store[key] = (m, arrays, [address(a) for a in arrays], tuple(widths))
         return ([a if len(a) == m else a[:m] for a in held[1]]), held[2]
 
     def matmul(self, w, m: int, xp_at: int, sums_at: int, y: np.ndarray) -> None:
