@@ -84,8 +84,9 @@ async def one():
     device.destroy()
     try:
         await asyncio.wait_for(read, 10)
-    except RuntimeError as exc:             # rejected, or the map landed just before the loss
+    except RuntimeError as exc:             # rejected: a typed failure
         return str(exc)
+    return "the readback completed"         # the map landed just before the loss (a race)
 
 for _ in range(4):
     print(asyncio.run(one()))
@@ -95,15 +96,16 @@ print("collected")
 
 
 def test_a_readback_pending_at_destroy_fails_and_never_crashes_later(native_gpu):
-    """The pending map is rejected (not left waiting forever), and nothing crashes when the
-    buffer and its device are garbage-collected or at exit: wgpu-native used to crash there
-    (segfault, about 5 runs in 6 with one such device), so the process runs four of them."""
+    """The pending map is rejected (not left waiting forever) or, in a race, lands just before the
+    loss; and nothing crashes when the buffer and its device are garbage-collected or at exit:
+    wgpu-native used to crash there (segfault, about 5 runs in 6 with one such device), so the
+    process runs four of them. (CI once saw the race: a read that completed printed "None".)"""
     out = subprocess.run([sys.executable, "-c", ABANDONED_READBACKS], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     lines = out.stdout.splitlines()
     assert len(lines) == 5 and lines[-1] == "collected", out.stdout
-    assert all("readback" in line for line in lines[:4]), lines      # a typed failure, each time
+    assert all("readback" in line for line in lines[:4]), lines      # a typed failure or a whole read
 
 
 def test_missing_feature_is_a_typed_device_request_error(native_gpu, run):
