@@ -129,6 +129,43 @@ async def profile(backend, repeats: int = 200, key=("decode", False, "argmax", 1
     return rows
 
 
+async def profile_in_step(backend, steps: int = 20, key=("decode", False, "argmax", 1)) -> list[dict]:
+    """What each kind of dispatch costs the step it runs in: the decode step's whole dispatch list
+    `steps` times back to back in one command buffer, against the same list with every dispatch
+    of that kind left out (`profile` above times a kind alone, repeating one dispatch: a small
+    weight matrix then sits in the L2 and the barriers between different kinds are not seen).
+    The difference is what the step would save if the kind were free; the sum over kinds, set
+    against the whole step, says how much of the step is not any one kind's own (each left-out
+    kind also takes its barrier with it). The outputs of a step with a kind left out are
+    garbage, which costs the same time."""
+    recording = backend._recordings[key]
+    labels = backend.forward.labels
+    dispatches = list(recording.dispatches)
+    kinds = list(dict.fromkeys(labels.get(id(d), "?") for d in dispatches))
+    device = getattr(backend.device, "inner", backend.device)
+    read = backend._read("argmax", 1)
+    copies = backend._readback_copies("decode", "argmax", 1)
+
+    async def timed(listed) -> float:
+        command_buffer = device._encode(device.record(listed * steps, copies))
+        started = time.perf_counter()
+        device._device.queue.submit([command_buffer])
+        await device.read_mapped(*read)
+        return time.perf_counter() - started
+
+    async def step_us(listed) -> float:
+        return (statistics.median([await timed(listed) for _ in range(5)]) - baseline) / steps * 1e6
+
+    baseline = statistics.median([await timed([]) for _ in range(7)])
+    whole = await step_us(dispatches)
+    rows = [{"dispatch": "(whole step)", "per_step": len(dispatches), "step_us": whole}]
+    for kind in kinds:
+        without = [d for d in dispatches if labels.get(id(d), "?") != kind]
+        rows.append({"dispatch": kind, "per_step": len(dispatches) - len(without),
+                     "step_us": whole - await step_us(without)})
+    return rows
+
+
 async def blocking_decode(backend, prompt: list[int], new_tokens: int) -> float:
     """Decode tokens/s with read_mapped blocking the thread (NativeDevice.blocking_readback)."""
     device = getattr(backend.device, "inner", backend.device)
@@ -231,6 +268,7 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
             "decode_tokens_per_s_blocking_readback": await blocking_decode(backend, prompt, args.new_tokens),
             "executor_stats": {k: v for k, v in backend.stats.items()},
             "profile": await profile(backend) if args.profile else None,
+            "profile_in_step": await profile_in_step(backend) if args.profile else None,
             # the prefill body's dispatches (layers, final norm) of the last run, when one chunk held the prompt
             "prefill_profile": (await profile(backend, 20, ("prefill", args.prompt_tokens, True))
                                 if args.profile and args.prompt_tokens <= backend.forward.chunk else None),
@@ -287,6 +325,8 @@ async def main(args) -> dict:
                       f"({f.get('tried')} tried)", flush=True)
         for p in row["profile"] or []:
             print(f"    {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = {p['step_us'] / 1e3:.3f} ms/step")
+        for p in row["profile_in_step"] or []:
+            print(f"    in the step: {p['dispatch']:<16} x{p['per_step']:<4} {p['step_us'] / 1e3:.3f} ms/step")
         for p in row["prefill_profile"] or []:
             print(f"    prefill {p['dispatch']:<16} x{p['per_step']:<4} {p['us']:8.2f} us  = "
                   f"{p['step_us'] / 1e3:.3f} ms/prompt")

@@ -9,13 +9,15 @@ each mat-vec *form* of the decode program (matvec.form_key: encoding, shape, inp
 ACCUMULATE; layers of one form share it) is run as the engine runs it:
 
     every form:      the rule's launch timed (its pipeline is needed anyway)
-    then, the forms that cost the step most first, while the budget lasts:
+    then, while the budget lasts, the forms that cost the step most first, in two phases
+    (_FormSearch): every form's likeliest win first, then the rest of every form's ladder:
                      ROWS in 1..16 at the rule's WG, then every sensible WG at the best
-                     ROWS (at most 8 launch shapes)
+                     ROWS (at most 8 launch shapes), and the same for int8 (below)
         each shape:  compiled; checked once against the rule's output (a wrong launch is
                      never chosen); timed as dependent dispatches over the form's layers'
                      own weights, the median of ROUNDS rounds of >= ROUND_SECONDS
-        keep:        the fastest, if it beats the rule by more than NOISE (else the rule)
+        keep:        the fastest, if it beats the rule by more than NOISE (else the rule),
+                     after the finalists are timed again side by side (_runoff)
 
 The shapes above are of the rule's variant (f32 activations, exact): such a choice changes
 summation order, not numerics class. The check against the rule is a differential one: both
@@ -168,13 +170,15 @@ class _Stage:
     def _bind(self, role: str, ref: str):
         return self.forward.resolve("decode", Binding(role, ref))
 
-    def fill_inputs(self, ops) -> None:
+    def fill_inputs(self, ops, seed: int | None = None) -> None:
         """Random activations where the form's ops read (never zeros: a broken launch that
-        skipped work would otherwise agree with the rule)."""
+        skipped work would otherwise agree with the rule); with a seed, the same values each
+        time."""
+        rng = self.rng if seed is None else np.random.default_rng([16, seed])
         for ref in sorted({op.read("x") for op in ops}):
             binding = self._bind("x", ref)
             self.device.write_buffer(binding.buffer, binding.offset,
-                                     self.rng.standard_normal(binding.size // 4).astype(np.float32))
+                                     rng.standard_normal(binding.size // 4).astype(np.float32))
 
     async def launches(self, ops, choice: matvec.Choice | None) -> list:
         key = self.lowering.matvec_form(ops[0])[0]
@@ -326,26 +330,33 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             if checkpoint is not None:
                 await checkpoint()
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
+        searches = {key: _FormSearch(stage, ops, *rules[key], int8, seed)
+                    for seed, (key, ops) in enumerate(pending)}
+        deadline = began + budget_seconds
+        for phase in range(2):                    # every form's first look, then the ladders
+            for search in searches.values():
+                if not await search.run(deadline):
+                    report.reason = (f"budget of {budget_seconds} s spent: the forms that cost the step least "
+                                     f"were searched less or not at all")
+                if checkpoint is not None:
+                    await checkpoint()
         exact: dict[str, matvec.Choice | None] = {}      # form -> its best exact choice (None: the rule)
-        for key, ops in pending:
+        for key, search in searches.items():
             rule, rule_seconds = rules[key]
-            if clock() - began > budget_seconds:
+            if not search.searched:
                 report.forms[key] = {"rule": rule.as_dict(), "rule_us": round(rule_seconds * 1e6, 2), "searched": False}
-                report.reason = f"budget of {budget_seconds} s spent: the forms that cost the step least keep the rule"
                 continue
-            form = await _search(stage, ops, rule, rule_seconds, int8)
+            form = await search.finish()
             choice, exact[key] = form.pop("choice"), form.pop("exact")
             report.forms[key] = form
             if choice is not None:
                 report.choices[key] = choice
-            if checkpoint is not None:
-                await checkpoint()
         measured = {key for key, _ in pending if key in report.forms and "rule_us" in report.forms[key]}
         if any(report.choices.get(key) is not None and report.choices[key].variant in matvec_prequant.VARIANTS
                for key in measured):
             await _step_check(report, exact, lambda choices: stage.seconds_per_step(choices))
         for key in measured:     # cached as finally chosen: a later admission takes them unmeasured
-            if report.forms[key].get("searched", True):
+            if report.forms[key].get("searched", True) and not report.forms[key].get("cut"):
                 choice = report.choices.get(key)
                 report.cache_entries[cache_key(device_identity, bundle_hash, key, int8)] = {
                     **report.forms[key], "choice": choice.as_dict() if choice is not None else None}
@@ -399,65 +410,124 @@ async def _rule_time(stage: _Stage, ops: list, force: bool) -> tuple[matvec.Choi
     return rule, await stage.seconds_per_op(ops, dispatches)
 
 
-async def _search(stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float, int8: bool) -> dict:
-    """Time one form's launch shapes around the rule: ROWS at the rule's WG, then WG at the
-    best ROWS. A shape the limits refuse is skipped; one that disagrees with the rule's output
-    is rejected, never chosen."""
-    key, weights = stage.lowering.matvec_form(ops[0])
-    stage.fill_inputs(ops)
-    stage.lowering.choices.pop(key, None)
-    reference = await stage.output(ops)
-    times, refused, rejected = {rule: rule_seconds}, [], []
+PHASE_END = object()           # _FormSearch.candidates: the end of a form's first look
 
-    async def trial(choice: matvec.Choice, relative: float = CHECK_RELATIVE) -> None:
-        if choice in times or choice in refused or choice in rejected:
+
+class _FormSearch:
+    """One form's search: its launch shapes tried in two phases, so that a budget spent early
+    still leaves every form its likeliest win. The first look (phase 0) of every form comes
+    before the second (the rest of the ladder) of any: on the H200 the last order (each form's
+    whole ladder in turn, the costliest form first) spent an 8B model's 4 s budget on one form,
+    and the other four kept their rule (158 tok/s, where all five measured gave 220).
+
+        phase 0, served by int8:  the pre-quantized path at XQ_SHAPES[1] (what won at every
+                                  large form measured there)
+        phase 0, otherwise:       ROWS in 1..16 at the rule's WG
+        phase 1:                  the rest: the int8 ladder (XQ_SHAPES, then every sensible WG
+                                  at its best ROWS), then the exact one (ROWS, then WG)
+
+    A shape the limits refuse is skipped; one that disagrees with the rule's output is
+    rejected, never chosen. The form's inputs are written again (the same values) whenever its
+    search resumes: other forms' trials write the shared activation regions in between."""
+
+    def __init__(self, stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float, int8: bool, seed: int):
+        self.stage, self.ops, self.rule, self.seed = stage, ops, rule, seed
+        self.key, self.weights = stage.lowering.matvec_form(ops[0])
+        self.int8 = int8 and matvec_prequant.serves(stage.device, self.weights)
+        self.times: dict[matvec.Choice, float] = {rule: rule_seconds}
+        self.exact: set[matvec.Choice] = {rule}
+        self.refused: list = []
+        self.rejected: list = []
+        self.reference: np.ndarray | None = None
+        self.cut = False                          # the budget ended it before its ladder did
+        self._candidates = self.candidates()
+
+    def candidates(self):
+        """The shapes in the order above (a generator: each step reads the times so far)."""
+        rule, xq, relative = self.rule, matvec_prequant.VARIANT, INT8_CHECK_RELATIVE[matvec_prequant.VARIANT]
+        if self.int8:
+            yield matvec.Choice(xq, *XQ_SHAPES[1]), relative
+            yield PHASE_END
+            for workgroup, rows in XQ_SHAPES:
+                yield matvec.Choice(xq, workgroup, rows), relative
+            best = self._best(int8=True)         # None: every int8 shape refused or rejected
+            for workgroup in matvec.workgroup_candidates(self.stage.device, self.weights, best.rows) if best else ():
+                yield matvec.Choice(xq, workgroup, best.rows), relative
+        for rows in matvec.ROWS_PER_WORKGROUP:
+            yield dataclasses.replace(rule, rows=rows), CHECK_RELATIVE
+        if not self.int8:
+            yield PHASE_END
+        best_rows = self._best(int8=False).rows
+        for workgroup in matvec.workgroup_candidates(self.stage.device, self.weights, best_rows):
+            yield dataclasses.replace(rule, workgroup=workgroup, rows=best_rows), CHECK_RELATIVE
+
+    def _best(self, int8: bool) -> matvec.Choice | None:
+        timed = {c: t for c, t in self.times.items() if (c not in self.exact) == int8}
+        return min(timed, key=timed.get) if timed else None
+
+    async def run(self, deadline: float) -> bool:
+        """Try shapes until the phase ends (True) or the ladder does (True) or the deadline
+        passes (False: the search stays cut)."""
+        resumed = False
+        for item in self._candidates:
+            if item is PHASE_END:
+                return True
+            if self.stage.clock() > deadline:
+                self.cut = True
+                return False
+            if not resumed:
+                await self._resume()
+                resumed = True
+            await self._trial(*item)
+        self.cut = False
+        return True
+
+    async def _resume(self) -> None:
+        self.stage.fill_inputs(self.ops, self.seed)
+        if self.reference is None:
+            self.stage.lowering.choices.pop(self.key, None)
+            self.reference = await self.stage.output(self.ops)
+
+    async def _trial(self, choice: matvec.Choice, relative: float) -> None:
+        if choice in self.times or choice in self.refused or choice in self.rejected:
             return
         try:
-            dispatches = await stage.launches(ops, choice)
+            dispatches = await self.stage.launches(self.ops, choice)
         except matvec.MatvecShapeError:
-            refused.append(choice)               # the device's limits refuse this shape
+            self.refused.append(choice)           # the device's limits refuse this shape
             return
-        if not _agrees(await stage.output(ops), reference, relative):
-            rejected.append(choice)
+        if not _agrees(await self.stage.output(self.ops), self.reference, relative):
+            self.rejected.append(choice)
             return
-        times[choice] = await stage.seconds_per_op(ops, dispatches)
+        self.times[choice] = await self.stage.seconds_per_op(self.ops, dispatches)
+        if relative == CHECK_RELATIVE:
+            self.exact.add(choice)
 
-    for rows in matvec.ROWS_PER_WORKGROUP:
-        await trial(dataclasses.replace(rule, rows=rows))
-    best_rows = min(times, key=times.get).rows
-    for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
-        await trial(dataclasses.replace(rule, workgroup=workgroup, rows=best_rows))
-    best = min(times, key=times.get)
-    fastest_int8 = None
-    if int8 and matvec_prequant.serves(stage.device, weights):
-        # Activations quantized once (kernels/matvec_prequant.py): int8 numerics, so only where
-        # it beats the best exact shape by NOISE too, and checked with the int8 tolerance.
-        exact = set(times)
-        for workgroup, rows in XQ_SHAPES:
-            await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, rows), INT8_CHECK_RELATIVE[matvec_prequant.VARIANT])
-        prequant = {c: t for c, t in times.items() if c not in exact}
-        if prequant:
-            best_rows = min(prequant, key=prequant.get).rows
-            for workgroup in matvec.workgroup_candidates(stage.device, weights, best_rows):
-                await trial(matvec.Choice(matvec_prequant.VARIANT, workgroup, best_rows),
-                            INT8_CHECK_RELATIVE[matvec_prequant.VARIANT])
-            prequant = {c: t for c, t in times.items() if c not in exact}
-            fastest_int8 = min(prequant, key=prequant.get)
-    # The finalists again, side by side: the shapes above were timed one after the other while
-    # the GPU's clocks moved (on the H200 one form's rule measured 9.6 us in one admission and
-    # 20.8 in the next), which favoured whatever came last: the pre-quantized shapes, chosen
-    # then for SmolLM2's forms and slower in its step. Alternating rounds share the drift.
-    finalists = [rule] + [c for c in (best, fastest_int8) if c is not None and c != rule]
-    if len(finalists) > 1:
-        times.update(await _runoff(stage, ops, finalists))
-    chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
-    exact_choice = chosen
-    if fastest_int8 is not None and times[fastest_int8] < (1 - NOISE) * times[chosen]:
-        chosen = fastest_int8
-    stage.lowering.choices.pop(key, None)
-    return {"rule": rule.as_dict(), "rule_us": round(times[rule] * 1e6, 2), "chosen_us": round(times[chosen] * 1e6, 2),
-            "tried": len(times), "refused": len(refused), "rejected": len(rejected),
-            "choice": chosen if chosen != rule else None, "exact": exact_choice if exact_choice != rule else None}
+    @property
+    def searched(self) -> bool:
+        return len(self.times) + len(self.refused) + len(self.rejected) > 1
+
+    async def finish(self) -> dict:
+        """The finalists (the rule, the best exact shape, the best int8 shape) timed again
+        side by side, then the choice: the shapes above were timed one after the other while
+        the GPU's clocks moved (on the H200 one form's rule measured 9.6 us in one admission
+        and 20.8 in the next), which favoured whatever came last: the pre-quantized shapes,
+        chosen then for SmolLM2's forms and slower in its step. Alternating rounds share the
+        drift. A shape must beat the rule by NOISE; int8 must beat the exact choice by NOISE."""
+        rule, times = self.rule, self.times
+        best, fastest_int8 = self._best(int8=False), self._best(int8=True)
+        finalists = [rule] + [c for c in (best, fastest_int8) if c is not None and c != rule]
+        if len(finalists) > 1:
+            times.update(await _runoff(self.stage, self.ops, finalists))
+        chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
+        exact_choice = chosen
+        if fastest_int8 is not None and times[fastest_int8] < (1 - NOISE) * times[chosen]:
+            chosen = fastest_int8
+        self.stage.lowering.choices.pop(self.key, None)
+        return {"rule": rule.as_dict(), "rule_us": round(times[rule] * 1e6, 2),
+                "chosen_us": round(times[chosen] * 1e6, 2), "tried": len(times), "refused": len(self.refused),
+                "rejected": len(self.rejected), **({"cut": True} if self.cut else {}),
+                "choice": chosen if chosen != rule else None, "exact": exact_choice if exact_choice != rule else None}
 
 
 RUNOFF_PAIRS = 3               # pairs of timed rounds per finalist in the runoff
