@@ -377,20 +377,21 @@ def test_a_whole_decode_step_is_timed_with_and_without_int8_forms(native_gpu, mo
 
 
 def test_a_budget_spent_early_still_gives_every_form_its_first_look(native_gpu, model, run, monkeypatch):
-    """The search runs in two phases (tuning._FormSearch): each form's likeliest win (int8 at
+    """The search runs in rounds (tuning._FormSearch): each form's likeliest win (int8 at
     XQ_SHAPES[1] where the pre-quantized path serves it, else its ROWS ladder) before the rest of
-    any form's ladder. A clock that jumps ahead by a fixed cost per trial spends the budget
-    just before the second phase: every form got its first look, none more, and the forms cut
-    short are not cached (a second admission searches them again)."""
+    any form's ladder. A clock that jumps ahead by a fixed cost per compiled and checked shape
+    spends the budget just before the second round: every form got its first look, none more,
+    its first look was timed, and the forms cut short are not cached (a second admission
+    searches them again)."""
     import time
     order, offset = [], [0.0]
-    real_trial = tuning._FormSearch._trial
+    real_check = tuning._FormSearch._check
 
     async def counted(self, choice, relative):
         order.append((self.key, choice))
-        await real_trial(self, choice, relative)
+        await real_check(self, choice, relative)
         offset[0] += cost[0]
-    monkeypatch.setattr(tuning._FormSearch, "_trial", counted)
+    monkeypatch.setattr(tuning._FormSearch, "_check", counted)
     cost = [0.0]
 
     async def go():
@@ -401,7 +402,7 @@ def test_a_budget_spent_early_still_gives_every_form_its_first_look(native_gpu, 
             served = {key for key, ops in forms.items()
                       if matvec_prequant.serves(session.device, stage.lowering.matvec_form(ops[0])[1])}
             stage.release()
-            first_looks = len(served) + len(matvec.ROWS_PER_WORKGROUP) * (len(forms) - len(served))
+            first_looks = len(served) + (len(matvec.ROWS_PER_WORKGROUP) - 1) * (len(forms) - len(served))
             cost[0] = 1000.0 / (first_looks - 0.5)      # the budget ends after the first looks
             report = await tuning.tune(session.device, model, session.plan, session.buffers, force=True,
                                        budget_seconds=1000.0, clock=lambda: time.perf_counter() + offset[0])
@@ -416,7 +417,8 @@ def test_a_budget_spent_early_still_gives_every_form_its_first_look(native_gpu, 
         if key in served:
             assert tried == [matvec.Choice(matvec_prequant.VARIANT, *tuning.XQ_SHAPES[1])], (key, tried)
         else:
-            assert [c.variant for c in tried] == [""] * len(matvec.ROWS_PER_WORKGROUP), (key, tried)
+            assert [c.variant for c in tried] == [""] * (len(matvec.ROWS_PER_WORKGROUP) - 1), (key, tried)
+        assert report.forms[key]["tried"] == 1 + len(tried)         # the rule and the first look, timed
     assert "budget" in report.reason
     cut = {key for key, facts in report.forms.items() if facts.get("cut")}
     assert cut == set(forms)                  # every form's second phase was cut

@@ -64,7 +64,9 @@ from .forward import Forward
 ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
 ROUNDS = 3                     # timed rounds per launch shape; the median is kept
 SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software adapter, no tuning
-BUDGET_SECONDS = 4.0           # the whole stage; forms not reached keep the rule
+BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
+SETTLE_SECONDS = 0.3           # at most this long waking the GPU's clocks before a timing burst
+SETTLE_AGREE = 0.03            # ... until two rounds in a row agree this closely
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
 CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
 INT8_CHECK_RELATIVE = {        # the same for int8 activations (matvec_prequant.VARIANTS): one byte's
@@ -86,12 +88,14 @@ class TuningReport:
     seconds: float = 0.0
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
     step_us: dict[str, float] = dataclasses.field(default_factory=dict)        # _step_check's two steps
+    settles: list = dataclasses.field(default_factory=list)      # _Stage.settle: (seconds, first, last round)
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
 
     def summary(self) -> dict:
         """Receipt-safe: counts and the choices, no adapter text."""
         return {"source": self.source, "reason": self.reason, "seconds": round(self.seconds, 3),
                 "forms": len(self.forms), "changed": len(self.choices), "step_us": dict(self.step_us),
+                "settles": [list(s) for s in self.settles],
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
 
 
@@ -156,6 +160,7 @@ class _Stage:
         self.lowering = self.forward.lowering
         self.rng = np.random.default_rng(16)
         self.scratch = None                               # (buffer, bytes): the check's output
+        self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round)
         self.forward.set_params("decode", 1, 0)           # the mat-vec params do not depend on the shape
         device.write_buffer(*self.forward.tables["decode"].write())
 
@@ -244,6 +249,22 @@ class _Stage:
         finally:
             self.lowering.choices.clear()
 
+    async def settle(self, ops, choice: matvec.Choice | None) -> None:
+        """Run `ops` (at `choice`) in rounds of >= ROUND_SECONDS until two rounds in a row agree
+        within SETTLE_AGREE, or SETTLE_SECONDS pass: a GPU that was idle (compiling, the
+        weights' upload) runs at low clocks, and a timing burst right then is slow and drifts
+        (on the H200: an SM clock of 345 MHz before the first burst, a decode step 2.5 times
+        slower during the stage than right after). Records (seconds spent, first round, last
+        round) in `settles`."""
+        dispatches = await self.launches(ops, choice)
+        began, rounds = self.clock(), []
+        while self.clock() - began < SETTLE_SECONDS:
+            rounds.append(await self.seconds_per_op(ops, dispatches, rounds=1))
+            if len(rounds) >= 2 and abs(rounds[-1] - rounds[-2]) <= SETTLE_AGREE * rounds[-2]:
+                break
+        self.settles.append((round(self.clock() - began, 4), rounds[0] if rounds else None,
+                             rounds[-1] if rounds else None))
+
     async def seconds_per_op(self, ops, dispatches, rounds: int = ROUNDS) -> float:
         """GPU seconds per op of the form (its dispatches: one, or a pre-quantized choice's two),
         dependent as in a step; the median of `rounds` rounds of >= ROUND_SECONDS."""
@@ -318,35 +339,37 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     try:
         # First the rule's time of every form (its pipeline is compiled anyway), so that the
         # budget goes to the forms that cost the step most.
-        rules = {}
-        for key, ops in pending:
-            measured = await _rule_time(stage, ops, force)
-            if measured is None:                 # a slow adapter: the rule stands for every form
-                report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
-                                                        f"ms here (a software adapter): measuring cannot pay")
-                pending = []
-                break
-            rules[key] = measured
-            if checkpoint is not None:
-                await checkpoint()
+        rules = await _rule_times(stage, pending, force)
+        if rules is None:                         # a slow adapter: the rule stands for every form
+            report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
+                                                    f"ms here (a software adapter): measuring cannot pay")
+            pending = []
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
-        searches = {key: _FormSearch(stage, ops, *rules[key], int8, seed)
-                    for seed, (key, ops) in enumerate(pending)}
+        searches = {key: _FormSearch(stage, ops, *rules[key], int8, seed) for seed, (key, ops) in enumerate(pending)}
         deadline = began + budget_seconds
-        for phase in range(2):                    # every form's first look, then the ladders
-            for search in searches.values():
-                if not await search.run(deadline):
-                    report.reason = (f"budget of {budget_seconds} s spent: the forms that cost the step least "
-                                     f"were searched less or not at all")
+        for round_ in range(_FormSearch.ROUNDS):
+            for search in searches.values():      # compile and check: the GPU mostly idle
+                await search.prepare(round_, deadline)
                 if checkpoint is not None:
                     await checkpoint()
+            if any(search.ready for search in searches.values()):
+                await stage.settle(*_costliest(stage, pending))
+                for search in searches.values():  # then time, back to back
+                    await search.time_ready()
+        if any(search.cut for search in searches.values()):
+            report.reason = (f"budget of {budget_seconds} s spent: the forms that cost the step least "
+                             f"were searched less or not at all")
         exact: dict[str, matvec.Choice | None] = {}      # form -> its best exact choice (None: the rule)
+        searched = {key: search for key, search in searches.items() if search.searched}
+        if searched:
+            await stage.settle(*_costliest(stage, pending))
         for key, search in searches.items():
             rule, rule_seconds = rules[key]
-            if not search.searched:
+            if key not in searched:
                 report.forms[key] = {"rule": rule.as_dict(), "rule_us": round(rule_seconds * 1e6, 2), "searched": False}
                 continue
-            form = await search.finish()
+            finalists = search.finalists()
+            form = search.finish(await _runoff(stage, search.ops, finalists) if len(finalists) > 1 else {})
             choice, exact[key] = form.pop("choice"), form.pop("exact")
             report.forms[key] = form
             if choice is not None:
@@ -363,6 +386,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     finally:
         stage.release()           # also when a checkpoint stops admission here
     report.seconds = clock() - began
+    report.settles = list(stage.settles)
     report.compiled = dict(stage.forward._compiled)
     return report
 
@@ -398,37 +422,58 @@ async def _pinned_int8(stage: _Stage, forms: dict[str, list], began: float, vari
     return report
 
 
-async def _rule_time(stage: _Stage, ops: list, force: bool) -> tuple[matvec.Choice, float] | None:
-    """(the rule's Choice, its seconds a dispatch) for one form; None when a first look (4
-    dispatches and a round trip: cheap on any adapter) shows a slow adapter."""
-    weights = stage.lowering.matvec_form(ops[0])[1]
-    rule = _rule_choice(stage.device, weights, ops[0])
-    stage.fill_inputs(ops)
-    dispatches = await stage.launches(ops, None)
-    if not force and await stage.seconds_per_op(ops[:1] * 4, dispatches[:len(dispatches) // len(ops)] * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
-        return None
-    return rule, await stage.seconds_per_op(ops, dispatches)
+async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tuple[matvec.Choice, float]] | None:
+    """form -> (the rule's Choice, its seconds a dispatch): every rule compiled first, then
+    timed in one burst after the clocks settle; None when a first look (4 dispatches and a
+    round trip: cheap on any adapter) shows a slow adapter."""
+    launched = {}
+    for key, ops in pending:
+        weights = stage.lowering.matvec_form(ops[0])[1]
+        launched[key] = (_rule_choice(stage.device, weights, ops[0]), await stage.launches(ops, None))
+        if not force and len(launched) == 1:
+            dispatches = launched[key][1]
+            one = dispatches[:len(dispatches) // len(ops)]
+            if await stage.seconds_per_op(ops[:1] * 4, one * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
+                return None
+    if pending:
+        await stage.settle(*_costliest(stage, pending))
+    out = {}
+    for key, ops in pending:
+        dispatches = await stage.launches(ops, None)     # recorded again: params as the rule says
+        out[key] = (launched[key][0], await stage.seconds_per_op(ops, dispatches))
+    return out
 
 
-PHASE_END = object()           # _FormSearch.candidates: the end of a form's first look
+def _costliest(stage: _Stage, pending: list) -> tuple[list, None]:
+    """The ops of the form with the most weight bytes over its layers: what settle() runs (on
+    the rule's launch) to wake the GPU's clocks before a timing burst."""
+    def size(item):
+        weights = stage.lowering.matvec_form(item[1][0])[1]
+        return weights.rows * weights.cols * len(item[1])
+    return max(pending, key=size)[1], None
 
 
 class _FormSearch:
-    """One form's search: its launch shapes tried in two phases, so that a budget spent early
-    still leaves every form its likeliest win. The first look (phase 0) of every form comes
-    before the second (the rest of the ladder) of any: on the H200 the last order (each form's
-    whole ladder in turn, the costliest form first) spent an 8B model's 4 s budget on one form,
-    and the other four kept their rule (158 tok/s, where all five measured gave 220).
+    """One form's search, in rounds: each round's shapes are compiled and checked for every
+    form first, then timed for every form in one burst on a GPU whose clocks have settled
+    (_Stage.settle). Measured on the H200: compiling between timings left the GPU idle most of
+    the stage, its clocks low (a decode step timed there took 15.9 ms; 6.4 ms in the engine
+    right after), and one form's rule measured 9.6 us in one admission and 20.8 in the next.
+    And rounds, not each form's whole ladder in turn: the last order spent an 8B model's 4 s
+    budget on its costliest form, and the other four kept their rule (158 tok/s, where all
+    five measured gave 220). Round by round:
 
-        phase 0, served by int8:  the pre-quantized path at XQ_SHAPES[1] (what won at every
-                                  large form measured there)
-        phase 0, otherwise:       ROWS in 1..16 at the rule's WG
-        phase 1:                  the rest: the int8 ladder (XQ_SHAPES, then every sensible WG
-                                  at its best ROWS), then the exact one (ROWS, then WG)
+        round 0  the likeliest win: where the pre-quantized path serves the form, int8 at
+                 XQ_SHAPES[1] (what won at every large form measured on the H200); else ROWS
+                 in 1..16 at the rule's WG
+        round 1  the int8 ROWS ladder (XQ_SHAPES), then the exact one (ROWS at the rule's WG)
+        round 2  every sensible WG at the best ROWS, int8 and exact
 
     A shape the limits refuse is skipped; one that disagrees with the rule's output is
-    rejected, never chosen. The form's inputs are written again (the same values) whenever its
-    search resumes: other forms' trials write the shared activation regions in between."""
+    rejected, never chosen. The form's inputs are written again (the same values) whenever a
+    round checks its shapes: other forms' checks write the shared activation regions."""
+
+    ROUNDS = 3
 
     def __init__(self, stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float, int8: bool, seed: int):
         self.stage, self.ops, self.rule, self.seed = stage, ops, rule, seed
@@ -438,87 +483,84 @@ class _FormSearch:
         self.exact: set[matvec.Choice] = {rule}
         self.refused: list = []
         self.rejected: list = []
+        self.ready: list[matvec.Choice] = []     # compiled and checked, not yet timed
         self.reference: np.ndarray | None = None
-        self.cut = False                          # the budget ended it before its ladder did
-        self._candidates = self.candidates()
+        self.cut = False                          # the budget ended it before its last round did
 
-    def candidates(self):
-        """The shapes in the order above (a generator: each step reads the times so far)."""
-        rule, xq, relative = self.rule, matvec_prequant.VARIANT, INT8_CHECK_RELATIVE[matvec_prequant.VARIANT]
-        if self.int8:
-            yield matvec.Choice(xq, *XQ_SHAPES[1]), relative
-            yield PHASE_END
-            for workgroup, rows in XQ_SHAPES:
-                yield matvec.Choice(xq, workgroup, rows), relative
-            best = self._best(int8=True)         # None: every int8 shape refused or rejected
+    def candidates(self, round_: int) -> list[tuple[matvec.Choice, float]]:
+        """Round `round_`'s shapes with the check's tolerance (rounds 2 read the times so far)."""
+        rule, relative = self.rule, INT8_CHECK_RELATIVE[matvec_prequant.VARIANT]
+        xq = [(matvec.Choice(matvec_prequant.VARIANT, wg, rows), relative) for wg, rows in XQ_SHAPES]
+        rows_ladder = [(dataclasses.replace(rule, rows=rows), CHECK_RELATIVE) for rows in matvec.ROWS_PER_WORKGROUP]
+        if round_ == 0:
+            return xq[1:2] if self.int8 else rows_ladder
+        if round_ == 1:
+            return (xq + rows_ladder) if self.int8 else []
+        out = []
+        for int8 in (True, False):
+            best = self._best(int8)               # None: no int8 shape passed (or none served)
             for workgroup in matvec.workgroup_candidates(self.stage.device, self.weights, best.rows) if best else ():
-                yield matvec.Choice(xq, workgroup, best.rows), relative
-        for rows in matvec.ROWS_PER_WORKGROUP:
-            yield dataclasses.replace(rule, rows=rows), CHECK_RELATIVE
-        if not self.int8:
-            yield PHASE_END
-        best_rows = self._best(int8=False).rows
-        for workgroup in matvec.workgroup_candidates(self.stage.device, self.weights, best_rows):
-            yield dataclasses.replace(rule, workgroup=workgroup, rows=best_rows), CHECK_RELATIVE
+                out.append((dataclasses.replace(best, workgroup=workgroup), relative if int8 else CHECK_RELATIVE))
+        return out
 
     def _best(self, int8: bool) -> matvec.Choice | None:
         timed = {c: t for c, t in self.times.items() if (c not in self.exact) == int8}
         return min(timed, key=timed.get) if timed else None
 
-    async def run(self, deadline: float) -> bool:
-        """Try shapes until the phase ends (True) or the ladder does (True) or the deadline
-        passes (False: the search stays cut)."""
-        resumed = False
-        for item in self._candidates:
-            if item is PHASE_END:
-                return True
-            if self.stage.clock() > deadline:
-                self.cut = True
-                return False
-            if not resumed:
-                await self._resume()
-                resumed = True
-            await self._trial(*item)
-        self.cut = False
-        return True
-
-    async def _resume(self) -> None:
+    async def prepare(self, round_: int, deadline: float) -> None:
+        """Compile and check the round's new shapes until the deadline (then the search is cut)."""
+        todo = [(c, r) for c, r in self.candidates(round_)
+                if c not in self.times and c not in self.refused and c not in self.rejected]
+        if not todo:
+            return
         self.stage.fill_inputs(self.ops, self.seed)
         if self.reference is None:
             self.stage.lowering.choices.pop(self.key, None)
             self.reference = await self.stage.output(self.ops)
+        for choice, relative in todo:
+            if self.stage.clock() > deadline:
+                self.cut = True
+                return
+            await self._check(choice, relative)
 
-    async def _trial(self, choice: matvec.Choice, relative: float) -> None:
-        if choice in self.times or choice in self.refused or choice in self.rejected:
+    async def _check(self, choice: matvec.Choice, relative: float) -> None:
+        if choice in self.ready:
             return
         try:
-            dispatches = await self.stage.launches(self.ops, choice)
+            await self.stage.launches(self.ops, choice)          # compiles the shape's kernels
         except matvec.MatvecShapeError:
             self.refused.append(choice)           # the device's limits refuse this shape
             return
         if not _agrees(await self.stage.output(self.ops), self.reference, relative):
             self.rejected.append(choice)
             return
-        self.times[choice] = await self.stage.seconds_per_op(self.ops, dispatches)
+        self.ready.append(choice)
         if relative == CHECK_RELATIVE:
             self.exact.add(choice)
+
+    async def time_ready(self) -> None:
+        """Time the shapes checked since the last burst (each recorded again: the launches
+        share the ops' params slots, which a choice may change)."""
+        for choice in self.ready:
+            dispatches = await self.stage.launches(self.ops, choice)
+            self.times[choice] = await self.stage.seconds_per_op(self.ops, dispatches)
+        self.ready = []
 
     @property
     def searched(self) -> bool:
         return len(self.times) + len(self.refused) + len(self.rejected) > 1
 
-    async def finish(self) -> dict:
-        """The finalists (the rule, the best exact shape, the best int8 shape) timed again
-        side by side, then the choice: the shapes above were timed one after the other while
-        the GPU's clocks moved (on the H200 one form's rule measured 9.6 us in one admission
-        and 20.8 in the next), which favoured whatever came last: the pre-quantized shapes,
-        chosen then for SmolLM2's forms and slower in its step. Alternating rounds share the
-        drift. A shape must beat the rule by NOISE; int8 must beat the exact choice by NOISE."""
-        rule, times = self.rule, self.times
-        best, fastest_int8 = self._best(int8=False), self._best(int8=True)
-        finalists = [rule] + [c for c in (best, fastest_int8) if c is not None and c != rule]
-        if len(finalists) > 1:
-            times.update(await _runoff(self.stage, self.ops, finalists))
+    def finalists(self) -> list[matvec.Choice]:
+        """The rule, the best exact shape and the best int8 shape, for the runoff."""
+        return [self.rule] + [c for c in (self._best(False), self._best(True)) if c is not None and c != self.rule]
+
+    def finish(self, runoff: dict) -> dict:
+        """The choice, from the runoff's times (the finalists timed again side by side:
+        whatever was timed last in the rounds was favoured by clocks still moving). A shape must
+        beat the rule by NOISE; int8 must beat the exact choice by NOISE."""
+        times, rule = self.times, self.rule
+        times.update(runoff)
+        best, fastest_int8 = self._best(False), self._best(True)
         chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
         exact_choice = chosen
         if fastest_int8 is not None and times[fastest_int8] < (1 - NOISE) * times[chosen]:
