@@ -21,7 +21,7 @@ import pytest
 
 import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
-from webslm.backends.gpu import GpuBackend, tuning
+from webslm.backends.gpu import GpuBackend, timing, tuning
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
 from webslm.generate import prompt_ids
@@ -318,7 +318,7 @@ def test_the_runoff_times_the_finalists_in_turn_so_a_drifting_clock_favours_none
     assert min(sequential, key=sequential.get) == "c"                  # the drift's winner
     stage = DriftingStage()
     times = run(tuning._runoff(stage, [], ["rule", "b", "c"]))
-    assert stage.order == ["rule", "b", "c", "c", "b", "rule"] * tuning.RUNOFF_PAIRS
+    assert stage.order == ["rule", "b", "c", "c", "b", "rule"] * timing.PAIRS
     assert sorted(times, key=times.get) == ["rule", "b", "c"]
 
 
@@ -342,7 +342,7 @@ def test_int8_forms_stay_only_if_the_whole_step_is_faster_with_them(run, int8_st
         timed.append(uses_int8)
         return (int8_step_us if uses_int8 else 100.0) * 1e-6
     run(tuning._step_check(report, exact, seconds_per_step))
-    assert timed == [True, False, False, True] * tuning.RUNOFF_PAIRS
+    assert timed == [True, False, False, True] * timing.PAIRS
     assert report.step_us == {"int8": int8_step_us, "exact": 100.0}
     form_a, form_b = sorted(exact)[1], sorted(exact)[0]
     if kept:

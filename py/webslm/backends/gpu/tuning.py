@@ -59,14 +59,13 @@ from ...kernels import matvec, matvec_prequant
 from ...kernels.registry import KERNELS
 from ...program.lowering import Binding
 from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
+from . import timing
 from .forward import Forward
 
 ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
 ROUNDS = 3                     # timed rounds per launch shape; the median is kept
 SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software adapter, no tuning
 BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
-SETTLE_SECONDS = 0.3           # at most this long waking the GPU's clocks before a timing burst
-SETTLE_AGREE = 0.03            # ... until two rounds in a row agree this closely
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
 CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
 INT8_CHECK_RELATIVE = {        # the same for int8 activations (matvec_prequant.VARIANTS): one byte's
@@ -250,20 +249,11 @@ class _Stage:
             self.lowering.choices.clear()
 
     async def settle(self, ops, choice: matvec.Choice | None) -> None:
-        """Run `ops` (at `choice`) in rounds of >= ROUND_SECONDS until two rounds in a row agree
-        within SETTLE_AGREE, or SETTLE_SECONDS pass: a GPU that was idle (compiling, the
-        weights' upload) runs at low clocks, and a timing burst right then is slow and drifts
-        (on the H200: an SM clock of 345 MHz before the first burst, a decode step 2.5 times
-        slower during the stage than right after). Records (seconds spent, first round, last
-        round) in `settles`."""
+        """Run `ops` (at `choice`) until the GPU's clocks settle (timing.settle): an idle GPU
+        runs slow, and the stage leaves it idle while it compiles. Records (seconds spent,
+        first round, last round) in `settles`."""
         dispatches = await self.launches(ops, choice)
-        began, rounds = self.clock(), []
-        while self.clock() - began < SETTLE_SECONDS:
-            rounds.append(await self.seconds_per_op(ops, dispatches, rounds=1))
-            if len(rounds) >= 2 and abs(rounds[-1] - rounds[-2]) <= SETTLE_AGREE * rounds[-2]:
-                break
-        self.settles.append((round(self.clock() - began, 4), rounds[0] if rounds else None,
-                             rounds[-1] if rounds else None))
+        self.settles.append(await timing.settle(lambda: self.seconds_per_op(ops, dispatches, rounds=1), self.clock))
 
     async def seconds_per_op(self, ops, dispatches, rounds: int = ROUNDS) -> float:
         """GPU seconds per op of the form (its dispatches: one, or a pre-quantized choice's two),
@@ -572,7 +562,6 @@ class _FormSearch:
                 "choice": chosen if chosen != rule else None, "exact": exact_choice if exact_choice != rule else None}
 
 
-RUNOFF_PAIRS = 3               # pairs of timed rounds per finalist in the runoff
 STEP_GAIN = 0.03               # the whole step with int8 forms must be this much faster than without
 
 
@@ -589,15 +578,8 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
     with_int8 = dict(report.choices)
     without = {key: choice for key, choice in report.choices.items() if key not in keys}
     without |= {key: exact[key] for key in keys if exact.get(key) is not None}
-    means: list[list[float]] = [[], []]
-    for _ in range(RUNOFF_PAIRS):
-        pair = [0.0, 0.0]
-        for order in ((0, 1), (1, 0)):
-            for i in order:
-                pair[i] += await seconds_per_step(with_int8 if i == 0 else without) / 2
-        means[0].append(pair[0])
-        means[1].append(pair[1])
-    step_int8, step_exact = statistics.median(means[0]), statistics.median(means[1])
+    step_int8, step_exact = await timing.alternating([lambda: seconds_per_step(with_int8),
+                                                      lambda: seconds_per_step(without)])
     report.step_us = {"int8": round(step_int8 * 1e6, 1), "exact": round(step_exact * 1e6, 1)}
     if step_int8 >= (1 - STEP_GAIN) * step_exact:
         report.choices = without
@@ -608,19 +590,13 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
 
 
 async def _runoff(stage: _Stage, ops: list, finalists: list) -> dict:
-    """Seconds per op of each finalist (the first is the rule), timed in turn: pairs of rounds,
-    the first in order (1, 2, 3), the second reversed (3, 2, 1), so that a drift that is
-    linear over a pair adds the same to every finalist's pair mean; the median of the
-    RUNOFF_PAIRS pair means (an odd slow sample moves one pair only). Each round records its
-    finalist again: the launches share the ops' params slots, which a choice may change
-    (_Stage._write_params)."""
-    means: list[list[float]] = [[] for _ in finalists]
-    for _ in range(RUNOFF_PAIRS):
-        pair: list[float] = [0.0] * len(finalists)
-        for order in (range(len(finalists)), reversed(range(len(finalists)))):
-            for i in order:
-                dispatches = await stage.launches(ops, None if i == 0 else finalists[i])
-                pair[i] += await stage.seconds_per_op(ops, dispatches, rounds=1) / 2
-        for i, value in enumerate(pair):
-            means[i].append(value)
-    return {choice: statistics.median(m) for choice, m in zip(finalists, means)}
+    """Seconds per op of each finalist (the first is the rule), timed in turn
+    (timing.alternating). Each round records its finalist again: the launches share the ops'
+    params slots, which a choice may change (_Stage._write_params)."""
+    def contender(choice):
+        async def one_round() -> float:
+            dispatches = await stage.launches(ops, choice)
+            return await stage.seconds_per_op(ops, dispatches, rounds=1)
+        return one_round
+    seconds = await timing.alternating([contender(None if i == 0 else c) for i, c in enumerate(finalists)])
+    return dict(zip(finalists, seconds))

@@ -1,0 +1,47 @@
+"""Timing on a GPU whose clocks move, for admission's tuning stage (tuning.py, tuning_attention.py).
+
+Two problems, both measured on the H200 (docs/RESULTS.md):
+- An idle GPU runs at low clocks (an SM clock of 345 MHz before the first burst), and the
+  tuning stage leaves it idle while it compiles: a decode step timed during the stage took
+  2.5 times as long as right after it. `settle` runs work until two rounds in a row agree.
+- Clocks still drift while a burst runs, which favours whatever is timed last (one form's
+  rule measured 9.6 us in one admission and 20.8 in the next). `alternating` times the
+  contenders in turn, each pair of rounds once forward and once reversed, so a drift that is
+  linear over a pair adds the same to every contender's pair mean.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Awaitable, Callable, Sequence
+
+SETTLE_SECONDS = 0.3           # at most this long waking the GPU's clocks before a timing burst
+SETTLE_AGREE = 0.03            # ... until two rounds in a row agree this closely
+PAIRS = 3                      # pairs of rounds (forward, reversed) per contender in `alternating`
+
+Round = Callable[[], Awaitable[float]]      # one timed round: seconds (per op, per step, ...)
+
+
+async def settle(one_round: Round, clock: Callable[[], float]) -> tuple[float, float | None, float | None]:
+    """Run `one_round` until two rounds in a row agree within SETTLE_AGREE, or SETTLE_SECONDS
+    pass; (seconds spent, the first round's figure, the last one's)."""
+    began, rounds = clock(), []
+    while clock() - began < SETTLE_SECONDS:
+        rounds.append(await one_round())
+        if len(rounds) >= 2 and abs(rounds[-1] - rounds[-2]) <= SETTLE_AGREE * rounds[-2]:
+            break
+    return round(clock() - began, 4), (rounds[0] if rounds else None), (rounds[-1] if rounds else None)
+
+
+async def alternating(contenders: Sequence[Round], pairs: int = PAIRS) -> list[float]:
+    """Each contender's figure: PAIRS pairs of rounds, the first in order (1, 2, 3), the second
+    reversed (3, 2, 1); a pair's mean per contender; the median of the pair means (an odd slow
+    sample moves one pair only)."""
+    means: list[list[float]] = [[] for _ in contenders]
+    for _ in range(pairs):
+        pair = [0.0] * len(contenders)
+        for order in (range(len(contenders)), reversed(range(len(contenders)))):
+            for i in order:
+                pair[i] += await contenders[i]() / 2
+        for i, value in enumerate(pair):
+            means[i].append(value)
+    return [statistics.median(m) for m in means]
