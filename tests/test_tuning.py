@@ -25,7 +25,7 @@ from webslm.backends.gpu import GpuBackend, timing, tuning
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
 from webslm.generate import prompt_ids
-from webslm.kernels import matvec, matvec_prequant
+from webslm.kernels import attention, matvec, matvec_prequant
 from webslm.program.fusion import ALL
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
@@ -83,17 +83,24 @@ def test_forced_tuning_measures_every_decode_matvec_form(measured, model):
     assert sorted(key.split("|", 2)[2] for key in report.cache_entries) == sorted(report.forms)
     # what was chosen is what the session compiled
     for form, choice in report.choices.items():
+        if form == attention.PREFILL_CHOICE:
+            continue                                # test_the_prefill_attention_variant_* below
         assert any(name.startswith("matvec_") and dict(overrides)["WG"] == choice.workgroup
                    and dict(overrides)["ROWS"] == choice.rows for name, overrides in compiled), form
 
 
 def _forced_entries(report) -> dict[str, dict]:
     """The measured cache entries with every form's choice moved off the rule (ROWS 16, or 2
-    where the rule has 16): shapes the rule never takes, so the session runs only measured ones."""
+    where the rule has 16; the other prefill attention variant): shapes the rule never takes, so
+    the session runs only measured ones."""
     entries = {}
     for key, entry in report.cache_entries.items():
         rule = entry["rule"]
-        entries[key] = {**entry, "choice": {**rule, "ROWS": 2 if rule["ROWS"] == 16 else 16}}
+        if "ROWS" in rule:
+            entries[key] = {**entry, "choice": {**rule, "ROWS": 2 if rule["ROWS"] == 16 else 16}}
+        else:                   # the prefill attention's: the variant the rule does not take
+            entries[key] = {**entry, "choice": {"variant": next(v for v in attention.PREFILL_VARIANTS
+                                                                if v != rule["variant"])}}
     return entries
 
 
@@ -122,12 +129,16 @@ def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(nat
     async def go():
         session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
         assert session.tuning.source == "cached" and session.tuning.cache_entries == {}
-        assert {c.rows for c in session.choices.values()} <= {2, 16} and len(session.choices) == len(report.forms)
+        matvecs = [c for key, c in session.choices.items() if key != attention.PREFILL_CHOICE]
+        assert {c.rows for c in matvecs} <= {2, 16} and len(session.choices) == len(report.forms)
+        assert session.choices[attention.PREFILL_CHOICE].variant == "tiles"     # the rule here: rows
         return await _errors_against_the_oracle(session, model, ids), set(session.kernels)
     errors, compiled = run(go())
-    assert max(errors) <= LOGIT_TOLERANCE, errors
+    assert max(errors) <= LOGIT_TOLERANCE, errors          # the prefill's logits too, on "tiles"
     rows_compiled = {dict(o)["ROWS"] for name, o in compiled if name.startswith("matvec_")}
     assert 16 in rows_compiled or 2 in rows_compiled
+    prefill_attention = {name for name, _ in compiled if name.startswith("attention_prefill")}
+    assert prefill_attention and all("rows" not in name for name in prefill_attention), prefill_attention
 
 
 def _prequantized_entries(report, variant: str = matvec_prequant.VARIANT) -> dict[str, dict]:
@@ -235,13 +246,16 @@ def test_a_choice_from_a_cache_is_typed_or_refused(bad):
 
 
 def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model, measured, run):
-    """One form's entry broken, one saying "the rule is best", the rest moved off the rule:
-    the broken form alone is measured, the others are used as cached."""
+    """One mat-vec form's entry broken, and the prefill attention's, one saying "the rule is
+    best", the rest moved off the rule: the broken two alone are measured, the others are
+    used as cached."""
     report, _ = measured
     cache = _forced_entries(report)
-    keys = sorted(cache)
+    keys = sorted(key for key in cache if attention.PREFILL_CHOICE not in key)
+    (prefill,) = [key for key in cache if attention.PREFILL_CHOICE in key]
     cache[keys[0]] = {**cache[keys[0]], "choice": {"variant": "", "WG": 7, "ROWS": 4}}
     cache[keys[1]] = {**cache[keys[1]], "choice": None}
+    cache[prefill] = {**cache[prefill], "choice": {"variant": "rows", "WG": 32}}
 
     async def go():
         session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
@@ -252,9 +266,11 @@ def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model
     again = run(go())
     broken, rule = keys[0].split("|", 2)[2], keys[1].split("|", 2)[2]
     assert again.source == "measured" and set(again.forms) == set(report.forms)
-    assert list(again.cache_entries) == [keys[0]] and not again.forms[broken].get("cached")
+    assert sorted(again.cache_entries) == sorted([keys[0], prefill]) and not again.forms[broken].get("cached")
     assert again.forms[rule]["cached"] and rule not in again.choices
-    assert all(again.forms[f]["cached"] and again.choices[f].rows in (2, 16) for f in again.forms if f not in (broken, rule))
+    assert not again.forms[prefill.split("|", 2)[2]].get("cached")
+    assert all(again.forms[f]["cached"] and again.choices[f].rows in (2, 16) for f in again.forms
+               if f not in (broken, rule, prefill.split("|", 2)[2]))
 
 
 def test_the_file_cache_merges_and_survives_a_broken_file(tmp_path, monkeypatch):

@@ -64,9 +64,32 @@ PREFILL_STORAGE = 528 * 16 + 272 * 16 + 512 * 4 + 2 * 16 * 4
 # attention_prefill_rows.wgsl: one query row per invocation, its q and output in registers
 # (head_dim <= 64), ROWS rows a workgroup, TILE keys a tile, K and V tiles double-buffered.
 ROWS_KERNEL_ROWS, ROWS_KERNEL_TILE, ROWS_KERNEL_MAX_HD4 = 64, 16, 16
-# The knob: prefill variants in the host's order of preference (the first that fits is taken;
-# bench/gemm_sweep.py times both). "tiles" fits every shape and device.
+# The knob: prefill variants in the host's order of preference (the first that fits is taken
+# unless admission measured the other faster: PrefillChoice; bench/gemm_sweep.py times both).
+# "tiles" fits every shape and device.
 PREFILL_VARIANTS = ("rows", "tiles")
+PREFILL_CHOICE = "attention prefill"     # a PrefillChoice's key among a session's measured choices
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillChoice:
+    """The prefill variant admission measured fastest on this device for this model's attention
+    shape (backends/gpu/tuning_attention.py); the lowering passes it to `plan_prefill`."""
+    variant: str
+
+    def __post_init__(self):
+        if self.variant not in PREFILL_VARIANTS:
+            raise KvShapeError("shape", f"prefill variant {self.variant!r} is not one of {PREFILL_VARIANTS}")
+
+    def as_dict(self) -> dict:
+        return {"variant": self.variant}
+
+    @classmethod
+    def from_dict(cls, data) -> "PrefillChoice":
+        """From cached JSON (untrusted): typed, or KvShapeError."""
+        if not isinstance(data, dict) or set(data) != {"variant"} or not isinstance(data["variant"], str):
+            raise KvShapeError("shape", f"not a prefill attention choice: {data!r}"[:200])
+        return cls(data["variant"])
 
 
 def rows_storage(head_dim: int) -> int:

@@ -93,8 +93,9 @@ class Lowering:
 
     def __init__(self, device, model, plan, choices: dict | None = None):
         self.device, self.limits = device, device.limits
-        # Measured mat-vec launch shapes by form (matvec.form_key -> matvec.Choice), from
-        # admission's tuning stage (backends/gpu/tuning.py); a form without one takes the rule.
+        # Measured mat-vec launch shapes by form (matvec.form_key -> matvec.Choice), and the
+        # prefill attention variant (attention.PREFILL_CHOICE -> attention.PrefillChoice), from
+        # admission's tuning stage (backends/gpu/tuning.py); what has none takes the rule.
         self.choices = dict(choices or {})
         # Room for split-K partial sums (kernels/gemm_split.py), in floats: 0 in a plan without it.
         self.partials_floats = next((r.size // 4 for r in plan.regions if r.name == "prefill.gemm_partials"), 0)
@@ -301,7 +302,9 @@ class Lowering:
         inputs = [Binding("q", op.read("q")), Binding("k_cache", op.read("k_cache")),
                   Binding("v_cache", op.read("v_cache"))]
         if schedule == "prefill":
+            measured = self.choices.get(attention.PREFILL_CHOICE)    # else the first variant that fits
             p = attention.plan_prefill(self.limits, self.shape, start, tokens, op.option("scale"),
+                                       variant=measured.variant if measured else None,
                                        window=op.option("window")).dispatch
             return [self._launch(op, p, inputs, [Binding("out", op.write("out"))])]
         d = self._plan_attention(start, window=op.option("window"), scale=op.option("scale"))

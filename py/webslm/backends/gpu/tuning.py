@@ -55,11 +55,11 @@ from typing import Awaitable, Callable, Mapping
 
 import numpy as np
 
-from ...kernels import matvec, matvec_prequant
+from ...kernels import attention, matvec, matvec_prequant
 from ...kernels.registry import KERNELS
 from ...program.lowering import Binding
 from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
-from . import timing
+from . import timing, tuning_attention
 from .forward import Forward
 
 ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
@@ -334,6 +334,8 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
                                                     f"ms here (a software adapter): measuring cannot pay")
             pending = []
+        if rules is not None:
+            await _prefill_attention(stage, report, cache, device_identity, bundle_hash, int8, force)
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
         searches = {key: _FormSearch(stage, ops, *rules[key], int8, seed) for seed, (key, ops) in enumerate(pending)}
         deadline = began + budget_seconds
@@ -379,6 +381,31 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     report.settles = list(stage.settles)
     report.compiled = dict(stage.forward._compiled)
     return report
+
+
+async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping[str, dict], device_identity: str,
+                             bundle_hash: str, int8: bool, force: bool) -> None:
+    """The prefill attention variant (tuning_attention.py), from the cache or measured; into
+    the report's choices under attention.PREFILL_CHOICE when it is not the rule's."""
+    form = tuning_attention.form_key(stage.lowering.shape)
+    key = cache_key(device_identity, bundle_hash, form, int8)
+    cached = cache.get(key)
+    if cached is not None:
+        try:
+            choice = attention.PrefillChoice.from_dict(cached["choice"]) if cached.get("choice") is not None else None
+        except (attention.KvShapeError, KeyError):
+            cached = None                          # not a choice: measured afresh
+    if cached is not None:
+        report.forms[form] = {**{k: v for k, v in cached.items() if k != "choice"}, "cached": True}
+    else:
+        choice, entry = await tuning_attention.measure(stage.device, stage.lowering.shape, stage.lowering.chunk,
+                                                       stage.clock, NOISE, force)
+        report.forms[form] = entry
+        if entry.get("searched", True):
+            report.source = "measured"
+            report.cache_entries[key] = {**entry, "choice": choice.as_dict() if choice is not None else None}
+    if choice is not None:
+        report.choices[attention.PREFILL_CHOICE] = choice
 
 
 async def _pinned_int8(stage: _Stage, forms: dict[str, list], began: float, variant: str) -> TuningReport:
