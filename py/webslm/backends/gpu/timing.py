@@ -1,6 +1,6 @@
 """Timing on a GPU whose clocks move, for admission's tuning stage (tuning.py, tuning_attention.py).
 
-Two problems, both measured on the H200 (docs/RESULTS.md):
+Three problems, all measured on the H200 (docs/RESULTS.md):
 - An idle GPU runs at low clocks (an SM clock of 345 MHz before the first burst), and the
   tuning stage leaves it idle while it compiles: a decode step timed during the stage took
   2.5 times as long as right after it. `settle` runs work until two rounds in a row agree.
@@ -8,6 +8,10 @@ Two problems, both measured on the H200 (docs/RESULTS.md):
   rule measured 9.6 us in one admission and 20.8 in the next). `alternating` times the
   contenders in turn, each pair of rounds once forward and once reversed, so a drift that is
   linear over a pair adds the same to every contender's pair mean.
+- A timed round ends with a read back to the host, whose round trip (0.2-0.6 ms there) a round
+  of few dispatches is mostly made of: the SmolLM2 head's one dispatch a round measured 254 us,
+  32 in the step. `round_trip` measures an empty submit and the same read, for the caller to
+  subtract.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Awaitable, Callable, Sequence
 SETTLE_SECONDS = 0.3           # at most this long waking the GPU's clocks before a timing burst
 SETTLE_AGREE = 0.03            # ... until two rounds in a row agree this closely
 PAIRS = 3                      # pairs of rounds (forward, reversed) per contender in `alternating`
+TRIP_SAMPLES = 5               # empty rounds whose median is `round_trip`
 
 Round = Callable[[], Awaitable[float]]      # one timed round: seconds (per op, per step, ...)
 
@@ -45,3 +50,17 @@ async def alternating(contenders: Sequence[Round], pairs: int = PAIRS) -> list[f
         for i, value in enumerate(pair):
             means[i].append(value)
     return [statistics.median(m) for m in means]
+
+
+async def round_trip(device, sync: tuple, clock: Callable[[], float]) -> float:
+    """Seconds from an empty submit to the end of reading `sync` (buffer, offset, size) back:
+    what every timed round that ends with that read pays besides its dispatches (the median of
+    TRIP_SAMPLES)."""
+    samples = []
+    for _ in range(TRIP_SAMPLES):
+        await device.read_buffer(*sync)            # the queue is idle before the clock starts
+        device.submit([])
+        started = clock()
+        await device.read_buffer(*sync)
+        samples.append(clock() - started)
+    return statistics.median(samples)

@@ -64,6 +64,7 @@ from .forward import Forward
 
 ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
 ROUNDS = 3                     # timed rounds per launch shape; the median is kept
+MIN_ROUND_SECONDS = 1e-7       # a round less its round trip is never taken as shorter (noise)
 SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software adapter, no tuning
 BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
@@ -87,7 +88,7 @@ class TuningReport:
     seconds: float = 0.0
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
     step_us: dict[str, float] = dataclasses.field(default_factory=dict)        # _step_check's two steps
-    settles: list = dataclasses.field(default_factory=list)      # _Stage.settle: (seconds, first, last round)
+    settles: list = dataclasses.field(default_factory=list)      # _Stage.settle: (seconds, first, last round, trip)
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
 
     def summary(self) -> dict:
@@ -159,7 +160,8 @@ class _Stage:
         self.lowering = self.forward.lowering
         self.rng = np.random.default_rng(16)
         self.scratch = None                               # (buffer, bytes): the check's output
-        self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round)
+        self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round, trip)
+        self.trip = 0.0                                   # the round trip timed rounds subtract (settle)
         self.forward.set_params("decode", 1, 0)           # the mat-vec params do not depend on the shape
         device.write_buffer(*self.forward.tables["decode"].write())
 
@@ -250,16 +252,23 @@ class _Stage:
 
     async def settle(self, ops, choice: matvec.Choice | None) -> None:
         """Run `ops` (at `choice`) until the GPU's clocks settle (timing.settle): an idle GPU
-        runs slow, and the stage leaves it idle while it compiles. Records (seconds spent,
-        first round, last round) in `settles`."""
+        runs slow, and the stage leaves it idle while it compiles; then measure the round trip
+        the timed rounds subtract (timing.round_trip). Records (seconds spent, first round,
+        last round, round trip) in `settles`."""
         dispatches = await self.launches(ops, choice)
-        self.settles.append(await timing.settle(lambda: self.seconds_per_op(ops, dispatches, rounds=1), self.clock))
+        settled = await timing.settle(lambda: self.seconds_per_op(ops, dispatches, rounds=1), self.clock)
+        self.trip = await timing.round_trip(self.device, self._sync(ops), self.clock)
+        self.settles.append((*settled, self.trip))
+
+    def _sync(self, ops) -> tuple:
+        y = self._bind("y", ops[0].write("y"))
+        return y.buffer, y.offset, 4
 
     async def seconds_per_op(self, ops, dispatches, rounds: int = ROUNDS) -> float:
         """GPU seconds per op of the form (its dispatches: one, or a pre-quantized choice's two),
-        dependent as in a step; the median of `rounds` rounds of >= ROUND_SECONDS."""
-        y = self._bind("y", ops[0].write("y"))
-        sync = (y.buffer, y.offset, 4)
+        dependent as in a step; the median of `rounds` rounds of >= ROUND_SECONDS, each less
+        the round trip measured at the last settle (`trip`; 0 before the first)."""
+        sync = self._sync(ops)
         per_op = max(1, len(dispatches) // len(ops))
 
         async def timed(batch) -> float:
@@ -267,12 +276,12 @@ class _Stage:
             self.device.submit(batch)
             started = self.clock()                        # encoding is done: the GPU has the work
             await self.device.read_buffer(*sync)
-            return (self.clock() - started) / (len(batch) // per_op)
+            return max(self.clock() - started - self.trip, MIN_ROUND_SECONDS) / (len(batch) // per_op)
 
         first = await timed(dispatches)                   # also the warm-up
         if rounds == 0:
             return first
-        repeat = max(1, int(ROUND_SECONDS / max(first * len(dispatches) / per_op, 1e-7)))
+        repeat = max(1, int(ROUND_SECONDS / (first * len(dispatches) / per_op)))
         batch = dispatches * repeat
         return statistics.median([await timed(batch) for _ in range(rounds)])
 

@@ -41,14 +41,16 @@ def form_key(shape: AttentionShape) -> str:
     return f"{attention.PREFILL_CHOICE} {shape.n_heads}/{shape.n_kv_heads}x{shape.head_dim} {shape.dtype}"
 
 
-async def _seconds_per_dispatch(device, prepared: runner.Prepared, count: int, clock: Callable[[], float]) -> float:
-    """A chain of `count` dispatches (each rewrites the same output: dependent), per dispatch."""
+async def _seconds_per_dispatch(device, prepared: runner.Prepared, count: int, clock: Callable[[], float],
+                                trip: float = 0.0) -> float:
+    """A chain of `count` dispatches (each rewrites the same output: dependent), less the round
+    trip `trip` (timing.round_trip), per dispatch."""
     sync = prepared.outputs[0][0]
     await device.read_buffer(sync, 0, 4)          # the queue is idle before the clock starts
     device.submit([prepared.dispatch] * count)
     started = clock()
     await device.read_buffer(sync, 0, 4)
-    return (clock() - started) / count
+    return max(clock() - started - trip, 1e-7) / count
 
 
 async def measure(device, shape: AttentionShape, chunk: int, clock: Callable[[], float], noise: float,
@@ -91,10 +93,14 @@ async def measure(device, shape: AttentionShape, chunk: int, clock: Callable[[],
         if not force and first > SLOW_SECONDS:
             return None, entry | {"searched": False, "why": f"a rule dispatch takes over {SLOW_SECONDS * 1e3:g} ms "
                                                             f"here (a software adapter)"}
-        count = max(2, int(ROUND_SECONDS / max(first, 1e-7)))
-        variants = list(checked)
-        rounds = [lambda v=v: _seconds_per_dispatch(device, checked[v], count, clock) for v in variants]
+        # The rounds read `count` and `trip` when they run: the settle runs on 2 dispatches and
+        # no trip; the alternating rounds on ROUND_SECONDS of dispatches, less the trip.
+        variants, trip, count = list(checked), 0.0, 2
+        rounds = [lambda v=v: _seconds_per_dispatch(device, checked[v], count, clock, trip) for v in variants]
         entry["settle"] = list(await timing.settle(rounds[variants.index(rule)], clock))
+        trip = await timing.round_trip(device, (checked[rule].outputs[0][0], 0, 4), clock)
+        count = max(2, int(ROUND_SECONDS / await _seconds_per_dispatch(device, checked[rule], 2, clock, trip)))
+        entry["round_trip_us"] = round(trip * 1e6, 1)
         times = dict(zip(variants, await timing.alternating(rounds)))
     finally:
         for prepared in made:
