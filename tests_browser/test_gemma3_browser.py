@@ -14,9 +14,9 @@ CPU path, exactly CPython's CPU engine's text. Results: tests_browser/results/<r
 
 CI cost (this 2-core machine under other sessions' load, 2026-12-02, each row run alone, its
 browser boot included): chromium-compat 197 s (tier A, 8/8, max |logit error| 9.3e-5),
-firefox 335 s (tier B, 8/8, 0.014), webkit 415 s (4 tokens at ~5.6 s each). CI runs chromium-compat only
-(ROWS below); the Chromium row (SwiftShader, ~20 s a step), firefox and webkit run with
-WEBSLM_GEMMA_ROWS=all.
+firefox 335 s (tier B, 8/8, 0.014), webkit 415 s (4 tokens at ~5.6 s each), and (2026-12-03)
+the Chromium row, SwiftShader, 665 s (tier C, 8/8, 6.7e-5). CI runs chromium-compat only
+(ROWS below); the Chromium row, firefox and webkit run with WEBSLM_GEMMA_ROWS=all.
 """
 from __future__ import annotations
 
