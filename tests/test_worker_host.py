@@ -175,3 +175,38 @@ def test_the_loader_refuses_a_size_claim_before_allocating_for_it(fixture_slm):
     unknown = worker_api.ModelLoader()          # another server's download: the size is unknown
     assert unknown.feed(JsChunk(claim[:4096])) is None
     assert json.loads(unknown.finish())["error"]["code"] == "truncated"
+
+
+@pytest.fixture
+def empty_tuning_cache(monkeypatch):
+    from webslm.worker import engine_host
+    monkeypatch.setattr(engine_host, "_TUNING_CACHE", {})
+    return engine_host
+
+
+@pytest.mark.parametrize("kept", [None, "", "not json", "[1, 2]", '{"k": 3}', "[" * 100_000,
+                                  '{"a": {}}' + " " * (4 << 20)])
+def test_a_kept_tuning_cache_that_is_not_one_adds_nothing(empty_tuning_cache, kept):
+    """What the worker read from Cache Storage is untrusted text (worker/tuning-store.mjs):
+    anything that is not a JSON object of objects, or is too long, adds no entry and raises
+    nothing."""
+    assert worker_api.merge_tuning_cache(kept) == 0
+    assert json.loads(worker_api.tuning_cache_text()) == {}
+
+
+def test_a_kept_tuning_cache_is_merged_and_handed_back_whole(empty_tuning_cache):
+    """Kept entries join the worker's cache (those it holds win: they are this worker's own
+    measurements); the text handed back to keep is the whole cache."""
+    empty_tuning_cache._TUNING_CACHE["dev|bundle|form a"] = {"choice": None, "rule_us": 1.0}
+    kept = json.dumps({"dev|bundle|form a": {"choice": {"variant": "", "WG": 64, "ROWS": 2}},
+                       "dev|bundle|form b": {"choice": {"variant": "tiles"}}, "junk": 3})
+    assert worker_api.merge_tuning_cache(kept) == 1
+    whole = json.loads(worker_api.tuning_cache_text())
+    assert whole == {"dev|bundle|form a": {"choice": None, "rule_us": 1.0},
+                     "dev|bundle|form b": {"choice": {"variant": "tiles"}}}
+    assert worker_api.merge_tuning_cache(worker_api.tuning_cache_text()) == 0     # nothing new
+
+
+def test_admit_refuses_an_unknown_tuning_mode_before_any_work(run, host):
+    with pytest.raises(ValueError, match="tuning must be"):
+        run(host.admit("auto", None, "ua", print, print, "force", "fast"))

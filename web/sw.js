@@ -15,7 +15,7 @@ const SHELL = [
   "./", "index.html", "style.css", "theme.js", "app.mjs", "webslm.js", "worker-client.mjs", "sw.js",
   "ui-chat.mjs", "ui-engine.mjs", "ui-model.mjs", "ui-settings.mjs", "chat-request.mjs", "init-progress.mjs", "webllm.mjs",
   "markdown.mjs", "markdown-blocks.mjs", "markdown-inline.mjs", "ui-start.mjs",
-  "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs", "worker/qmatmul.mjs",
+  "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs", "worker/qmatmul.mjs", "worker/tuning-store.mjs",
 ];
 
 async function siteFiles() {

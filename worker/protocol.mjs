@@ -46,6 +46,9 @@ function checkSource(v) {
   return "must be {url}, {file} or {cached}";
 }
 
+// A field the sender may leave out (the worker takes its default); present, it is checked.
+const optional = (check) => Object.assign((v) => check(v), { optional: true });
+
 // For each request type: its fields and a check for each ([] = no fields).
 export const REQUESTS = Object.freeze({
   ping: {},
@@ -66,11 +69,14 @@ export const REQUESTS = Object.freeze({
   // GPU admission of the loaded model (webslm.admission); fault: null, or a named fault case
   // the tests inject (checked in Python against webslm.admission.tracked.NAMED_FAULTS); gpu:
   // "measure" keeps the admitted GPU only if its decode step is not slower than the CPU path's
-  // (py/webslm/engine/choice.py), "force" keeps it untimed
+  // (py/webslm/engine/choice.py), "force" keeps it untimed; tuning (optional): the tuning
+  // stage's mode, "auto" (the default: measure, not on a software adapter), "force" (measure
+  // on any adapter) or "off" (the host's rules)
   admit: {
     featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
     gpu: (v) => ["measure", "force"].includes(v) || "must be measure or force",
+    tuning: optional((v) => ["auto", "force", "off"].includes(v) || "must be auto, force or off"),
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (py/webslm/worker/requests.py); here only their shape
@@ -148,6 +154,7 @@ export function validate(message) {
   }
   for (const [name, check] of Object.entries(schema)) {
     if (!Object.hasOwn(message, name)) {
+      if (check.optional) continue;
       throw new ProtocolError(ERROR_CODES.badField, `${type}: missing field "${name}"`, id);
     }
     const verdict = check(message[name]);

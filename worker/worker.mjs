@@ -8,6 +8,7 @@
 //   ../assets/kernels/     the CPU path's Wasm kernel, if the site has one (worker/qmatmul.mjs)
 import * as bridge from "./bridge.mjs";
 import * as modelCache from "./model-cache.mjs";
+import * as tuningStore from "./tuning-store.mjs";
 import { loadQmatmul } from "./qmatmul.mjs";
 import { ERROR_CODES, ProtocolError, errorReply, event, reply, validate } from "./protocol.mjs";
 
@@ -84,9 +85,12 @@ const HANDLERS = {
   },
   // Admission, then the engine for the loaded model (EngineHost.admit, py/webslm/worker/
   // engine_host.py): queued behind an answer in progress, which finishes on the engine it started on.
-  admit: ({ featureLevel, fault, gpu }, context) => enqueue(context, async () => {
-    const { model } = context;
+  // The tuning results kept from earlier visits are merged in first; the cache is kept again
+  // when this admission measured something new (worker/tuning-store.mjs).
+  admit: ({ featureLevel, fault, gpu, tuning }, context) => enqueue(context, async () => {
+    const { model, api } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
+    api.merge_tuning_cache(await tuningStore.read());
     const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
     // a stage's last progress (the upload's 100 %) is sent before the next stage begins
     const onStage = (stage) => {
@@ -94,7 +98,10 @@ const HANDLERS = {
       postMessage(event("admission-stage", { stage }));
     };
     try {
-      return JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent, onStage, progress, gpu)));
+      const result = JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent,
+                                                                             onStage, progress, gpu, tuning ?? "auto")));
+      if (result.tuning_new_entries > 0) result.tuning_kept = await tuningStore.write(api.tuning_cache_text());
+      return result;
     } finally {
       progress.flush();
     }

@@ -5,6 +5,9 @@
     engine_host(loader, ...)     the EngineHost of the model a loader accepted; the worker calls
                                  its methods: admit, use_cpu, generate, cancel, engine_status,
                                  conformance, release (worker/engine_host.py)
+    merge_tuning_cache(text), tuning_cache_text()
+                                 the tuning cache the worker keeps across visits
+                                 (worker/engine_host.py, worker/tuning-store.mjs)
     gpu_probe, kernel_golden, sampler_check, tokenizer_check, lose_device, memory_status
                                  requests only tests make (worker/test_hooks.py)
 
@@ -21,12 +24,12 @@ import numpy as np
 
 from . import __version__, shader_bundle
 from .cpu import kernels as cpu_kernels
-from .worker.engine_host import EngineHost
+from .worker.engine_host import EngineHost, merge_tuning_cache, tuning_cache_text
 from .worker.loader import ModelLoader
 from .worker.test_hooks import gpu_probe, kernel_golden, lose_device, memory_status, sampler_check, tokenizer_check
 
 __all__ = ["EngineHost", "ModelLoader", "engine_host", "gpu_probe", "kernel_golden", "lose_device",
-           "memory_status", "sampler_check", "status", "tokenizer_check"]
+           "memory_status", "merge_tuning_cache", "sampler_check", "status", "tokenizer_check", "tuning_cache_text"]
 
 
 def status() -> str:

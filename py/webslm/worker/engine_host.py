@@ -32,10 +32,29 @@ from .requests import WorkerRequestFailed, cache_prompt, generation_plan
 CONFORMANCE_PROMPT = "What is the capital of France?"
 
 
-# Measured mat-vec launch shapes (backends/gpu/tuning.py) for this worker's lifetime: a model
-# loaded again, or another model of the same shapes, is not measured again. (Kept in memory
-# only: the page does not persist it across visits yet.)
+# Measured launch shapes and variants (backends/gpu/tuning.py), for this worker's lifetime and
+# across visits: the worker reads what it kept in the browser's Cache Storage before an
+# admission (merge_tuning_cache) and keeps the merged cache after one that measured something
+# new (tuning_cache_text; worker/tuning-store.mjs). A model loaded again, or another model of
+# the same shapes, on the same adapter and shader bundle, is not measured again.
 _TUNING_CACHE: dict[str, dict] = {}
+
+
+def merge_tuning_cache(text: str | None) -> int:
+    """Add the entries of a kept cache (untrusted JSON text: tuning.parse_cache) that this
+    worker does not hold yet; returns how many. Entries are checked again where they are used
+    (tuning.tune): one that is not a valid choice is measured afresh."""
+    from ..backends.gpu import tuning
+    entries = {k: v for k, v in tuning.parse_cache(text).items() if k not in _TUNING_CACHE}
+    if len(_TUNING_CACHE) + len(entries) <= tuning.MAX_CACHE_ENTRIES:
+        _TUNING_CACHE.update(entries)
+        return len(entries)
+    return 0
+
+
+def tuning_cache_text() -> str:
+    """The worker's cache as JSON text, for the worker to keep."""
+    return json.dumps(_TUNING_CACHE, sort_keys=True)
 
 
 class EngineHost:
@@ -74,7 +93,7 @@ class EngineHost:
 
     # -- admission: which engine answers ---------------------------------------------------------
     async def admit(self, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress,
-                    choice: str = "measure") -> str:
+                    choice: str = "measure", tuning: str = "auto") -> str:
         """GPU admission of the model on this browser's adapter, then the engine for it. The
         engine held so far is unloaded first (its GPU buffers and device are destroyed before a
         second admission allocates); on success the new engine runs on the admitted session
@@ -82,9 +101,14 @@ class EngineHost:
         reason. choice "measure": the admitted GPU is kept only if its decode step is not slower
         than the CPU path's (stage "speed"; engine/choice.py); "force": it is kept untimed.
         The reply is JSON: the tier and receipt, or the stage, code and sentence that failed,
-        and the engine's summary (with the choice's numbers)."""
+        and the engine's summary (with the choice's numbers); `tuning_new_entries`: how many
+        tuning results it added to the worker's cache (the worker keeps the cache when > 0).
+        `tuning`: AdmissionPolicy.tuning ("auto", "force": measure even on a software adapter,
+        "off")."""
         if choice not in ("measure", "force"):
             raise ValueError(f"choice must be measure or force, not {choice!r}")
+        if tuning not in ("auto", "force", "off"):
+            raise ValueError(f"tuning must be auto, force or off, not {tuning!r}")
         from ..admission.admit import AdmissionFailure, AdmissionPolicy
         from ..admission.admit import admit as run_admission
         from ..admission.receipt import render_text
@@ -104,7 +128,8 @@ class EngineHost:
             on_stage(stage)
         started = time.perf_counter()
         try:
-            session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level), faults=faults,
+            session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level, tuning=tuning),
+                                          faults=faults,
                                           user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,
                                           tuning_cache=_TUNING_CACHE)
         except AdmissionFailure as failure:
@@ -116,7 +141,8 @@ class EngineHost:
                                "receipt": failure.receipt.as_dict(), "receipt_text": render_text(failure.receipt),
                                "engine": self.engine_summary()})
         seconds = round(time.perf_counter() - started, 3)
-        _TUNING_CACHE.update(session.tuning.cache_entries if session.tuning else {})
+        new_entries = session.tuning.cache_entries if session.tuning else {}
+        _TUNING_CACHE.update(new_entries)
         self.gpu_session = session
         engine_started = time.perf_counter()
         if choice == "measure":
@@ -128,6 +154,7 @@ class EngineHost:
                            "gpu_bytes": session.plan.total_gpu_bytes, "stage_seconds": session.seconds,
                            "seconds": seconds, "engine_seconds": round(time.perf_counter() - engine_started, 3),
                            "tuning": session.tuning.summary() if session.tuning else None,
+                           "tuning_new_entries": len(new_entries),
                            "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
                            "engine": self.engine_summary()})
 

@@ -94,7 +94,8 @@ class TuningReport:
     def summary(self) -> dict:
         """Receipt-safe: counts and the choices, no adapter text."""
         return {"source": self.source, "reason": self.reason, "seconds": round(self.seconds, 3),
-                "forms": len(self.forms), "changed": len(self.choices), "step_us": dict(self.step_us),
+                "forms": len(self.forms), "cached": sum(bool(f.get("cached")) for f in self.forms.values()),
+                "changed": len(self.choices), "step_us": dict(self.step_us),
                 "settles": [list(s) for s in self.settles],
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
 
@@ -127,8 +128,22 @@ def read_cache(path: pathlib.Path | None) -> dict[str, dict]:
     if path is None:
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return parse_cache(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return {}
+
+
+MAX_CACHE_CHARS = 4 << 20      # a stored cache longer than this is not parsed (about 1 KB an entry)
+
+
+def parse_cache(text: object) -> dict[str, dict]:
+    """A cache's entries from its JSON text (a file, or what the worker kept in the browser's
+    Cache Storage: untrusted either way); {} when it is not that shape or too long."""
+    if not isinstance(text, str) or len(text) > MAX_CACHE_CHARS:
+        return {}
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
         return {}
     if not isinstance(data, dict) or len(data) > MAX_CACHE_ENTRIES:
         return {}
@@ -379,8 +394,11 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         if any(report.choices.get(key) is not None and report.choices[key].variant in matvec_prequant.VARIANTS
                for key in measured):
             await _step_check(report, exact, lambda choices: stage.seconds_per_step(choices))
-        for key in measured:     # cached as finally chosen: a later admission takes them unmeasured
-            if report.forms[key].get("searched", True) and not report.forms[key].get("cut"):
+        # Cached as finally chosen: a later admission takes them unmeasured. A form the budget
+        # cut short is kept too (its entry says "cut"): else every visit would measure it again
+        # and the budget would never reach the forms after it; a form never searched is not.
+        for key in measured:
+            if report.forms[key].get("searched", True):
                 choice = report.choices.get(key)
                 report.cache_entries[cache_key(device_identity, bundle_hash, key, int8)] = {
                     **report.forms[key], "choice": choice.as_dict() if choice is not None else None}
