@@ -124,7 +124,7 @@ class NativeDevice(Device):
         self._lost_info: DeviceLost | None = None
         self._lost_waiters: list[asyncio.Future] = []
         self._encoded_ahead: dict[int, Any] = {}    # id(Recording) -> its next command buffer (run)
-        self._mapping: list[Any] = []               # buffers whose readback (read_mapped) is awaited
+        self._mapping: list[Any] = []               # buffers whose map (_map_and_read) is awaited
         self._last_run: int | None = None           # id() of the recording run last (run)
 
     # -- lifetime and errors ------------------------------------------------------------
@@ -214,15 +214,19 @@ class NativeDevice(Device):
         if isinstance(staging, Invalid) or self._lost_info is not None:
             raise RuntimeError("read_buffer: the copy could not be recorded (see error scopes)")
         try:
-            return (await self.read_mapped(staging, 0, staging_size))[:size]
+            return (await self._map_and_read(staging, 0, staging_size))[:size]
         finally:
             self.destroy_buffer(staging)
 
     async def read_mapped(self, buffer: Any, offset: int, size: int) -> bytes:
+        return await self._map_and_read(buffer, offset, size)
+
+    async def _map_and_read(self, buffer: Any, offset: int, size: int) -> bytes:
+        """Map `buffer` for reading, copy the range out and unmap; destroy() aborts the map."""
         if isinstance(buffer, Invalid) or self._lost_info is not None:
             raise RuntimeError("read_mapped: the device is lost or the buffer invalid")
         promise = buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
-        self._mapping.append(buffer)              # destroy() aborts the map
+        self._mapping.append(buffer)
         try:
             if self.blocking_readback:
                 promise.sync_wait()       # the poll thread's event, without a hop through the event loop
