@@ -157,14 +157,14 @@ class NativeDevice(Device):
         self._retire_ahead()
         # A readback in flight is aborted first, as WebGPU's buffer.destroy() aborts a pending
         # mapAsync: wgpu-native calls the map's callback inside wgpuBufferDestroy ("Buffer map
-        # aborted"), so its promise is rejected now and wgpu-native holds no callback any more.
-        # Left pending, the map would wait forever (its callback comes from polling this device,
-        # and destroying the device stops wgpu-py's poll thread), and wgpu-native would still
-        # call it later (when the next adapter request processes the instance's events, or
-        # when the buffer is released), after wgpu-py freed the cffi callback: a rejected
-        # promise drops its keepalive. That call landed in whichever cffi callback reused the
-        # memory (a new device's lost callback printed "DEVICE LOST!") or in freed memory: a
-        # segfault in request_adapter_async, 13 runs in 20 of a standalone reproduction.
+        # aborted"), so its promise is rejected by wgpu-native itself and no callback is left
+        # for it to call later. Left pending, the map waits forever (destroying the device stops
+        # the poll thread that completes it). Rejecting the promise here instead (what this did
+        # before) is not enough: a settled GPUPromise drops its keepalive, the cffi callback, yet
+        # wgpu-native still calls it later, when the next adapter request processes the
+        # instance's events or the buffer is released. That call landed in whichever callback
+        # reused the memory (a new device's lost callback printed "DEVICE LOST!") or in freed
+        # memory: a segfault in request_adapter_async, 13 runs in 20 of a reproduction script.
         for buffer in self._mapping:
             buffer.destroy()
         self._device.destroy()
