@@ -3,9 +3,7 @@
 The engine runs on wgpu-native (lavapipe on CI machines) with admission's default program
 (program/fusion.py DEFAULT) on the stackable tiny model, and the device is destroyed, as a
 driver reset would, at one of LOSS_POINTS, at a seeded random place, TRIALS_PER_POINT times
-each (greedy and seeded sampling alternating where the point allows both). The points that
-destroy the device while a readback is mapped (MAP_PENDING_POINTS) run only with
-WEBSLM_LOSS_TRIALS=all: wgpu-native may crash the process later (see MAP_PENDING_POINTS).
+each (greedy and seeded sampling alternating where the point allows both).
 
     before-prefill     right after load, before the first GPU command of the answer
     between-chunks     before the k-th submit of a prefill of several chunks (prefill_chunk 8)
@@ -39,7 +37,6 @@ What every trial checks:
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 
 import pytest
@@ -159,22 +156,7 @@ def chunks(ids) -> int:
     return -(-len(ids) // PREFILL_CHUNK)
 
 
-# A device destroyed while a readback maps its buffer: wgpu-native (0.32 here) may still crash
-# the process later, at the next adapter request (a segfault in request_adapter_async; 1 full
-# native suite in 2, after webgpu/native.py's keep-alive of the abandoned map). Those points run
-# only with WEBSLM_LOSS_TRIALS=all until that is understood; the others run in every suite.
-MAP_PENDING_POINTS = {"chunk-readback", "decode-readback", "full-logits", "logprobs", "chained", *CANCELS}
-ALL_POINTS = os.environ.get("WEBSLM_LOSS_TRIALS") == "all"
-
-
-def _trials():
-    for trial in range(TRIALS_PER_POINT * len(LOSS_POINTS)):
-        opt_in = LOSS_POINTS[trial % len(LOSS_POINTS)] in MAP_PENDING_POINTS and not ALL_POINTS
-        yield pytest.param(trial, marks=pytest.mark.skip(reason="a loss during a readback: WEBSLM_LOSS_TRIALS=all "
-                                                                 "(wgpu-native may crash later)") if opt_in else ())
-
-
-@pytest.mark.parametrize("trial", list(_trials()))
+@pytest.mark.parametrize("trial", range(TRIALS_PER_POINT * len(LOSS_POINTS)))
 def test_a_device_loss_anywhere_ends_cleanly_or_continues_exactly(native_gpu, model, policy, run, trial,
                                                                    monkeypatch):
     point = LOSS_POINTS[trial % len(LOSS_POINTS)]

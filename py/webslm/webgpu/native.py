@@ -42,10 +42,6 @@ _ERROR_KINDS = (
 )
 
 
-# The promises of readbacks a destroy() abandoned (NativeDevice.destroy): never freed.
-_NEVER_RELEASED: list = []
-
-
 def camel_limit(name: str) -> str:
     head, *rest = name.split("-")
     return head + "".join(part.capitalize() for part in rest)
@@ -128,9 +124,8 @@ class NativeDevice(Device):
         self._lost_info: DeviceLost | None = None
         self._lost_waiters: list[asyncio.Future] = []
         self._encoded_ahead: dict[int, Any] = {}    # id(Recording) -> its next command buffer (run)
-        self._pending_map: Any = None               # (map promise, buffer) while a readback is awaited
+        self._mapping: list[Any] = []               # buffers whose map (_map_and_read) is awaited
         self._last_run: int | None = None           # id() of the recording run last (run)
-        self._abandoned: list[Any] = []             # buffers left mid-map by destroy(), never freed
 
     # -- lifetime and errors ------------------------------------------------------------
     async def _wait_lost(self) -> DeviceLost:
@@ -160,22 +155,20 @@ class NativeDevice(Device):
         if self._lost_info is not None:
             return
         self._retire_ahead()
+        # A readback in flight is aborted first, as WebGPU's buffer.destroy() aborts a pending
+        # mapAsync: wgpu-native calls the map's callback inside wgpuBufferDestroy ("Buffer map
+        # aborted"), so its promise is rejected by wgpu-native itself and no callback is left
+        # for it to call later. Left pending, the map waits forever (destroying the device stops
+        # the poll thread that completes it). Rejecting the promise here instead (what this did
+        # before) is not enough: a settled GPUPromise drops its keepalive, the cffi callback, yet
+        # wgpu-native still calls it later, when the next adapter request processes the
+        # instance's events or the buffer is released. That call landed in whichever callback
+        # reused the memory (a new device's lost callback printed "DEVICE LOST!") or in freed
+        # memory: a segfault in request_adapter_async, 13 runs in 20 of a reproduction script.
+        for buffer in self._mapping:
+            buffer.destroy()
         self._device.destroy()
         self._lost_info = DeviceLost("destroyed", "device.destroy() was called")
-        if self._pending_map is not None:
-            promise, buffer = self._pending_map
-            self._abandoned.append(buffer)
-            if getattr(promise, "_state", "pending") == "pending":     # else its result came first
-                # A readback in flight would wait forever (its callback comes from polling
-                # this device): reject it the way wgpu-native reports a failed map. wgpu-native
-                # still holds that map: when the buffer or the device is released (garbage
-                # collection, exit), or the next adapter request processes events, it calls the
-                # map's callback, and crashes if that is gone (reproduced on lavapipe). So the
-                # promise (which owns the callback) is kept for the life of the process, and
-                # wgpu-py forgets the buffer's and the device's handles: neither is released.
-                _NEVER_RELEASED.append(promise)
-                _forget(buffer, self._device, self._device.queue)
-                promise._wgpu_set_error(RuntimeError("the device was destroyed during a readback"))
         for waiter in self._lost_waiters:
             if not waiter.done():
                 waiter.set_result(self._lost_info)
@@ -221,26 +214,32 @@ class NativeDevice(Device):
         if isinstance(staging, Invalid) or self._lost_info is not None:
             raise RuntimeError("read_buffer: the copy could not be recorded (see error scopes)")
         try:
-            await staging.map_async(wgpu.MapMode.READ)
-            return bytes(staging.read_mapped())[:size]
+            return (await self._map_and_read(staging, 0, staging_size))[:size]
         finally:
-            staging.unmap()
-            staging.destroy()
+            self.destroy_buffer(staging)
 
     async def read_mapped(self, buffer: Any, offset: int, size: int) -> bytes:
+        return await self._map_and_read(buffer, offset, size)
+
+    async def _map_and_read(self, buffer: Any, offset: int, size: int) -> bytes:
+        """Map `buffer` for reading, copy the range out and unmap; destroy() aborts the map."""
         if isinstance(buffer, Invalid) or self._lost_info is not None:
             raise RuntimeError("read_mapped: the device is lost or the buffer invalid")
         promise = buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
-        self._pending_map = (promise, buffer)     # destroy() fails it: nothing polls a destroyed device
+        self._mapping.append(buffer)
         try:
             if self.blocking_readback:
                 promise.sync_wait()       # the poll thread's event, without a hop through the event loop
             else:
                 await promise
+        except RuntimeError as exc:      # the map failed: aborted by destroy(), or refused by wgpu-native
+            if self._lost_info is None:
+                raise
+            raise RuntimeError("read_mapped: the device was destroyed during the readback") from exc
         finally:
-            self._pending_map = None
+            self._mapping.remove(buffer)
         try:
-            if self._lost_info is not None:
+            if self._lost_info is not None:      # the map landed, then the device was destroyed
                 raise RuntimeError("read_mapped: the device was lost during the readback")
             return bytes(buffer.read_mapped(int(offset), int(size)))
         finally:
@@ -250,7 +249,7 @@ class NativeDevice(Device):
     def destroy_buffer(self, buffer: Any) -> None:
         if self._lost_info is not None:   # destroying the device destroyed its buffers
             return
-        if not isinstance(buffer, Invalid) and not any(buffer is b for b in self._abandoned):
+        if not isinstance(buffer, Invalid):
             buffer.destroy()
 
     # -- programs ----------------------------------------------------------------------
@@ -326,7 +325,7 @@ class NativeDevice(Device):
         in flight, just drops them."""
         waiting, self._encoded_ahead = list(self._encoded_ahead.values()), {}
         # Not while a readback maps its buffer (the step copies into it: wgpu-native aborts).
-        if waiting and self._lost_info is None and self._pending_map is None:
+        if waiting and self._lost_info is None and not self._mapping:
             self._call("submit", lambda: self._device.queue.submit(waiting))
 
     def _encode(self, recording: Recording):
@@ -366,12 +365,6 @@ class NativeDevice(Device):
             encoder.copy_buffer_to_buffer(c.source, c.source_offset, c.destination,
                                           c.destination_offset, c.size)
         self._device.queue.submit([encoder.finish()])
-
-
-def _forget(*objects: Any) -> None:
-    """Make wgpu-py forget the native handles of `objects`: their release never runs."""
-    for obj in objects:
-        obj._internal = None
 
 
 def _resource(entry: BufferBinding) -> dict:
