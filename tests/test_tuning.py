@@ -21,7 +21,7 @@ import pytest
 
 import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
-from webslm.backends.gpu import GpuBackend, timing, tuning
+from webslm.backends.gpu import GpuBackend, timing, tuning, tuning_cache
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
 from webslm.generate import prompt_ids
@@ -276,16 +276,16 @@ def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model
 def test_the_file_cache_merges_and_survives_a_broken_file(tmp_path, monkeypatch):
     path = tmp_path / "sub" / "matvec-tuning.json"
     monkeypatch.setenv("WEBSLM_TUNING_CACHE", str(path))
-    assert tuning.cache_path() == path and tuning.read_cache(path) == {}
-    tuning.write_cache(path, {"a|b|f1": {"choice": None}})
-    tuning.write_cache(path, {"a|b|f2": {"choice": {"variant": "", "WG": 64, "ROWS": 8}}})
-    assert set(tuning.read_cache(path)) == {"a|b|f1", "a|b|f2"}
+    assert tuning_cache.cache_path() == path and tuning_cache.read_cache(path) == {}
+    tuning_cache.write_cache(path, {"a|b|f1": {"choice": None}})
+    tuning_cache.write_cache(path, {"a|b|f2": {"choice": {"variant": "", "WG": 64, "ROWS": 8}}})
+    assert set(tuning_cache.read_cache(path)) == {"a|b|f1", "a|b|f2"}
     for broken in ("{not json", "[1, 2]", json.dumps({"k": 3}), "\udcff"):
         path.write_text(broken, encoding="utf-8", errors="surrogateescape")
-        assert tuning.read_cache(path) == {}
+        assert tuning_cache.read_cache(path) == {}
     monkeypatch.setenv("WEBSLM_TUNING_CACHE", "off")
-    assert tuning.cache_path() is None and tuning.read_cache(None) == {}
-    tuning.write_cache(None, {"x": {}})            # nothing to write to: no error
+    assert tuning_cache.cache_path() is None and tuning_cache.read_cache(None) == {}
+    tuning_cache.write_cache(None, {"x": {}})            # nothing to write to: no error
 
 
 def test_a_plan_too_small_for_the_quantized_activations_refuses_the_pre_quantized_path(native_gpu, model, run,

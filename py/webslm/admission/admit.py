@@ -151,7 +151,7 @@ async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolic
     the long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled) and
     "self-test" (kernel families checked); "tune" (under a second where it measures, its
     pipelines are then not compiled again) reports only its start.
-    `tuning_cache` (untrusted, the caller's): earlier tuning results by tuning.cache_key; the
+    `tuning_cache` (untrusted, the caller's): earlier tuning results by tuning_cache.cache_key; the
     new ones are in the session's `tuning.cache_entries` for the caller to keep."""
     if policy.tuning not in TUNING_MODES:
         raise ValueError(f"AdmissionPolicy.tuning must be one of {TUNING_MODES}, not {policy.tuning!r}")

@@ -113,11 +113,11 @@ async def admit_and_build(gpu, model, policy, on_stage):
         raise EngineError("gpu-backend-unavailable", "webslm.backends.gpu",
                           f"the GPU executor is not available ({exc})") from None
     from ..admission.admit import AdmissionPolicy, admit
-    from ..backends.gpu import tuning
-    cache_file = tuning.cache_path()           # measured mat-vec shapes, kept between runs
+    from ..backends.gpu import tuning_cache
+    cache_file = tuning_cache.cache_path()           # measured mat-vec shapes, kept between runs
     session = await admit(gpu, model, policy or AdmissionPolicy(), on_stage=on_stage,
-                          tuning_cache=tuning.read_cache(cache_file))
-    tuning.write_cache(cache_file, session.tuning.cache_entries if session.tuning else {})
+                          tuning_cache=tuning_cache.read_cache(cache_file))
+    tuning_cache.write_cache(cache_file, session.tuning.cache_entries if session.tuning else {})
     try:
         backend = await GpuBackend.build(session, model)
     except BaseException:

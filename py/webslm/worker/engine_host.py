@@ -41,12 +41,12 @@ _TUNING_CACHE: dict[str, dict] = {}
 
 
 def merge_tuning_cache(text: str | None) -> int:
-    """Add the entries of a kept cache (untrusted JSON text: tuning.parse_cache) that this
+    """Add the entries of a kept cache (untrusted JSON text: tuning_cache.parse_cache) that this
     worker does not hold yet; returns how many. Entries are checked again where they are used
     (tuning.tune): one that is not a valid choice is measured afresh."""
-    from ..backends.gpu import tuning
-    entries = {k: v for k, v in tuning.parse_cache(text).items() if k not in _TUNING_CACHE}
-    if len(_TUNING_CACHE) + len(entries) <= tuning.MAX_CACHE_ENTRIES:
+    from ..backends.gpu import tuning_cache
+    entries = {k: v for k, v in tuning_cache.parse_cache(text).items() if k not in _TUNING_CACHE}
+    if len(_TUNING_CACHE) + len(entries) <= tuning_cache.MAX_CACHE_ENTRIES:
         _TUNING_CACHE.update(entries)
         return len(entries)
     return 0

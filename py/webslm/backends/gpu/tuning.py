@@ -38,16 +38,14 @@ than it saves.
 
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
 rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
-A cache (form results keyed by adapter, shader bundle and form) makes a second admission on
-the same device free: `cache_key`. The engine keeps it in a JSON file natively; the caller
-owns it (it is untrusted input: an entry that is not a valid Choice is ignored).
+A cache (form results keyed by adapter, shader bundle and form: tuning_cache.py) makes a
+second admission on the same device free. The native engine keeps it in a JSON file, the
+browser's worker in Cache Storage; the caller owns it (it is untrusted input: an entry that
+is not a valid choice is measured afresh).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import pathlib
 import statistics
 import time
 import types
@@ -60,6 +58,7 @@ from ...kernels.registry import KERNELS
 from ...program.lowering import Binding
 from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
 from . import timing, tuning_attention
+from .tuning_cache import cache_key
 from .forward import Forward
 
 ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
@@ -100,71 +99,7 @@ class TuningReport:
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
 
 
-def cache_key(device_identity: str, bundle_hash: str, form: str, int8: bool = True) -> str:
-    """The cache's key: a result holds for one adapter (description, vendor, architecture,
-    features), one shader bundle, one form, and whether int8 activations were allowed."""
-    return f"{device_identity}|{bundle_hash[:16]}|{form}" + ("" if int8 else "|exact")
-
-
-MAX_CACHE_ENTRIES = 4096       # a cache file past this is started afresh
 SCRATCH_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST
-
-
-def cache_path() -> pathlib.Path | None:
-    """Where the native engine keeps tuning results: $WEBSLM_TUNING_CACHE (a file; "off": no
-    cache), else $XDG_CACHE_HOME/webslm/matvec-tuning.json (~/.cache by default)."""
-    chosen = os.environ.get("WEBSLM_TUNING_CACHE")
-    if chosen == "off":
-        return None
-    if chosen:
-        return pathlib.Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
-    return pathlib.Path(base) / "webslm" / "matvec-tuning.json"
-
-
-def read_cache(path: pathlib.Path | None) -> dict[str, dict]:
-    """The cache file's entries; {} when it is missing, unreadable or not this shape (a cache
-    is a hint: `tune` checks every entry it uses)."""
-    if path is None:
-        return {}
-    try:
-        return parse_cache(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-
-
-MAX_CACHE_CHARS = 4 << 20      # a stored cache longer than this is not parsed (about 1 KB an entry)
-
-
-def parse_cache(text: object) -> dict[str, dict]:
-    """A cache's entries from its JSON text (a file, or what the worker kept in the browser's
-    Cache Storage: untrusted either way); {} when it is not that shape or too long."""
-    if not isinstance(text, str) or len(text) > MAX_CACHE_CHARS:
-        return {}
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return {}
-    if not isinstance(data, dict) or len(data) > MAX_CACHE_ENTRIES:
-        return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, dict)}
-
-
-def write_cache(path: pathlib.Path | None, entries: Mapping[str, dict]) -> None:
-    """Merge new entries into the cache file (replaced atomically); a cache that cannot be
-    written costs a re-measurement next time, not an error."""
-    if path is None or not entries:
-        return
-    merged = {**read_cache(path), **entries}
-    if len(merged) > MAX_CACHE_ENTRIES:
-        merged = dict(entries)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(merged, sort_keys=True), encoding="utf-8")
-        partial.replace(path)
-    except OSError:
-        pass
 
 
 class _Stage:
