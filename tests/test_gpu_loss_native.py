@@ -96,6 +96,7 @@ class Loss:
         self.fired = self.cancelled = False
         self.chained_before = None          # chained steps the executor had taken at the loss
         self.want = None                    # what the dying decode step read back
+        self.armed_position = None          # the position of the decode step whose read dies
 
     def arm(self, backend: GpuBackend) -> None:
         device = backend.device.inner
@@ -136,7 +137,7 @@ class Loss:
 
         async def decode_one(token, want, epoch=0):
             if backend.position + 1 >= self.at and not self.fired and not armed:
-                self.want = want.kind
+                self.want, self.armed_position = want.kind, backend.position
                 if point == "decode" or (point == "full-logits" and self.at % 2):
                     self._die(device)
                 else:
@@ -216,7 +217,16 @@ def test_a_device_loss_anywhere_ends_cleanly_or_continues_exactly(native_gpu, mo
         assert finish in ("stop", "length"), point
         assert got == reference, point                                # an uninterrupted CPU run
         assert shown == committed_text, point
-        assert_went_to_the_cpu(transitions(events), point)
+        pairs = transitions(events)
+        if ("Lost", "CPUReady") in pairs and loss.armed_position == len(ids) + len(got) - 2:
+            # The dying read landed before the device died (the loss is scheduled as the map
+            # starts: a race) and its token was the answer's last: nothing was left to continue
+            # on the CPU, and the engine leaves the dead GPU as the answer ends. Seen 2 runs in
+            # 14 of trial 37 under load: the step at position 22 gave the 12th and last token.
+            i = pairs.index(("Generating", "Lost"))
+            assert pairs[i:i + 2] == [("Generating", "Lost"), ("Lost", "CPUReady")], (point, pairs)
+        else:
+            assert_went_to_the_cpu(pairs, point)
     if point == "chained":
         assert loss.chained_before >= 1      # the loss found the executor chaining
     assert positions == list(range(len(ids), len(ids) + len(got)))   # none missing, none twice
