@@ -17,14 +17,18 @@ const SHA256 = /^[0-9a-f]{64}$/;
 // Keys are URLs that this site never serves, so an entry cannot be mistaken for a page asset.
 const keyFor = (sha256) => new URL(`/.webslm-models/${sha256}.slm`, self.location.origin).href;
 
-async function open() {
+// A Cache Storage cache by name, or null where there is none to have (also for
+// worker/tuning-store.mjs).
+export async function openCache(name) {
   if (!self.caches) return null;          // e.g. an insecure context: no Cache Storage at all
   try {
-    return await caches.open(CACHE_NAME);
+    return await caches.open(name);
   } catch {
     return null;                          // storage refused (private mode, quota policy)
   }
 }
+
+const open = () => openCache(CACHE_NAME);
 
 export const available = async () => (await open()) !== null;
 

@@ -6,18 +6,12 @@
 // every entry where it is used. A store that cannot be read or written costs a measurement
 // next time, never an error.
 
+import { openCache } from "./model-cache.mjs";
+
 const CACHE_NAME = "webslm-tuning-v1";
 const KEY = () => new URL("/.webslm-tuning/tuning.json", self.location.origin).href;
-const MAX_CHARS = 4 << 20;              // py tuning.MAX_CACHE_CHARS: longer text is not kept
-
-async function open() {
-  if (!self.caches) return null;          // e.g. an insecure context: no Cache Storage at all
-  try {
-    return await caches.open(CACHE_NAME);
-  } catch {
-    return null;                          // storage refused (private mode, quota policy)
-  }
-}
+const MAX_CHARS = 4 << 20;              // py tuning_cache.MAX_CACHE_CHARS: longer text is not kept
+const open = () => openCache(CACHE_NAME);
 
 // The kept text, or null.
 export async function read() {
