@@ -19,6 +19,15 @@ import serve
 from offline_proxy import OfflineProxy
 
 BOOT_TIMEOUT_S = 180       # Pyodide + numpy on a 2-core machine under a software GPU
+# The page's theme set as its Theme control sets it; resolves once the layout's transitions
+# (0.2 s) are over.
+_SET_THEME = """(() => {
+  const control = document.getElementById('theme');
+  control.value = %s;
+  control.dispatchEvent(new Event('input', { bubbles: true }));
+  control.dispatchEvent(new Event('change', { bubbles: true }));
+  return new Promise((done) => setTimeout(done, 300));
+})()"""
 SCREENSHOT_DIR = pathlib.Path(__file__).resolve().parent / "results" / "screenshots"
 
 
@@ -80,8 +89,9 @@ class BootedRow:
     ``url`` stays the site's address."""
 
     def __init__(self, row: drivers.BrowserRow, url: str, results_dir: pathlib.Path | None = None,
-                 proxy: OfflineProxy | None = None, query: str = ""):
+                 proxy: OfflineProxy | None = None, query: str = "", photograph_start: bool = False):
         self.row, self.url, self.results_dir, self.proxy, self.query = row, url, results_dir, proxy, query
+        self.photograph_start = photograph_start
         self.results: dict = {"row": row.name, "launch_s": round(row.launch_s, 2)}
         self.status = self.boot("cold")
 
@@ -90,6 +100,8 @@ class BootedRow:
         as results["boot_<label>"] and return the worker's status."""
         started = time.monotonic()
         self.row.open(self.url + (self.query if query is None else query))
+        if label == "cold" and self.photograph_start:
+            self._photograph_start()
         # the page sets window.webslm at once, and its client once the engine's worker exists
         self.wait_for("window.webslm && window.webslm.client", timeout_s=BOOT_TIMEOUT_S)
         self.row.eval("window.webslm.client.ready", timeout_s=BOOT_TIMEOUT_S)
@@ -97,6 +109,27 @@ class BootedRow:
         status["page_to_ready_s"] = round(time.monotonic() - started, 2)
         self.results[f"boot_{label}"] = {**status["boot"], "page_to_ready_s": status["page_to_ready_s"]}
         return status
+
+    def _photograph_start(self) -> None:
+        """The start card (web/ui-start.mjs: the steps of the worker's boot and the model's
+        load, with their bar) while the first boot runs, in both themes at both widths;
+        results["start_screenshots"]: per shot, the theme applied, whether the card showed and
+        its current step. (test_chat_page.py photographs the page with a conversation.)"""
+        shots = {}
+        card = "document.getElementById('start')"
+        try:
+            self.wait_for(f"{card} && !{card}.hidden", timeout_s=60)
+            for width, height, size in ((1280, 900, "desktop"), (390, 844, "phone")):
+                self.row.set_viewport(width, height)
+                for theme in ("light", "dark"):
+                    shown = self.row.eval(_SET_THEME % json.dumps(theme) + f"""
+                      .then(() => ({{ theme: document.documentElement.dataset.theme ?? null, card: !{card}.hidden,
+                                     step: document.getElementById('start-now').textContent }}))""")
+                    shots[f"{size}-{theme}"] = {**shown, "path": str(self.screenshot(f"start-{size}-{theme}"))}
+        finally:
+            self.row.set_viewport(1280, 900)
+            self.row.eval(_SET_THEME % json.dumps("system"))
+        self.results["start_screenshots"] = shots
 
     def reload(self, label: str, query: str | None = None) -> dict:
         """Open the page again in the same browser profile (its HTTP cache, Cache Storage and

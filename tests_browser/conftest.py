@@ -121,7 +121,7 @@ def booted(request, site_port):
     proxy = OfflineProxy(site_port)
     try:
         query = GPU_ROW_QUERY if row.engine_on_gpu else ""
-        yield BootedRow(row, proxy.url, results_dir=HERE / "results", proxy=proxy, query=query)
+        yield BootedRow(row, proxy.url, results_dir=HERE / "results", proxy=proxy, query=query, photograph_start=True)
     finally:
         try:
             row.close()

@@ -6,7 +6,8 @@ streamed answer that names Paris (on the admitted GPU in the GPU rows, whose pag
 with ?gpu=force (conftest.py), on the CPU path in WebKitGTK); Esc stops an answer mid-way; Regenerate answers the same conversation again; the site's models are listed with
 their size, architecture and quantization;
 the page in light and dark, desktop and phone width, is photographed (tests_browser/results/
-screenshots/); a corrupted model file, picked or dropped, is refused with the validator's
+screenshots/; where the CPU path answers, with an answer in Markdown), and so is the start card
+while the row booted; a corrupted model file, picked or dropped, is refused with the validator's
 error and the model that answered keeps answering; the JS API keeps OpenAI's shapes; and
 after unload, a second visit with the network gone opens the page from its service worker,
 loads the model from Cache Storage without fetching it, and answers.
@@ -282,10 +283,28 @@ def test_regenerate_answers_the_same_conversation_again(booted):
     assert last["seed"] != out["previous"].get("seed"), "an empty seed box means a fresh seed"
 
 
+MARKDOWN_PROMPT = "Write a Python function that adds two numbers."     # SmolLM2 answers with a code block
+MARKDOWN_TOKENS = 28                                                   # enough for the block to close
+
+
 def test_screenshots_light_and_dark_desktop_and_phone(booted):
     """The page with a conversation in it, in both themes at both widths: saved, nothing wider
-    than the screen, the themes really differ, the prompt and Send reachable on a phone."""
-    _ready(booted)
+    than the screen, the themes really differ, the prompt and Send reachable on a phone. Where
+    the CPU path answers (quick here), the conversation ends with an answer in Markdown: a
+    fenced code block, rendered as one."""
+    engine = _ready(booted)
+    if engine["backend"] == "cpu":
+        rendered = _page(booted, """
+          window.webslm.newChat();
+          ui.set("temperature", 0); ui.set("max-tokens", %d);
+          ui.set("prompt", %s);
+          ui.$("send").click();
+          await ui.until(() => ui.lastAssistant()?.dataset.finishReason, %d);
+          const content = ui.lastAssistant().querySelector(".content");
+          return { text: window.webslm.lastAnswer.text, code: content.querySelector("pre code")?.textContent ?? null };
+        """ % (MARKDOWN_TOKENS, json.dumps(MARKDOWN_PROMPT), ANSWER_TIMEOUT_S * 1000))
+        assert rendered["text"].startswith("```python") and rendered["code"], rendered
+        assert rendered["code"].startswith("def ") and "```" not in rendered["code"], rendered
     shots = {}
     try:
         for width, height, size in ((1280, 900, "desktop"), (390, 844, "phone")):
@@ -327,6 +346,17 @@ def test_screenshots_light_and_dark_desktop_and_phone(booted):
 # ------------------------------------------------------------------------------ models
 
 @functools.cache
+def test_the_start_was_photographed_while_the_page_booted(booted):
+    """The start card with its steps and bar (web/ui-start.mjs), photographed in both themes
+    at both widths while the row's first boot ran (app_session.BootedRow._photograph_start)."""
+    shots = booted.results.get("start_screenshots")
+    assert shots and set(shots) == {"desktop-light", "desktop-dark", "phone-light", "phone-dark"}, shots
+    for name, shot in shots.items():
+        assert shot["card"] and shot["theme"] == name.split("-")[1], (name, shot)
+        assert pathlib.Path(shot["path"]).is_file(), shot
+    _record(booted, "start_screenshots", {name: shot["step"] for name, shot in shots.items()})
+
+
 def _corrupted(offset: int, length: int | None) -> dict:
     """What the validator says of the default model with the byte at `offset` flipped and the
     file cut to `length` bytes: the error the page must show (the same in every row: computed
