@@ -63,7 +63,8 @@ from .forward import Forward
 
 ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
 ROUNDS = 3                     # timed rounds per launch shape; the median is kept
-MIN_ROUND_SECONDS = 1e-7       # a round less its round trip is never taken as shorter (noise)
+TRIP_SHARE_KEPT = 0.1          # a round less its round trip is never taken below this share of it (noise)
+MAX_REPEAT = 64                # the most copies of a form's dispatches one timed round holds
 SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software adapter, no tuning
 BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
@@ -226,12 +227,13 @@ class _Stage:
             self.device.submit(batch)
             started = self.clock()                        # encoding is done: the GPU has the work
             await self.device.read_buffer(*sync)
-            return max(self.clock() - started - self.trip, MIN_ROUND_SECONDS) / (len(batch) // per_op)
+            elapsed = self.clock() - started
+            return max(elapsed - self.trip, TRIP_SHARE_KEPT * elapsed) / (len(batch) // per_op)
 
         first = await timed(dispatches)                   # also the warm-up
         if rounds == 0:
             return first
-        repeat = max(1, int(ROUND_SECONDS / (first * len(dispatches) / per_op)))
+        repeat = min(MAX_REPEAT, max(1, int(ROUND_SECONDS / (first * len(dispatches) / per_op))))
         batch = dispatches * repeat
         return statistics.median([await timed(batch) for _ in range(rounds)])
 

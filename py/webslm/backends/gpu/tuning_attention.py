@@ -50,7 +50,8 @@ async def _seconds_per_dispatch(device, prepared: runner.Prepared, count: int, c
     device.submit([prepared.dispatch] * count)
     started = clock()
     await device.read_buffer(sync, 0, 4)
-    return max(clock() - started - trip, 1e-7) / count
+    elapsed = clock() - started
+    return max(elapsed - trip, 0.1 * elapsed) / count      # never below a tenth of the round: noise
 
 
 async def measure(device, shape: AttentionShape, chunk: int, clock: Callable[[], float], noise: float,
@@ -99,7 +100,7 @@ async def measure(device, shape: AttentionShape, chunk: int, clock: Callable[[],
         rounds = [lambda v=v: _seconds_per_dispatch(device, checked[v], count, clock, trip) for v in variants]
         entry["settle"] = list(await timing.settle(rounds[variants.index(rule)], clock))
         trip = await timing.round_trip(device, (checked[rule].outputs[0][0], 0, 4), clock)
-        count = max(2, int(ROUND_SECONDS / await _seconds_per_dispatch(device, checked[rule], 2, clock, trip)))
+        count = min(64, max(2, int(ROUND_SECONDS / await _seconds_per_dispatch(device, checked[rule], 2, clock, trip))))
         entry["round_trip_us"] = round(trip * 1e6, 1)
         times = dict(zip(variants, await timing.alternating(rounds)))
     finally:
