@@ -410,6 +410,7 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
     launched = {}
     for key, ops in pending:
         weights = stage.lowering.matvec_form(ops[0])[1]
+        stage.fill_inputs(ops)                   # timed on random activations, as every shape is
         launched[key] = (_rule_choice(stage.device, weights, ops[0]), await stage.launches(ops, None))
         if not force and len(launched) == 1:
             dispatches = launched[key][1]
