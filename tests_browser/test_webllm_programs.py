@@ -277,3 +277,12 @@ def test_simple_chat(booted, brief_answer):
     assert r["messages"][2]["content"] == rendered[1]["text"]
     assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] // 2
+
+
+def test_an_unknown_gpu_query_fails_the_import(booted):
+    """webllm.mjs?gpu= takes force, 0 or 1: any other value fails the import, saying so,
+    rather than being taken for the default."""
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
+    error = booted.row.eval("""import(new URL("webllm.mjs?gpu=fast", location.href).href)
+      .then(() => null, (e) => ({ name: e.name, code: e.code, message: e.message }))""", timeout_s=60)
+    assert error is not None and error["code"] == "bad-request" and "gpu=fast" in error["message"], error
