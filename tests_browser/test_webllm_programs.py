@@ -4,8 +4,9 @@ API) run unchanged but for their import line, which names web/webllm.mjs instead
 examples do, and asks for a few tokens. Two rows, and each test asserts which engine answered:
 
 - chromium-compat, the GPU row (WebGPU over lavapipe, about 0.7-1.2 s a decode step): the
-  import is "webllm.mjs?gpu=force", so an admitted GPU answers although it is slower than the
-  CPU path (the engine's own choice would take the CPU here, as the page's ?gpu=force tests).
+  import is "webllm.mjs?gpu=force", so the admitted GPU answers. With a plain import the
+  engine's own timing would hand every answer to the CPU path here (lavapipe's step is about
+  10x the CPU's), as it does for the page, whose GPU tests use ?gpu=force likewise.
 - chromium, the CPU path row (SwiftShader): the import is "webllm.mjs?gpu=0", so the CPU path
   answers at once. Plain "webllm.mjs" answers there too, by the engine's own choice
   (SwiftShader's decode step is about 10x slower), but only after admitting the model on
