@@ -1,8 +1,18 @@
 """WebLLM-style programs (tests_browser/webllm_programs/: our own, written to WebLLM's documented
 API) run unchanged but for their import line, which names web/webllm.mjs instead of
-"@mlc-ai/web-llm". One row only, Chromium's compatibility tier (WebGPU over lavapipe, about
-1.2 s a decode step): every program makes its own engine with CreateMLCEngine, as WebLLM's
-examples do, and asks for a few tokens.
+"@mlc-ai/web-llm". Every program makes its own engine with CreateMLCEngine, as WebLLM's
+examples do, and asks for a few tokens. Two rows, and each test asserts which engine answered:
+
+- chromium-compat, the GPU row (WebGPU over lavapipe, about 0.7-1.2 s a decode step): the
+  import is "webllm.mjs?gpu=force", so the admitted GPU answers. With a plain import the
+  engine's own timing would hand every answer to the CPU path here (lavapipe's step is about
+  10x the CPU's), as it does for the page, whose GPU tests use ?gpu=force likewise.
+- chromium, the CPU path row (SwiftShader): the import is "webllm.mjs?gpu=0", so the CPU path
+  answers at once. Plain "webllm.mjs" answers there too, by the engine's own choice
+  (SwiftShader's decode step is about 10x slower), but only after admitting the model on
+  SwiftShader first: 150 s a CreateMLCEngine on a 2-core machine (26 s before the upload, 52 s
+  compiling pipelines, 68 s of kernel self-tests), per program. That choice is checked once, on
+  the page, by test_engine_choice_browser.py.
 
 - get_started: CreateMLCEngine with an initProgressCallback ({progress, timeElapsed, text},
   ending at 1), a greedy answer that is CPython's CPU answer token for token, getMessage,
@@ -24,6 +34,10 @@ examples do, and asks for a few tokens.
   answered in order (no "busy"); completions.create on a raw prompt, and with a grammar
   (response_format; a max_tokens below its shortest text refused); an unknown WebLLM model
   id is a clear error.
+- simple_chat: a chat UI the program builds in the page (message list, input, send button)
+  and removes after; two turns typed and sent by clicking, each streamed into its bubble as
+  the deltas arrive: the bubbles show CPython's greedy answers, the second turn reads the
+  first from the KV cache.
 Each program's wall time is printed and written to tests_browser/results/<row>.json under
 "webllm_programs"; no test asserts a time.
 """
@@ -39,18 +53,22 @@ from conftest import ROOT, serve
 HERE = pathlib.Path(__file__).resolve().parent
 PROGRAMS = HERE / "webllm_programs"
 TIMEOUT_S = 600
-ROW = "chromium-compat"
+# Per row: the query of the import URL its programs get (web/webllm.mjs reads it: the engine's
+# gpu option, which WebLLM's config has no key for), and the engine that must then answer.
+IMPORT_QUERY = {"chromium": "?gpu=0", "chromium-compat": "?gpu=force"}
+ANSWERS_ON = {"chromium": "cpu", "chromium-compat": "gpu"}
 
-pytestmark = pytest.mark.parametrize("booted", [ROW], indirect=True)
+pytestmark = pytest.mark.parametrize("booted", list(IMPORT_QUERY), indirect=True)
 # The question most programs ask, with a short system prompt: 24 prompt tokens to read (the
 # model's default system prompt makes 37), the slowest part of each program here.
 BRIEF = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def brief_reference() -> list[int]:
-    """The greedy CPU answer's first 4 token ids to BRIEF, computed here in CPython (the
-    worker's sampler and CPU engine are CPython's, bit for bit; every engine must agree)."""
+def brief_answer() -> dict:
+    """The greedy CPU answer's first 4 tokens to BRIEF (token_ids and text), computed here in
+    CPython (the worker's sampler and CPU engine are CPython's, bit for bit; every engine must
+    agree)."""
     import webslm
     from webslm.cpu import CpuBackend
     from webslm.generate import generate, prompt_ids
@@ -58,13 +76,22 @@ def brief_reference() -> list[int]:
     entry = next(m for m in json.loads((ROOT / serve.MANIFEST).read_text())["models"] if m["default"])
     model = webslm.open_model(ROOT / ".assets/site" / entry["file"])
     ledger = Ledger()
-    for _ in generate(model, CpuBackend(model), prompt_ids(model, BRIEF), webslm.SamplerSettings(temperature=0, max_tokens=4),
-                      ledger=ledger):
-        pass
-    return list(ledger.committed_ids)
+    text = "".join(d.text for d in generate(model, CpuBackend(model), prompt_ids(model, BRIEF),
+                                            webslm.SamplerSettings(temperature=0, max_tokens=4), ledger=ledger))
+    return {"token_ids": list(ledger.committed_ids), "text": text}
+
+
+@pytest.fixture(scope="module")
+def brief_reference(brief_answer) -> list[int]:
+    return brief_answer["token_ids"]
+
+
+def answered_on(booted, reply: dict) -> None:
+    """The row's engine answered all of `reply` (a completion, or a stream's final chunk)."""
+    assert reply["webslm"]["backends"] == [ANSWERS_ON[booted.row.name]], reply["webslm"]
 
 RUN = """(async () => {
-  const source = %s.replace('"@mlc-ai/web-llm"', JSON.stringify(new URL("webllm.mjs", location.href).href));
+  const source = %s.replace('"@mlc-ai/web-llm"', JSON.stringify(new URL(%s, location.href).href));
   const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
   const started = performance.now();
   try {
@@ -77,10 +104,13 @@ RUN = """(async () => {
 
 
 def run_program(booted, name: str) -> dict:
+    """Run program `name` with its import naming webllm.mjs plus the row's IMPORT_QUERY: its
+    exported results."""
     source = (PROGRAMS / f"{name}.mjs").read_text()
     assert source.count('from "@mlc-ai/web-llm"') == 1          # the one line the test changes
+    module = "webllm.mjs" + IMPORT_QUERY[booted.row.name]
     booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
-    out = booted.row.eval(RUN % json.dumps(source), timeout_s=TIMEOUT_S)
+    out = booted.row.eval(RUN % (json.dumps(source), json.dumps(module)), timeout_s=TIMEOUT_S)
     print(f"\n{booted.row.name}: {name} ran in {out['seconds']:.1f} s")
     booted.results.setdefault("webllm_programs", {})[name] = {"seconds": round(out["seconds"], 1)}
     booted.record()
@@ -92,13 +122,23 @@ def test_get_started(booted, brief_reference):
     progress = r["progress"]
     print(f"{booted.row.name}: CreateMLCEngine's load (after the worker's boot) took {progress[-1]['timeElapsed']:.1f} s; "
           f"{progress[-1]['text']}")
-    booted.results["webllm_programs"]["get_started"]["load_s"] = round(progress[-1]["timeElapsed"], 1)
+    # where the load's time went: when each step of it (the text before its ":") began
+    began = {}
+    for p in progress:
+        began.setdefault(p["text"].split(":")[0].split(" (")[0], round(p["timeElapsed"], 1))
+    print(f"{booted.row.name}: the load's steps began at (s): {began}")
+    booted.results["webllm_programs"]["get_started"].update(load_s=round(progress[-1]["timeElapsed"], 1), steps_began_s=began)
     booted.record()
     assert progress and progress[-1]["progress"] == 1 and progress[-1]["text"].startswith("Finish loading")
     values = [p["progress"] for p in progress]
     assert values == sorted(values) and all(0 <= v <= 1 for v in values)
     assert all(isinstance(p["text"], str) and p["text"] and p["timeElapsed"] >= 0 for p in progress)
+    if ANSWERS_ON[booted.row.name] == "gpu":
+        assert progress[-1]["text"].startswith("Finish loading on WebGPU")
+    else:                                              # ?gpu=0: the GPU not tried
+        assert progress[-1]["text"].startswith("Finish loading on the CPU path (the GPU was turned off"), progress[-1]
     reply = r["reply"]
+    answered_on(booted, reply)
     assert reply["object"] == "chat.completion" and reply["choices"][0]["finish_reason"] == "length"
     assert reply["webslm"]["token_ids"] == brief_reference
     assert reply["choices"][0]["message"]["content"] == r["message"] != ""
@@ -112,6 +152,8 @@ def test_get_started(booted, brief_reference):
 
 def test_streaming_with_the_usage_chunk_and_logprobs(booted, brief_reference):
     r = run_program(booted, "streaming")
+    answered_on(booted, r["final"])
+    assert r["final"]["webslm"]["token_ids"] == brief_reference
     assert r["text"] == r["message"] != ""
     assert r["finishReasons"] == ["length"] and r["chunksWithoutChoices"] == 1
     assert r["usage"]["completion_tokens"] == 4 and "extra" in r["usage"]
@@ -126,6 +168,8 @@ def test_streaming_with_the_usage_chunk_and_logprobs(booted, brief_reference):
 def test_multi_round(booted):
     r = run_program(booted, "multi_round")
     first, second, after = r["first"], r["second"], r["afterReset"]
+    for reply in (first, second, after):
+        answered_on(booted, reply)
     assert first["choices"][0]["message"]["content"]
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] // 2
     assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == 0          # resetChat
@@ -135,6 +179,7 @@ def test_multi_round(booted):
 def test_seed_reproduce(booted):
     r = run_program(booted, "seed_reproduce")
     a, both = r["a"], r["both"]
+    answered_on(booted, a)
     assert a["webslm"]["seed"] == 42 and 28 not in a["webslm"]["token_ids"]        # logit_bias -100
     assert [c["index"] for c in both["choices"]] == [0, 1]
     choices = both["webslm"]["choices"]
@@ -156,6 +201,7 @@ def test_abort_and_reload(booted, brief_reference):
     r = run_program(booted, "abort_reload")
     assert r["finishReason"] == "abort" and r["pieces"] >= 1
     first, second = r["first"], r["second"]
+    answered_on(booted, second)                                   # after reload
     assert first["webslm"]["token_ids"] == brief_reference[:1]        # answered in order, the second after
     assert second["webslm"]["token_ids"] == brief_reference[:2]       # the first (its prompt cached by it)
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
@@ -191,6 +237,7 @@ def test_json_schema(booted):
     for _ in generate(model, CpuBackend(model), prompt_ids(model, COLOUR), settings, ledger=ledger):
         pass
     for reply in (r["asWebllm"], r["asOpenai"]):
+        answered_on(booted, reply)
         choice = reply["choices"][0]
         text = choice["message"]["content"]
         print(f"{booted.row.name}: JSON-schema mode answered {text!r} ({choice['finish_reason']}, "
@@ -210,3 +257,34 @@ def test_json_schema(booted):
     assert r["unsupported"]["code"] == "bad-request" and "'uniqueItems' is not supported" in r["unsupported"]["message"]
     assert r["badGrammar"]["code"] == "bad-request" and "left-recursive" in r["badGrammar"]["message"]
     assert r["tools"]["code"] == "bad-request" and "no tool support" in r["tools"]["message"]
+
+
+def test_simple_chat(booted, brief_answer):
+    r = run_program(booted, "simple_chat")
+    assert r["containerGone"]                              # the page is left as it was
+    first, second = r["turns"]
+    rendered = r["rendered"]
+    assert [b["className"] for b in rendered] == ["message user", "message assistant"] * 2
+    assert [b["text"] for b in rendered[::2]] == ["What is the capital of France?", "And of Italy?"]
+    for bubble, turn in zip(rendered[1::2], r["turns"]):
+        print(f"{booted.row.name}: simple chat answered {bubble['text']!r} in {turn['textChunks']} chunks")
+        answered_on(booted, turn["final"])
+        # what the bubble shows, streamed in piece by piece, is the whole answer (getMessage)
+        assert bubble["text"] == turn["message"] != "" and turn["textChunks"] >= 1
+        assert turn["usage"]["completion_tokens"] == len(turn["final"]["webslm"]["token_ids"])
+    assert rendered[1]["text"] == brief_answer["text"]                    # the first turn is BRIEF
+    assert first["final"]["webslm"]["token_ids"] == brief_answer["token_ids"]
+    # the conversation grew by each answer, and the second turn read the first from the KV cache
+    assert [m["role"] for m in r["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert r["messages"][2]["content"] == rendered[1]["text"]
+    assert second["usage"]["prompt_tokens"] > first["usage"]["prompt_tokens"]
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > first["usage"]["prompt_tokens"] // 2
+
+
+def test_an_unknown_gpu_query_fails_the_import(booted):
+    """webllm.mjs?gpu= takes force, 0 or 1: any other value fails the import, saying so,
+    rather than being taken for the default."""
+    booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
+    error = booted.row.eval("""import(new URL("webllm.mjs?gpu=fast", location.href).href)
+      .then(() => null, (e) => ({ name: e.name, code: e.code, message: e.message }))""", timeout_s=60)
+    assert error is not None and error["code"] == "bad-request" and "gpu=fast" in error["message"], error

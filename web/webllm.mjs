@@ -13,6 +13,18 @@ import { Engine, WebSlmError } from "./webslm.js";
 
 export { WebSlmError };
 
+// The engine a WebLLM program gets, from the query of the URL this module is imported by,
+// since WebLLM's MLCEngineConfig has no such key and the program stays unchanged but for its
+// import: "webllm.mjs?gpu=force" keeps an admitted GPU untimed (as the page's ?gpu=force),
+// "webllm.mjs?gpu=0" answers on the CPU path without trying the GPU (?gpu=0); without it the
+// engine times an admitted GPU against the CPU path and keeps the faster (docs/js-api.md).
+const GPU_BY_QUERY = { force: "force", 0: false, 1: true };
+const gpuQuery = new URL(import.meta.url).searchParams.get("gpu");
+if (gpuQuery !== null && !Object.hasOwn(GPU_BY_QUERY, gpuQuery)) {
+  throw new WebSlmError("bad-request", `webllm.mjs?gpu=${gpuQuery.slice(0, 20)}: gpu is force, 0 or 1.`);
+}
+const GPU = gpuQuery === null ? true : GPU_BY_QUERY[gpuQuery];
+
 // WebLLM's MLCEngineConfig keys this engine takes. logLevel is accepted for WebLLM programs
 // that set it; webslm writes nothing to the console, so every level means the same.
 const CONFIG_KEYS = new Set(["initProgressCallback", "appConfig", "logLevel"]);
@@ -38,7 +50,7 @@ function engineOptions(config = {}) {
       appModels.push({ model_id: entry.model_id, url: entry.model });
     }
   }
-  return { initProgressCallback, appModels, unloadKeepsWorker: true };
+  return { initProgressCallback, appModels, unloadKeepsWorker: true, gpu: GPU };
 }
 
 // WebLLM's MLCEngine: `new MLCEngine(config)`, then `await engine.reload(modelId)`.

@@ -19,12 +19,14 @@ let usage = null;
 const finishReasons = [];
 const logprobs = [];
 let chunksWithoutChoices = 0;
+let final = null;
 for await (const chunk of chunks) {
   if (chunk.choices.length === 0) chunksWithoutChoices += 1;
+  if (chunk.choices[0]?.finish_reason) final = chunk;
   text += chunk.choices[0]?.delta.content || "";
   if (chunk.choices[0]?.finish_reason) finishReasons.push(chunk.choices[0].finish_reason);
   logprobs.push(...(chunk.choices[0]?.logprobs?.content ?? []));
   if (chunk.usage) usage = chunk.usage;
 }
-export const results = { text, usage, finishReasons, logprobs, chunksWithoutChoices, message: await engine.getMessage() };
+export const results = { text, usage, finishReasons, logprobs, chunksWithoutChoices, final, message: await engine.getMessage() };
 await engine.unload();
