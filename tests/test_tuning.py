@@ -473,3 +473,18 @@ def test_a_timed_round_is_taken_less_its_round_trip(run):
     assert stage.trip == pytest.approx(300e-6)
     assert untreated == pytest.approx(330e-6)
     assert run(stage.seconds_per_op(ops, ["head"])) == pytest.approx(30e-6)
+
+
+def test_the_choice_is_made_among_the_finalists_the_runoff_timed(run):
+    """The runoff times the rule, the best exact and the best int8 shape again; a shape that
+    was not among them keeps its round's time, taken while the clocks moved, and must not win
+    on it: here the runoff found b slower (15 us) than d's round figure (12 us), and b, the
+    finalist, is chosen, not d."""
+    import types
+    rule, b, d = matvec.Choice("", 32, 4), matvec.Choice("", 32, 8), matvec.Choice("", 32, 16)
+    search = object.__new__(tuning._FormSearch)
+    search.rule, search.times, search.refused, search.rejected, search.cut = rule, {rule: 20e-6, b: 10e-6, d: 12e-6}, [], [], False
+    search.stage, search.key = types.SimpleNamespace(lowering=types.SimpleNamespace(choices={})), "form"
+    assert search.finalists() == [rule, b]
+    form = search.finish({rule: 20e-6, b: 15e-6})
+    assert form["choice"] == b and form["chosen_us"] == 15.0

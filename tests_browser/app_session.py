@@ -117,8 +117,14 @@ class BootedRow:
         its current step. (test_chat_page.py photographs the page with a conversation.)"""
         shots = {}
         card = "document.getElementById('start')"
+        self.results["start_screenshots"] = shots      # empty if the card never showed: its test fails, not the row
+        shown = self.row.eval(   # true once the card shows, false after 60 s without it
+            f"new Promise((done) => {{ const t0 = Date.now(); const t = setInterval(() => {{"
+            f" const on = {card} && !{card}.hidden; if (on || Date.now() - t0 > 60000) {{ clearInterval(t); done(on); }}"
+            f" }}, 50); }})", timeout_s=70)
+        if not shown:
+            return
         try:
-            self.wait_for(f"{card} && !{card}.hidden", timeout_s=60)
             for width, height, size in ((1280, 900, "desktop"), (390, 844, "phone")):
                 self.row.set_viewport(width, height)
                 for theme in ("light", "dark"):
@@ -129,7 +135,6 @@ class BootedRow:
         finally:
             self.row.set_viewport(1280, 900)
             self.row.eval(_SET_THEME % json.dumps("system"))
-        self.results["start_screenshots"] = shots
 
     def reload(self, label: str, query: str | None = None) -> dict:
         """Open the page again in the same browser profile (its HTTP cache, Cache Storage and

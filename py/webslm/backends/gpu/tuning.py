@@ -201,7 +201,7 @@ class _Stage:
         finally:
             self.lowering.choices.clear()
 
-    async def settle(self, ops, choice: matvec.Choice | None) -> None:
+    async def settle(self, ops, choice: matvec.Choice | None = None) -> None:
         """Run `ops` (at `choice`) until the GPU's clocks settle (timing.settle): an idle GPU
         runs slow, and the stage leaves it idle while it compiles; then measure the round trip
         the timed rounds subtract (timing.round_trip). Records (seconds spent, first round,
@@ -306,7 +306,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                 if checkpoint is not None:
                     await checkpoint()
             if any(search.ready for search in searches.values()):
-                await stage.settle(*_costliest(stage, pending))
+                await stage.settle(_costliest(stage, pending))
                 for search in searches.values():  # then time, back to back
                     await search.time_ready()
         if any(search.cut for search in searches.values()):
@@ -315,7 +315,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         exact: dict[str, matvec.Choice | None] = {}      # form -> its best exact choice (None: the rule)
         searched = {key: search for key, search in searches.items() if search.searched}
         if searched:
-            await stage.settle(*_costliest(stage, pending))
+            await stage.settle(_costliest(stage, pending))
         for key, search in searches.items():
             rule, rule_seconds = rules[key]
             if key not in searched:
@@ -418,7 +418,7 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
             if await stage.seconds_per_op(ops[:1] * 4, one * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
                 return None
     if pending:
-        await stage.settle(*_costliest(stage, pending))
+        await stage.settle(_costliest(stage, pending))
     out = {}
     for key, ops in pending:
         dispatches = await stage.launches(ops, None)     # recorded again: params as the rule says
@@ -426,13 +426,13 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
     return out
 
 
-def _costliest(stage: _Stage, pending: list) -> tuple[list, None]:
+def _costliest(stage: _Stage, pending: list) -> list:
     """The ops of the form with the most weight bytes over its layers: what settle() runs (on
     the rule's launch) to wake the GPU's clocks before a timing burst."""
     def size(item):
         weights = stage.lowering.matvec_form(item[1][0])[1]
         return weights.rows * weights.cols * len(item[1])
-    return max(pending, key=size)[1], None
+    return max(pending, key=size)[1]
 
 
 class _FormSearch:
@@ -462,7 +462,6 @@ class _FormSearch:
         self.key, self.weights = stage.lowering.matvec_form(ops[0])
         self.int8 = int8 and matvec_prequant.serves(stage.device, self.weights)
         self.times: dict[matvec.Choice, float] = {rule: rule_seconds}
-        self.exact: set[matvec.Choice] = {rule}
         self.refused: list = []
         self.rejected: list = []
         self.ready: list[matvec.Choice] = []     # compiled and checked, not yet timed
@@ -486,7 +485,7 @@ class _FormSearch:
         return out
 
     def _best(self, int8: bool) -> matvec.Choice | None:
-        timed = {c: t for c, t in self.times.items() if (c not in self.exact) == int8}
+        timed = {c: t for c, t in self.times.items() if (c.variant in matvec_prequant.VARIANTS) == int8}
         return min(timed, key=timed.get) if timed else None
 
     async def prepare(self, round_: int, deadline: float) -> None:
@@ -517,8 +516,6 @@ class _FormSearch:
             self.rejected.append(choice)
             return
         self.ready.append(choice)
-        if relative == CHECK_RELATIVE:
-            self.exact.add(choice)
 
     async def time_ready(self) -> None:
         """Time the shapes checked since the last burst (each recorded again: the launches
@@ -540,9 +537,9 @@ class _FormSearch:
         """The choice, from the runoff's times (the finalists timed again side by side:
         whatever was timed last in the rounds was favoured by clocks still moving). A shape must
         beat the rule by NOISE; int8 must beat the exact choice by NOISE."""
+        best, fastest_int8 = self._best(False), self._best(True)     # the finalists: chosen among them only
         times, rule = self.times, self.rule
         times.update(runoff)
-        best, fastest_int8 = self._best(False), self._best(True)
         chosen = best if best != rule and times[best] < (1 - NOISE) * times[rule] else rule
         exact_choice = chosen
         if fastest_int8 is not None and times[fastest_int8] < (1 - NOISE) * times[chosen]:
