@@ -8,7 +8,9 @@ Per model:
 - prefill: a prompt of --prompt-tokens random ids (seeded), time until its argmax is read;
 - decode: --new-tokens greedy steps (GPU argmax, 12 bytes read back each), tokens/s and the
   median step; chained (the executor's default: the next step is submitted before this one
-  is read) and, in the same run, unchained, with the tokens compared;
+  is read) and, in the same run, unchained, with the tokens compared; the engine loop
+  (sampler, ledger, text) in each of ENGINE_LOOPS: chain depth 2 and 1, the next chained
+  step encoded ahead or not, unchained;
 - repeat 1 is cold (first use of the recorded lists); the figures are the median of the
   warm repeats after it, each preceded by reset();
 - roofline: weight bytes per token (every weight is read once a step) / the copy kernel's
@@ -189,10 +191,17 @@ async def unchained_decode(backend, prompt: list[int], new_tokens: int) -> dict:
             "tokens": runs[-1]["tokens"]}
 
 
+# The engine loop's variants, side by side: (name, chaining, chain depth, prepare the next chained step)
+ENGINE_LOOPS = (("chained", True, None, True),           # the executor's defaults
+                ("chained_depth1", True, 1, True),
+                ("chained_depth1_unprepared", True, 1, False),   # the chaining of 2026-12-03
+                ("unchained", False, None, True))
+
+
 async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> dict:
     """Decode tokens/s through the whole engine loop (sampler, ledger, text, stop checks:
-    what the CLI and the page run), chained and unchained, 2 answers each, the second timed.
-    A random-weight model may choose EOS early: the tokens/s counts what was generated."""
+    what the CLI and the page run), for each of ENGINE_LOOPS, 2 answers each, the second
+    timed. A random-weight model may choose EOS early: the tokens/s counts what was generated."""
     from webslm.engine import Engine
     from webslm.semantic.sampler import SamplerSettings
 
@@ -200,16 +209,18 @@ async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> d
         return backend, {}
     engine = Engine(model, gpu=object(), build_gpu_backend=build, reuse_kv=False)
     await engine.load()
-    out = {}
-    for chained in (True, False):
-        backend.chaining = chained
+    out, defaults = {}, (backend.chain_depth, backend.prepare_chained)
+    for name, chained, depth, prepare in ENGINE_LOOPS:
+        backend.chaining, backend.prepare_chained = chained, prepare
+        backend.chain_depth = defaults[0] if depth is None else depth
         for _ in range(2):
             ids = []
             async for delta in engine.generate(prompt, SamplerSettings(temperature=0.0, max_tokens=new_tokens), chat=False):
                 ids.append(delta.token_id)
         t = engine.last_timings
-        out["chained" if chained else "unchained"] = {"tokens_per_s": t.generated_tokens / t.decode_seconds,
-                                                      "tokens": t.generated_tokens}
+        out[name] = {"tokens_per_s": t.generated_tokens / t.decode_seconds, "tokens": t.generated_tokens,
+                     "chain_depth": backend.chain_depth if chained else 0, "prepared": prepare}
+    backend.chain_depth, backend.prepare_chained = defaults
     backend.chaining, backend.current_epoch = True, None    # the other figures call the backend directly
     return out
 
@@ -313,9 +324,9 @@ async def main(args) -> dict:
               f"{row['host']['encode_ms']:.3f} ms for {row['host']['dispatches']} dispatches, "
               f"submit+read floor {row['host']['submit_and_read_ms']}, blocking readback "
               f"{row['decode_tokens_per_s_blocking_readback']:.1f} tok/s, "
-              f"admission {row['admission_s']} s; engine loop decode "
-              f"{row['engine_loop']['chained']['tokens_per_s']:.1f} tok/s chained, "
-              f"{row['engine_loop']['unchained']['tokens_per_s']:.1f} unchained", flush=True)
+              f"admission {row['admission_s']} s; engine loop decode tok/s "
+              + ", ".join(f"{name} {loop['tokens_per_s']:.1f}" for name, loop in row["engine_loop"].items()),
+              flush=True)
         if row["tuning"]:
             t = row["tuning"]
             print(f"    tuning: {t['source']} {t['reason']} {t['seconds']} s, {t['changed']} of {t['forms']} forms "

@@ -154,20 +154,22 @@ def test_gpu_logits_follow_the_cpu_oracle_through_prefill_and_decode(native_gpu,
     assert stats["decode_steps"] == 30
 
 
-@pytest.mark.parametrize("chain", [True, False], ids=["chained", "unchained"])
+@pytest.mark.parametrize("chain", [2, 1, 0], ids=["chained-2", "chained-1", "unchained"])
 def test_greedy_chaining_is_exact_and_a_miss_rewrites_the_row(native_gpu, model, ids, run, path, policy,
                                                                monkeypatch, chain):
-    """Greedy steps chained (the next step submitted before this one is read, its token the
-    GPU's own argmax) follow the CPU oracle fed the same tokens; a token other than the
-    argmax (or a full-logits step) forgets the chained step, and the step run instead
-    rewrites its KV row: its full logits, and the next steps', equal the CPU's. Unchained
-    (a slow adapter), no step is chained."""
+    """Greedy steps chained (the next `chain` steps submitted before this one is read, each
+    one's token the GPU's own argmax of the step before, the next one encoded ahead) follow
+    the CPU oracle fed the same tokens; a token other than the argmax (or a full-logits step)
+    forgets the chained steps, and the step run instead rewrites their KV rows: its full
+    logits, and the next steps', equal the CPU's. Unchained (a slow adapter), no step is
+    chained."""
     from webslm.backends.gpu import executor
     monkeypatch.setattr(executor, "CHAIN_MAX_STEP_S", 60.0 if chain else 0.0)
 
     async def go():
         session = await admit(native_gpu, model, policy)
         backend = await GpuBackend.build(session, model)
+        backend.chain_depth = max(chain, 1)
         cpu = CpuBackend(model)
         try:
             want = cpu.prefill(ids)

@@ -172,6 +172,9 @@ class TrackedDevice(Device):
     def record(self, dispatches, copies=()):
         return self.inner.record(dispatches, copies)
 
+    def prepare(self, recording) -> None:
+        self.inner.prepare(recording)
+
     async def run(self, recording, writes=(), read=None):
         return await self.inner.run(recording, writes, read)
 

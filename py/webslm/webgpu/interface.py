@@ -196,6 +196,12 @@ class Device(abc.ABC):
         """Prepare a command list for repeated submission by run()."""
         return Recording(tuple(dispatches), tuple(copies))
 
+    def prepare(self, recording: Recording) -> None:
+        """A hint that `recording` is run next: an implementation may do its per-run host work
+        for it now, while the GPU works (native: encode its command buffer). No effect on
+        results; a recording prepared and never run again costs only memory until destroy."""
+        return None      # the default: nothing to do ahead (the browser's replay is one call)
+
     async def run(self, recording: Recording, writes: Sequence[tuple[Any, int, np.ndarray]] = (),
                   read: tuple[Any, int, int] | None = None) -> bytes | None:
         """One step of the hot path: queue the writes (buffer, offset, array), submit the

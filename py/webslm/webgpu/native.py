@@ -319,6 +319,13 @@ class NativeDevice(Device):
             self._last_run = key
         return None if read is None else await self.read_mapped(*read)
 
+    def prepare(self, recording: Recording) -> None:
+        """Encode `recording`'s next command buffer now (the executor's next chained step, a
+        different recording from the one just run, so run()'s own encoding ahead misses it)."""
+        key = id(recording)
+        if recording.handle is not None and key not in self._encoded_ahead and self._lost_info is None:
+            self._encoded_ahead[key] = self._call("encode", self._encode, recording)
+
     def _retire_ahead(self) -> None:
         """At teardown: submit the command buffers encoded ahead and never run (their results
         are never read), so that wgpu-native frees them; a lost device, or one with a readback

@@ -7,13 +7,16 @@ compiled most of them), the RoPE table upload, and the decode step's dispatch li
     decode_one(token)  one write of the position slots and the token id, one submit of the
                        recorded list, one readback of a few words (argmax, top-k) or of the
                        logits row when the sampler needs it: device.run(), one call
-    greedy chaining    for an argmax readback, the step for the next position is submitted
-                       before this one's result is read, its token taken on the GPU from this
-                       step's argmax (embed reads decode.logits_result instead of token_ids).
-                       The GPU then never waits for the host's round trip. Its result is used
-                       only when the engine's next token is that argmax at that position (a
-                       greedy sampler's always is); otherwise it is forgotten: its KV row is
-                       rewritten by the real step, queued after it. Exact either way.
+    greedy chaining    for an argmax readback, the steps for the next CHAIN_DEPTH positions
+                       are submitted before this one's result is read, each taking its token
+                       on the GPU from the argmax of the step before it (embed reads
+                       decode.logits_result instead of token_ids), and the next chained step
+                       is encoded while the GPU works (device.prepare). The GPU then never
+                       waits for the host's round trip. A chained result is used only when
+                       the engine's next token is that argmax at that position (a greedy
+                       sampler's always is); otherwise it and the steps behind it are
+                       forgotten: their KV rows are rewritten by the real step, queued after
+                       them. Exact either way.
     prefill(ids)       chunks of at most the plan's prefill_chunk tokens, each one submit
                        with no readback; the last chunk is followed by the LM head and the
                        readback. The KV cache stays on the GPU throughout, and between
@@ -50,6 +53,12 @@ from .forward import Forward
 # have averaged under this (results are identical either way).
 CHAIN_MAX_STEP_S = 0.025
 
+# How many steps are in flight behind the one being read. With one, the GPU idles whenever
+# the host's turn (the map's completion reaching Python, the engine's loop, the next submit)
+# outlasts a step; with two it has a whole step more to finish. Each step ahead is a KV row
+# and a step of GPU time spent for nothing when a stop or a sampled token forgets it.
+CHAIN_DEPTH = 2
+
 
 @dataclasses.dataclass
 class _Ahead:
@@ -82,9 +91,11 @@ class GpuBackend:
         self._on_lost: Callable[[BackendLost], None] | None = None
         self._recordings: dict = {}
         self._released = False
-        self._ahead: _Ahead | None = None
-        self._chain_reads: list[tuple] = []     # two small readback buffers, one a chained step
+        self._ahead: list[_Ahead] = []          # steps submitted and not yet read, in order
+        self._chain_reads: list[tuple] = []     # small readback buffers, one per chained step in flight
         self.chaining = True                     # bench/engine.py --no-chain turns it off
+        self.chain_depth = CHAIN_DEPTH           # bench/engine.py compares depths
+        self.prepare_chained = True              # encode the next chained step ahead (bench A/B)
         self.device.on_uncaptured_error(self._errors.append)
         # Per decode step, where the time goes on the host: preparing (params, checks, the
         # writes), waiting for run() (encode + submit + GPU + readback), finishing (scores).
@@ -137,8 +148,9 @@ class GpuBackend:
         return self._recordings[key]
 
     def _prepare_chaining(self) -> None:
-        """Two readback buffers of the argmax result's size for chained steps (a chained step
-        is submitted while the step before still maps its own), and a check of the plan: the
+        """CHAIN_DEPTH + 1 readback buffers of the argmax result's size for chained steps (each
+        step in flight copies its result to its own while the oldest is mapped), and a check
+        of the plan: the
         step's argmax words (decode.logits_result) must stay as the step left them until the
         next step's embed reads them, so no other decode region may share their bytes."""
         regions, size = self.forward.regions, self._result_layout("argmax", 1).result_bytes
@@ -153,7 +165,7 @@ class GpuBackend:
             return
         self._chain_reads = [
             (self.device.create_buffer(size, BufferUsage.MAP_READ | BufferUsage.COPY_DST, f"chained readback {i}"), 0, size)
-            for i in range(2)]
+            for i in range(CHAIN_DEPTH + 1)]
 
     async def _chained_recording(self, long_attention: bool, target: int):
         """The argmax decode step whose token is the argmax the step before it left in
@@ -214,7 +226,7 @@ class GpuBackend:
         The epoch is checked before every submit."""
         ids = self._checked(ids)
         self._check_epoch(epoch)
-        self._ahead = None                       # a chained step left behind runs first, unread
+        self._ahead = []                         # chained steps left behind run first, unread
         op, k = self._op(want)
         forward = self.forward
         marks: list[tuple[int, asyncio.Future]] = []       # (ids done when it resolves, the read)
@@ -270,50 +282,69 @@ class GpuBackend:
         self._check_epoch(epoch)
         op, k = self._op(want)
         forward, position = self.forward, self.position
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None and (op != "argmax" or ahead.position != position or ahead.token != token):
+        ahead, self._ahead = self._ahead, []
+        if ahead and (op != "argmax" or ahead[0].position != position or ahead[0].token != token):
             self.stats["chain_misses"] += 1      # computed for another token or readback: forgotten
-            ahead = None
-        if ahead is None:                        # the step, submitted now with its token id
+            ahead = []
+        chain = self._chains(op, position)
+        if not ahead:                            # the step, submitted now with its token id
             forward.set_params("decode", 1, position, positional=True)
             recording = await self._decode_recording(not forward.single_pass_at(position), op, k)
             writes = [forward.tables["decode"].write(0, forward.positional_slots("decode")),
                       *forward.input_writes("decode", [token])]
             self._check_epoch(epoch)                       # before submit
-            read, chain = self._read(op, k), self._chains(op, position)
+            read = self._read(op, k)
             if not chain:
                 submitted = time.perf_counter()
                 raw = await self._run(recording, writes, read)
                 return self._decoded(raw, op, k, epoch, began, submitted, self.sequence)
             await self._run(recording, writes)
-            sequence = self.sequence
+            ahead = [_Ahead(position, read, self.sequence, token)]
         else:
-            read, chain, sequence = ahead.read, self._chains(op, position), ahead.sequence
             self.stats["chained_steps"] += 1
-        if chain:                                # the next step, before this one is read
-            self._ahead = await self._submit_ahead(position + 1, read)
+        if chain:                                # the next steps, before this one is read
+            depth = min(self.chain_depth, len(self._chain_reads) - 1)
+            while len(ahead) <= depth and ahead[-1].position + 2 <= self.capacity:
+                ahead.append(await self._submit_ahead(ahead[-1].position + 1, ahead))
+            await self._prepare_next_chained(ahead)
+        current, self._ahead = ahead[0], ahead[1:]
         submitted = time.perf_counter()
-        raw = await self._read_result(read)
-        scores = self._decoded(raw, op, k, epoch, began, submitted, sequence)
-        if self._ahead is not None:
-            self._ahead.token = int(scores.ids[0])
+        raw = await self._read_result(current.read)
+        scores = self._decoded(raw, op, k, epoch, began, submitted, current.sequence)
+        if self._ahead:
+            self._ahead[0].token = int(scores.ids[0])
         return scores
 
     def _chains(self, op: str, position: int) -> bool:
-        """Whether the step after the one at `position` is submitted before its result is read."""
+        """Whether steps after the one at `position` are submitted before its result is read."""
         stats = self.stats
         fast = stats["decode_steps"] > 0 and (stats["prepare_s"] + stats["run_s"]) < CHAIN_MAX_STEP_S * stats["decode_steps"]
         return (self.chaining and op == "argmax" and bool(self._chain_reads) and fast
                 and position + 2 <= self.capacity)
 
-    async def _submit_ahead(self, position: int, after: tuple) -> _Ahead:
-        """Submit the chained step at `position` into the readback buffer `after` is not."""
+    def _free_chain_read(self, busy: list[_Ahead]) -> int:
+        """A chained readback buffer no step in `busy` copies its result to."""
+        taken = {id(a.read[0]) for a in busy}
+        return next(i for i, read in enumerate(self._chain_reads) if id(read[0]) not in taken)
+
+    async def _submit_ahead(self, position: int, busy: list[_Ahead]) -> _Ahead:
+        """Submit the chained step at `position` into a readback buffer no step in `busy` uses."""
         forward = self.forward
-        target = 1 if after[0] is self._chain_reads[0][0] else 0
+        target = self._free_chain_read(busy)
         recording = await self._chained_recording(not forward.single_pass_at(position), target)
         forward.set_params("decode", 1, position, positional=True)
         await self._run(recording, [forward.tables["decode"].write(0, forward.positional_slots("decode"))])
         return _Ahead(position, self._chain_reads[target], self.sequence)
+
+    async def _prepare_next_chained(self, ahead: list[_Ahead]) -> None:
+        """Let the device encode the chained step the next call will submit (the one after
+        `ahead`, into the buffer ahead[0] frees), while the GPU runs what is queued: its
+        encoding (~3 us a dispatch natively) then stays off the host's turn between steps."""
+        position = ahead[-1].position + 1
+        if not self.prepare_chained or position + 2 > self.capacity:
+            return
+        target = self._free_chain_read(ahead[1:])
+        self.device.prepare(await self._chained_recording(not self.forward.single_pass_at(position), target))
 
     async def _read_result(self, read: tuple) -> bytes:
         """The result of a step submitted earlier (a chained one), mapped and read."""
@@ -345,14 +376,14 @@ class GpuBackend:
 
     def reset(self) -> None:
         self.position = 0       # the cache rows past the position are never read
-        self._ahead = None      # a chained step's row too: it runs first, then is overwritten
+        self._ahead = []        # chained steps' rows too: they run first, then are overwritten
 
     def truncate(self, position: int) -> None:
         """Keep the first `position` positions of the cache (a new turn's shared prefix)."""
         if not 0 <= position <= self.position:
             raise GpuBackendError(f"cannot keep {position} positions of a cache that holds {self.position}")
         self.position = position
-        self._ahead = None
+        self._ahead = []
 
     def release(self) -> None:
         """Destroy every buffer and the device (idempotent)."""
@@ -360,7 +391,7 @@ class GpuBackend:
             return
         self._released = True
         self._recordings.clear()
-        self._ahead = None
+        self._ahead = []
         if self._lost is not None and not self._lost.done():
             self._lost.cancel()
         self.session.destroy()
