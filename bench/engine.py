@@ -192,14 +192,13 @@ async def unchained_decode(backend, prompt: list[int], new_tokens: int) -> dict:
 
 
 # The engine loop's variants, side by side: (name, chaining, chain depth (None: the executor's),
-# prepare the next chained step, how a readback waits: NativeDevice.readback_wait)
-ENGINE_LOOPS = (("chained", True, None, True, "poller"),          # the executor's defaults
-                ("chained_index", True, None, True, "index"),
-                ("chained_depth1", True, 1, True, "poller"),
-                ("chained_depth1_index", True, 1, True, "index"),
-                ("chained_depth1_unprepared", True, 1, False, "poller"),   # the chaining of 2026-12-03
-                ("unchained", False, None, True, "poller"),
-                ("unchained_index", False, None, True, "index"))
+# prepare the next chained step). On 2026-12-03 a fourth field compared readbacks waiting for
+# their own submission (wgpuDevicePoll with its index, on a worker thread) with wgpu-py's poll
+# thread: no faster chained, 5-6x slower unchained (engine_h200_wait_*.json); not kept.
+ENGINE_LOOPS = (("chained", True, None, True),          # the executor's defaults
+                ("chained_depth1", True, 1, True),
+                ("chained_depth1_unprepared", True, 1, False),   # the chaining of 2026-12-03
+                ("unchained", False, None, True))
 LOOP_ROUNDS = 2     # the variants in turn, twice: a variant's figure is its best round
 
 
@@ -215,11 +214,10 @@ async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> d
         return backend, {}
     engine = Engine(model, gpu=object(), build_gpu_backend=build, reuse_kv=False)
     await engine.load()
-    device = getattr(backend.device, "inner", backend.device)
-    out, defaults = {}, (backend.chain_depth, backend.prepare_chained, device.readback_wait)
+    out, defaults = {}, (backend.chain_depth, backend.prepare_chained)
     for _ in range(LOOP_ROUNDS):
-        for name, chained, depth, prepare, wait in ENGINE_LOOPS:
-            backend.chaining, backend.prepare_chained, device.readback_wait = chained, prepare, wait
+        for name, chained, depth, prepare in ENGINE_LOOPS:
+            backend.chaining, backend.prepare_chained = chained, prepare
             backend.chain_depth = defaults[0] if depth is None else depth
             for _ in range(2):
                 ids = []
@@ -227,11 +225,11 @@ async def engine_decode(backend, model, prompt: list[int], new_tokens: int) -> d
                                                    chat=False):
                     ids.append(delta.token_id)
             t = engine.last_timings
-            row = out.setdefault(name, {"rounds": [], "tokens": t.generated_tokens, "wait": wait, "prepared": prepare,
+            row = out.setdefault(name, {"rounds": [], "tokens": t.generated_tokens, "prepared": prepare,
                                         "chain_depth": backend.chain_depth if chained else 0})
             row["rounds"].append(t.generated_tokens / t.decode_seconds)
             row["tokens_per_s"] = max(row["rounds"])
-    backend.chain_depth, backend.prepare_chained, device.readback_wait = defaults
+    backend.chain_depth, backend.prepare_chained = defaults
     backend.chaining, backend.current_epoch = True, None    # the other figures call the backend directly
     return out
 

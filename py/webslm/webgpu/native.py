@@ -114,11 +114,6 @@ class NativeDevice(Device):
     # read_mapped blocks the thread until the GPU is done instead of awaiting (lower latency per
     # decode step; nothing else on the event loop runs meanwhile). bench/engine.py compares both.
     blocking_readback = False
-    # How a readback waits for its step (bench/engine.py compares them): "poller" awaits wgpu-py's
-    # poll thread, whose wgpuDevicePoll(wait) returns only once the *latest* submission is done,
-    # so with chained steps queued behind the one read it reports when the GPU has run dry;
-    # "index" waits, on a worker thread, for the submission that wrote the read buffer only.
-    readback_wait = "poller"
 
     def __init__(self, device: Any, features: frozenset[str]):
         self._device = device
@@ -131,7 +126,6 @@ class NativeDevice(Device):
         self._encoded_ahead: dict[int, Any] = {}    # id(Recording) -> its next command buffer (run)
         self._mapping: list[Any] = []               # buffers whose map (_map_and_read) is awaited
         self._last_run: int | None = None           # id() of the recording run last (run)
-        self._written_by: dict[int, int] = {}       # id(buffer) -> submission index of the last copy into it
 
     # -- lifetime and errors ------------------------------------------------------------
     async def _wait_lost(self) -> DeviceLost:
@@ -234,9 +228,6 @@ class NativeDevice(Device):
         promise = buffer.map_async(wgpu.MapMode.READ, int(offset), int(size))
         self._mapping.append(buffer)
         try:
-            submission = self._written_by.pop(id(buffer), None)
-            if self.readback_wait == "index" and submission is not None:
-                await asyncio.to_thread(self._wait_for_submission, submission)
             if self.blocking_readback:
                 promise.sync_wait()       # the poll thread's event, without a hop through the event loop
             else:
@@ -254,13 +245,6 @@ class NativeDevice(Device):
         finally:
             if self._lost_info is None:   # a lost device's buffer cannot be unmapped (a validation error)
                 buffer.unmap()
-
-    def _wait_for_submission(self, index: int) -> None:
-        """Block this (worker) thread until submission `index` is done; its maps' callbacks
-        run here. The poll thread may be waiting at the same time, for the latest submission."""
-        from wgpu.backends.wgpu_native._ffi import ffi, lib
-        if self._lost_info is None:
-            lib.wgpuDevicePoll(self._device._internal, True, ffi.new("WGPUSubmissionIndex *", index))
 
     def destroy_buffer(self, buffer: Any) -> None:
         if self._lost_info is not None:   # destroying the device destroyed its buffers
@@ -325,7 +309,7 @@ class NativeDevice(Device):
         else:
             key = id(recording)
             ahead = self._encoded_ahead.pop(key, None)
-            self._call("submit", self._submit_recorded, recording, ahead or self._encode(recording))
+            self._call("submit", lambda: self._device.queue.submit([ahead or self._encode(recording)]))
             # Encode ahead only a step that repeats (one with a readback, run twice in a row:
             # decode), and keep it for its recording until it runs: wgpu-native never frees a
             # command buffer dropped unsubmitted (~25 MB each on lavapipe), so destroy() submits
@@ -341,15 +325,6 @@ class NativeDevice(Device):
         key = id(recording)
         if recording.handle is not None and key not in self._encoded_ahead and self._lost_info is None:
             self._encoded_ahead[key] = self._call("encode", self._encode, recording)
-
-    def _submit_recorded(self, recording: Recording, command_buffer) -> None:
-        """Submit one encoded recording, noting its submission index for the buffers its copies
-        fill (readback_wait "index")."""
-        from wgpu.backends.wgpu_native._ffi import ffi, lib
-        index = lib.wgpuQueueSubmitForIndex(self._device.queue._internal, 1,
-                                            ffi.new("WGPUCommandBuffer[]", [command_buffer._internal]))
-        for c in recording.copies:
-            self._written_by[id(c.destination)] = index
 
     def _retire_ahead(self) -> None:
         """At teardown: submit the command buffers encoded ahead and never run (their results
