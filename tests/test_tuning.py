@@ -488,3 +488,103 @@ def test_the_choice_is_made_among_the_finalists_the_runoff_timed(run):
     assert search.finalists() == [rule, b]
     form = search.finish({rule: 20e-6, b: 15e-6})
     assert form["choice"] == b and form["chosen_us"] == 15.0
+
+
+# -- measured once the model is ready (AdmissionPolicy.tune_later, GpuBackend.retune) ----------------
+LATER = AdmissionPolicy(fusions=ALL, tuning="force", tuning_budget_s=600.0, tune_later=True)
+
+
+async def _oracle_steps(backend, cpu, token: int, steps: int) -> tuple[list[float], int]:
+    """`steps` greedy decode steps fed the oracle's tokens: (relative logit errors, next token)."""
+    errors = []
+    for _ in range(steps):
+        got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
+        errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
+        token = int(np.argmax(want))
+    return errors, token
+
+
+def test_tuning_later_admits_on_the_rule_and_a_retune_takes_the_measured_choices_mid_conversation(
+        native_gpu, model, measured, run):
+    """Admission with tune_later measures nothing: the rule, the report "deferred". Then, with
+    a conversation in the KV cache, retune() takes choices that need kernels admission never
+    compiled (every served form on the pre-quantized path, from a cache: deterministic, where
+    lavapipe's measurements are not): they are self-tested first (adopt), the step is recorded
+    again, and the conversation goes on over the same KV rows within the two-byte bound."""
+    report, _ = measured
+    ids = prompt_ids(model, "hi there", chat=True)
+
+    async def go():
+        session = await admit(native_gpu, model, LATER)
+        assert session.tuning.source == "deferred" and session.choices == {}, session.tuning
+        assert not any(name.startswith("quantize_x") for name, _ in session.kernels)
+        backend = await GpuBackend.build(session, model)
+        cpu = CpuBackend(model)
+        try:
+            assert backend.tuning_deferred
+            got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
+            assert float(np.abs(got - want).max()) <= LOGIT_TOLERANCE * float(np.abs(want).max())
+            before, token = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
+            step = ("decode", False, "full", 0)
+            dispatches = [len(backend._recordings[step].dispatches)]
+            again = await backend.retune(_prequantized_entries(report))
+            after, _ = await _oracle_steps(backend, cpu, token, 4)
+            dispatches.append(len(backend._recordings[step].dispatches))
+            names = {name for name, _ in session.kernels}
+            return again, before, after, names, backend.tuning_deferred, dispatches
+        finally:
+            backend.release()
+    again, before, after, names, deferred, dispatches = run(go())
+    assert again.source == "cached" and again.later is None and not deferred, again
+    assert {"quantize_x_norm", "quantize_x_swiglu"} <= names, names       # adopted: compiled for the swap
+    assert dispatches[1] > dispatches[0], dispatches                      # the step recorded again: quantizers
+    assert max(before) <= LOGIT_TOLERANCE, before
+    assert max(after) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, after              # the KV rows of before, read on
+    assert max(after) > 0.0, after
+
+
+def test_a_retune_measures_what_admission_left_and_its_results_are_kept(native_gpu, model, run):
+    """Without a cache, retune() runs the stage itself (forced here: lavapipe is a software
+    adapter) and returns the entries for the caller to keep; the backend is then no longer
+    deferred, and a second admission on those entries measures nothing."""
+    async def go():
+        session = await admit(native_gpu, model, LATER)
+        backend = await GpuBackend.build(session, model)
+        try:
+            again = await backend.retune(None)
+            token = int((await backend.prefill([5, 17, 99], Want("argmax"))).ids[0])
+            await backend.decode_one(token, Want("argmax"))
+        finally:
+            backend.release()
+        second = await admit(native_gpu, model, LATER, tuning_cache=again.cache_entries)
+        second.destroy()
+        return again, second.tuning
+    again, second = run(go())
+    assert again.source == "measured" and again.cache_entries, again
+    assert second.source == "cached" and second.later is None, second
+
+
+def test_a_retune_whose_kernels_fail_their_self_tests_keeps_the_rule_for_good(native_gpu, model, measured, run,
+                                                                              monkeypatch):
+    """adopt() runs the self-tests of the kernels the new choices add; one failing leaves the
+    session on its choices, the report "rejected" with nothing to keep, and no retune again."""
+    from webslm.kernels import golden
+    report, _ = measured
+    real = golden.run_all
+
+    async def failing(device, size="full", **kwargs):
+        result = await real(device, size, **kwargs)
+        return {**result, "passed": False, "failed": [{"kernel": "quantize_x_norm", "case": "forced"}]}
+
+    async def go():
+        session = await admit(native_gpu, model, LATER)
+        backend = await GpuBackend.build(session, model)
+        monkeypatch.setattr(golden, "run_all", failing)          # admission's own self-tests passed
+        try:
+            again = await backend.retune(_prequantized_entries(report))
+            return again, session.choices, backend.tuning_deferred, {n for n, _ in session.kernels}
+        finally:
+            backend.release()
+    again, choices, deferred, names = run(go())
+    assert again.source == "rejected" and "self-test" in again.reason and again.cache_entries == {}, again
+    assert choices == {} and not deferred and not any(n.startswith("quantize_x") for n in names)

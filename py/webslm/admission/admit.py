@@ -17,7 +17,8 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
                      the plan's bounded chunks (no probing loops); the scopes popped and checked here,
                      then pushed again around tuning, compilation and the self-tests
     tune          (ours) the decode mat-vecs timed in a few launch shapes on the uploaded
-                     weights, the fastest kept (backends/gpu/tuning.py); cached per adapter
+                     weights, the fastest kept (backends/gpu/tuning.py); cached per adapter;
+                     with tune_later, the cache only, the rest measured after (retune.py)
     compile       11  every mandatory pipeline compiled asynchronously from trusted WGSL
     self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle, on the
                          kernels the plan runs; one no case ran fails admission
@@ -95,6 +96,9 @@ class AdmissionPolicy:
                                             # on two (one) byte activations, unmeasured (their numerics
                                             # on a model: `webslm conformance --matvec`)
     tuning_budget_s: float = 4.0            # the tuning stage's time; forms not reached keep the rule
+    tune_later: bool = False                # measure once the model is ready (GpuBackend.retune), not
+                                            # here: the cache's results and the rule until then
+                                            # (admission/retune.py; the page's worker sets it)
     int8_activations: bool = True           # tuning may give q4 mat-vecs int8 activations where measured
                                             # faster (llama.cpp's mat-vec numerics); False: all exact
 
@@ -398,7 +402,8 @@ class _Admission:
                                  device_identity=identity, bundle_hash=bundle_hash(),
                                  checkpoint=self._checkpoint, force=self.policy.tuning == "force",
                                  budget_seconds=self.policy.tuning_budget_s, int8=self.policy.int8_activations,
-                                 pin_int8=PINNED_INT8.get(self.policy.tuning))
+                                 pin_int8=PINNED_INT8.get(self.policy.tuning),
+                                 measure=not self.policy.tune_later)
 
     async def _allocate(self) -> None:
         from . import pipelines as pipeline_set

@@ -163,6 +163,7 @@ class Engine:
         self._backend = None                 # the backend the current answer runs on
         self._run: Answer | None = None
         self._in_flight: asyncio.Task | None = None     # the backend call running now, if any
+        self._tuning_stop = False                        # tune_gpu's stage stops at its next checkpoint
         self._wake: asyncio.Future | None = None        # wakes the answer: the call retired, or cancel's grace ran out
         self.reuse_kv = reuse_kv
         self.prompt_cache = PromptCache()               # what the backend's KV cache holds
@@ -348,6 +349,39 @@ class Engine:
             self._end(run, "abort")
         self._settle_retired()
 
+    # -- tuning measured once the model is ready -----------------------------------------------
+    async def tune_gpu(self, cache: dict | None = None):
+        """Measure the mat-vec launches admission deferred (AdmissionPolicy.tune_later) and
+        take the faster ones (GpuBackend.retune), while no answer runs. An answer asked for
+        meanwhile stops it at its next checkpoint (generate() sets _tuning_stop) and it is
+        tried again by the next call. Returns the TuningReport (its cache_entries for the
+        caller to keep), or None when there was nothing to measure or it was stopped. A device
+        lost meanwhile leaves the GPU, as between answers."""
+        gpu = self._gpu
+        if self.state is not S.GPU_READY or gpu is None or not getattr(gpu, "tuning_deferred", False):
+            return None
+        self._tuning_stop = False
+
+        async def checkpoint():
+            if self._tuning_stop or self._gpu is not gpu:
+                raise BackendCancelled("retune-stopped", "engine", "an answer was asked for")
+        call = self._in_flight = asyncio.ensure_future(gpu.retune(cache, checkpoint))
+        call.add_done_callback(self._retired)
+        try:
+            report = await call
+        except BackendCancelled:
+            return None
+        except Exception as exc:
+            if self._gpu is not gpu:             # lost meanwhile: the engine has left it already
+                return None
+            lost = exc if isinstance(exc, BackendLost) else self._dead_gpu()
+            if lost is None:
+                raise
+            self._gpu_died(gpu, lost)
+            return None
+        self._event({"event": "tuning", **report.summary()})
+        return report
+
     # -- one answer ---------------------------------------------------------------------------
     async def generate(self, prompt, settings: SamplerSettings | dict | None = None, chat: bool = True,
                        system: str | None = None, on_progress: ProgressCallback | None = None,
@@ -367,6 +401,7 @@ class Engine:
             check_room(self.model, ids, settings)    # before the answer in progress is superseded
         except InvalidRequest as bad:        # the engine's callers match on EngineError codes
             raise EngineError(bad.code, bad.where, bad.sentence) from None
+        self._tuning_stop = True                 # a retune in flight stops at its next checkpoint
         await self._supersede()
         if self.state is S.VISIBLE_FAILURE:
             self.acknowledge()

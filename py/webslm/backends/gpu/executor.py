@@ -120,12 +120,7 @@ class GpuBackend:
             for name, rope_base in tables.items():
                 table = rope_table(forward.capacity, a.rope.rotary_dim, rope_base, a.rope.position_offset)
                 device.write_buffer(forward.regions.buffer(name), forward.regions.offset(name), table.reshape(-1))
-            forward.set_params("decode", 1, 0)
-            device.write_buffer(*forward.tables["decode"].write())    # the static slots, once
-            for op, k in (("argmax", 1), ("top-k", forward.top_k), ("full", 0)):
-                await backend._decode_recording(False, op, k)
-                if forward.decode_combine_grid is not None:
-                    await backend._decode_recording(True, op, k)
+            await backend._record_decode()
             backend._prepare_chaining()
         except Exception:
             await device.pop_error_scope()
@@ -136,6 +131,56 @@ class GpuBackend:
             session.destroy()
             raise BackendLost("build-failed", "gpu", f"recording the forward pass failed: {error.kind} error")
         return backend
+
+    async def _record_decode(self) -> None:
+        """The decode params' static slots written (once: a step rewrites only the positional
+        ones), and the decode step recorded for each readback and attention form."""
+        forward = self.forward
+        forward.set_params("decode", 1, 0)
+        self.device.write_buffer(*forward.tables["decode"].write())
+        for op, k in (("argmax", 1), ("top-k", forward.top_k), ("full", 0)):
+            await self._decode_recording(False, op, k)
+            if forward.decode_combine_grid is not None:
+                await self._decode_recording(True, op, k)
+
+    # -- tuning measured after admission (AdmissionPolicy.tune_later) -----------------------------
+    @property
+    def tuning_deferred(self) -> bool:
+        """Whether admission left mat-vec forms for retune() to measure."""
+        tuning = self.session.tuning
+        return tuning is not None and tuning.later is not None
+
+    async def retune(self, cache=None, checkpoint=None):
+        """Measure what admission deferred and take the measured choices: the tuning stage on
+        the live session (its weights; the decode activations and params it writes hold
+        nothing between steps), the kernels they add self-tested (admission/retune.py), then
+        the step lowered and recorded again. The KV cache and the position stay: a kept
+        conversation goes on. Between answers only (Engine.tune_gpu). `checkpoint` (async) may
+        raise to stop the stage; the session then keeps its choices and stays deferred.
+        Returns the TuningReport (its cache_entries for the caller to keep)."""
+        from ...admission.retune import RetuneRejected, adopt
+        from . import tuning
+        session, model = self.session, self.model
+        self._ahead = []                 # chained steps left behind run first, unread
+        old = dict(session.choices)
+        try:
+            report = await tuning.tune(self.device, model, session.plan, session.buffers, cache=cache,
+                                       checkpoint=checkpoint, **session.tuning.later)
+            self._check_alive()
+            try:
+                await adopt(session, model, report)
+            except RetuneRejected as rejected:      # the rule stays, for good: not measured again
+                session.tuning.later = None
+                report.choices, report.cache_entries = {}, {}
+                report.source, report.reason = "rejected", rejected.sentence
+        finally:
+            self.forward.set_params("decode", 1, 0)      # the stage's launches rewrote the params
+            self.device.write_buffer(*self.forward.tables["decode"].write())
+        if session.choices != old:
+            self.forward, self._recordings = Forward(session, model), {}
+            await self._record_decode()
+        self._check_alive()
+        return report
 
     async def _decode_recording(self, long_attention: bool, op: str, k: int):
         """The whole decode program, recorded once per (attention form, readback)."""

@@ -39,7 +39,10 @@ than it saves.
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
 rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
 A cache (form results keyed by adapter, shader bundle and form: tuning_cache.py) makes a
-second admission on the same device free. The native engine keeps it in a JSON file, the
+second admission on the same device free. With `measure=False` (AdmissionPolicy.tune_later,
+the page's default) admission takes only what the cache holds and the rule for the
+rest, and the executor measures those forms once the model is ready (GpuBackend.retune): a
+first visit is not kept waiting for the stage's compiles (2-7 s on the H200). The native engine keeps it in a JSON file, the
 browser's worker in Cache Storage; the caller owns it (it is untrusted input: an entry that
 is not a valid choice is measured afresh).
 """
@@ -83,13 +86,14 @@ class TuningReport:
     measured when that is so."""
     choices: dict[str, matvec.Choice]
     forms: dict[str, dict]
-    source: str                   # "measured", "cached", "rule" (see `reason`), "off", "pinned"
+    source: str                   # "measured", "cached", "rule" (see `reason`), "off", "pinned", "deferred"
     reason: str = ""
     seconds: float = 0.0
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
     step_us: dict[str, float] = dataclasses.field(default_factory=dict)        # _step_check's two steps
     settles: list = dataclasses.field(default_factory=list)      # _Stage.settle: (seconds, first, last round, trip)
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
+    later: dict | None = None     # "deferred": tune()'s arguments for GpuBackend.retune to measure with
 
     def summary(self) -> dict:
         """Receipt-safe: counts and the choices, no adapter text."""
@@ -255,7 +259,8 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                device_identity: str = "", bundle_hash: str = "",
                checkpoint: Callable[[], Awaitable[None]] | None = None,
                budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
-               force: bool = False, int8: bool = True, pin_int8: str | None = None) -> TuningReport:
+               force: bool = False, int8: bool = True, pin_int8: str | None = None,
+               measure: bool = True) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
     `int8`: q4, q4k, q6k and q8 forms may also take pre-quantized int8 activations where measured faster.
@@ -263,6 +268,8 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     path serves takes that variant (checked once against the rule like any choice), the rest
     keep the rule; no cache read or written. It is how the int8 numerics are judged on a whole
     model (`webslm conformance --matvec int8|int8-1`).
+    `measure=False`: nothing timed; the cached forms take their entries, the others the rule,
+    and when any was left the report is "deferred", `later` holding what a retune passes back.
     The activations and outputs the stage writes are the plan's own decode regions: nothing
     in them is live before the first step."""
     began = clock()
@@ -287,6 +294,9 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             pending.append((key, ops))
     if not pending:
         report.source = "cached"
+    if not measure:
+        return _deferred(stage, report, pending, cache, began, device_identity=device_identity,
+                         bundle_hash=bundle_hash, budget_seconds=budget_seconds, force=force, int8=int8)
     try:
         # First the rule's time of every form (its pipeline is compiled anyway), so that the
         # budget goes to the forms that cost the step most.
@@ -370,6 +380,33 @@ async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping
             report.cache_entries[key] = {**entry, "choice": choice.as_dict() if choice is not None else None}
     if choice is not None:
         report.choices[attention.PREFILL_CHOICE] = choice
+
+
+def _deferred(stage: _Stage, report: TuningReport, pending: list, cache: Mapping[str, dict], began: float,
+              **arguments) -> TuningReport:
+    """tune(measure=False): the cache's choices (the prefill attention's too), the rule for
+    every form not cached; "deferred" when anything is left to measure."""
+    key = cache_key(arguments["device_identity"], arguments["bundle_hash"],
+                    tuning_attention.form_key(stage.lowering.shape), arguments["int8"])
+    entry = cache.get(key)
+    try:
+        attention_choice = (attention.PrefillChoice.from_dict(entry["choice"])
+                            if entry is not None and entry.get("choice") is not None else None)
+    except (attention.KvShapeError, KeyError, TypeError):
+        entry = None
+    if entry is not None:
+        report.forms[tuning_attention.form_key(stage.lowering.shape)] = {
+            **{k: v for k, v in entry.items() if k != "choice"}, "cached": True}
+        if attention_choice is not None:
+            report.choices[attention.PREFILL_CHOICE] = attention_choice
+    stage.release()
+    if pending or entry is None:
+        report.source = "deferred"
+        report.reason = (f"{len(pending)} form(s) measured once the model is ready (GpuBackend.retune); "
+                         f"the rule until then")
+        report.later = arguments
+    report.seconds = stage.clock() - began
+    return report
 
 
 async def _pinned_int8(stage: _Stage, forms: dict[str, list], began: float, variant: str) -> TuningReport:
