@@ -241,10 +241,11 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     named = {"default": None, "all": ALL}
     fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
     exact = tuning == "exact"              # "exact": measured, but int8 activations not allowed
+    later = tuning == "later"              # "later": admitted on the rule, measured once built (retune)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
                                                               prefill_chunk=args.prefill_chunk,
-                                                              tuning="auto" if exact else tuning,
-                                                              int8_activations=not exact))
+                                                              tuning="auto" if exact or later else tuning,
+                                                              tune_later=later, int8_activations=not exact))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -253,6 +254,16 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
         copy = await copy_roofline(session.device, False)
         rng = np.random.default_rng(0)
         prompt = [int(t) for t in rng.integers(0, a.vocab, args.prompt_tokens)]
+        deferred = None
+        if later and backend.tuning_deferred:   # the first answers, on the rule; then the retune, timed
+            before = [await one_run(backend, prompt, args.new_tokens) for _ in range(2)]
+            started = time.perf_counter()
+            report = await backend.retune(None)
+            deferred = {"retune_s": round(time.perf_counter() - started, 3),
+                        "before_retune": {"prefill_tokens_per_s": args.prompt_tokens / before[-1]["prefill_s"],
+                                          "decode_tokens_per_s": args.new_tokens / before[-1]["decode_s"]},
+                        "retune": report.summary()}
+            session.tuning = report
         runs = [await one_run(backend, prompt, args.new_tokens) for _ in range(args.repeats)]
         warm = runs[1:] or runs
         weight_bytes = session.plan.as_dict()["weights_payload_bytes"]
@@ -268,6 +279,7 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
             "admission_stages_s": dict(session.seconds),
             "tuning": session.tuning.summary() if session.tuning else None,
+            "tuned_later": deferred,
             "tuning_forms": session.tuning.forms if session.tuning else None,
             "prompt_tokens": args.prompt_tokens, "new_tokens": args.new_tokens, "repeats": args.repeats,
             "prefill_chunk": backend.forward.chunk,
@@ -337,6 +349,11 @@ async def main(args) -> dict:
               + ", ".join(f"{name} " + "/".join(f"{r:.0f}" for r in loop["rounds"])
                           for name, loop in row["engine_loop"].items()),
               flush=True)
+        if row["tuned_later"]:
+            t = row["tuned_later"]
+            print(f"    tuned later: admission {row['admission_s']} s, before the retune prefill "
+                  f"{t['before_retune']['prefill_tokens_per_s']:.0f} decode {t['before_retune']['decode_tokens_per_s']:.1f}"
+                  f" tok/s; retune {t['retune_s']} s", flush=True)
         if row["tuning"]:
             t = row["tuning"]
             print(f"    tuning: {t['source']} {t['reason']} {t['seconds']} s, {t['changed']} of {t['forms']} forms "
@@ -376,6 +393,7 @@ if __name__ == "__main__":
                                                             "outer-first or off (the tile choice before split K)")
     parser.add_argument("--tuning", default="auto",
                         help="admission's mat-vec tuning stage (backends/gpu/tuning.py): auto, off or force, "
+                             "later (admitted on the rule, GpuBackend.retune timed after two answers), "
                              "exact (auto without int8 activations: AdmissionPolicy.int8_activations), or "
                              "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
                              "order, for an A/B in one process); no cache is used, so 'auto' measures every time")

@@ -588,3 +588,42 @@ def test_a_retune_whose_kernels_fail_their_self_tests_keeps_the_rule_for_good(na
     again, choices, deferred, names = run(go())
     assert again.source == "rejected" and "self-test" in again.reason and again.cache_entries == {}, again
     assert choices == {} and not deferred and not any(n.startswith("quantize_x") for n in names)
+
+
+def test_an_answer_asked_for_stops_the_engines_retune_which_runs_again_later(native_gpu, model, run):
+    """Engine.tune_gpu runs the retune as the backend call in flight; generate() stops it at
+    its next checkpoint and answers; the backend stays deferred, and the next tune_gpu
+    measures and takes the choices (the page's worker calls it when idle)."""
+    import asyncio
+
+    from webslm.engine import Engine
+    from webslm.engine.states import State
+    from webslm.semantic.sampler import SamplerSettings
+
+    async def build(gpu, model, policy, on_stage):
+        session = await admit(gpu, model, LATER)
+        return await GpuBackend.build(session, model), session.receipt.as_dict()
+
+    async def answer(engine):
+        settings = SamplerSettings(temperature=0.0, max_tokens=4)
+        return [d async for d in engine.generate([5, 17, 99, 250], settings, chat=False)]
+
+    async def go():
+        events = []
+        engine = Engine(model, gpu=native_gpu, build_gpu_backend=build, on_event=events.append)
+        assert await engine.load() is State.GPU_READY
+        try:
+            tuning_call = asyncio.ensure_future(engine.tune_gpu(None))
+            await asyncio.sleep(0)                       # the retune is in flight
+            first = await answer(engine)
+            stopped, deferred = await tuning_call, engine._gpu.tuning_deferred
+            report = await engine.tune_gpu(None)
+            second = await answer(engine)
+            return first, stopped, deferred, report, engine._gpu.tuning_deferred, second, events
+        finally:
+            await engine.unload()
+    first, stopped, deferred, report, still, second, events = run(go())
+    assert stopped is None and deferred, "the answer stopped the retune, which stays to do"
+    assert first[-1].finish_reason == "length" and second[-1].finish_reason == "length"
+    assert report.source == "measured" and not still
+    assert any(e.get("event") == "tuning" and e["source"] == "measured" for e in events)

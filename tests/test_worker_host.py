@@ -210,3 +210,11 @@ def test_a_kept_tuning_cache_is_merged_and_handed_back_whole(empty_tuning_cache)
 def test_admit_refuses_an_unknown_tuning_mode_before_any_work(run, host):
     with pytest.raises(ValueError, match="tuning must be"):
         run(host.admit("auto", None, "ua", print, print, "force", "fast"))
+
+
+def test_tuning_left_for_later_is_nothing_to_do_on_a_cpu_engine(run, host):
+    """tune_later (the worker calls it when idle after a deferred admission) on an engine that
+    is not on a GPU measures nothing and says there is nothing left; stop_tuning is harmless."""
+    run(host.use_cpu())
+    host.stop_tuning()
+    assert json.loads(run(host.tune_later())) == {"tuning": None, "tuning_new_entries": 0, "deferred": False}

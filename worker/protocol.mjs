@@ -70,8 +70,9 @@ export const REQUESTS = Object.freeze({
   // the tests inject (checked in Python against webslm.admission.tracked.NAMED_FAULTS); gpu:
   // "measure" keeps the admitted GPU only if its decode step is not slower than the CPU path's
   // (py/webslm/engine/choice.py), "force" keeps it untimed; tuning (optional): the tuning
-  // stage's mode, "auto" (the default: measure, not on a software adapter), "force" (measure
-  // on any adapter) or "off" (the host's rules)
+  // stage's mode, "auto" (the default: the results kept from earlier visits now, the rest
+  // measured once the engine is idle, not on a software adapter), "force" (measured during
+  // admission, on any adapter) or "off" (the host's rules)
   admit: {
     featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",

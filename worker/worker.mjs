@@ -101,6 +101,8 @@ const HANDLERS = {
       const result = JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent,
                                                                              onStage, progress, gpu, tuning ?? "auto")));
       if (result.tuning_new_entries > 0) result.tuning_kept = await tuningStore.write(api.tuning_cache_text());
+      context.tuningDeferred = result.tuning?.source === "deferred";
+      tuneWhenIdle(context);
       return result;
     } finally {
       progress.flush();
@@ -191,10 +193,36 @@ async function pythonCall(what, call) {
 
 // Requests that use or replace the engine (admit, generate, conformance, a model switch's
 // release) run one after another, in arrival order; abort, lose-device and status do not wait.
+// A request arriving while the idle-time tuning runs stops it at its next checkpoint.
 function enqueue(context, task) {
+  if (context.tuning) context.model?.stop_tuning();
   const run = (context.queue ?? Promise.resolve()).then(task);
   context.queue = run.catch(() => {});
   return run;
+}
+
+// The tuning admission left for later (AdmissionPolicy.tune_later: a first visit on this GPU
+// is not kept waiting for it), measured when the engine has nothing else queued, after the
+// admission and after each answer while it is still to do; any request stops it (enqueue) and
+// it is tried again when that one is done. New results are kept (worker/tuning-store.mjs).
+function tuneWhenIdle(context) {
+  if (!context.tuningDeferred || context.tuningQueued) return;
+  context.tuningQueued = true;
+  enqueue(context, async () => {
+    context.tuningQueued = false;
+    const model = context.model;
+    if (!model?.model || !context.tuningDeferred) return;
+    context.tuning = true;
+    try {
+      const result = JSON.parse(await pythonCall("tune", () => model.tune_later()));
+      context.tuningDeferred = result.deferred;
+      if (result.tuning_new_entries > 0) await tuningStore.write(context.api.tuning_cache_text());
+    } catch {
+      context.tuningDeferred = false;           // the engine reported what happened (engine-state)
+    } finally {
+      context.tuning = false;
+    }
+  });
 }
 
 const engineEvent = (json) => {
@@ -429,6 +457,7 @@ async function generate({ messages, settings }, context, requestId) {
     });
   } finally {
     if (context.generation === generation) context.generation = null;
+    tuneWhenIdle(context);
   }
 }
 

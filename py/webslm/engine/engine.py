@@ -382,6 +382,10 @@ class Engine:
         self._event({"event": "tuning", **report.summary()})
         return report
 
+    def stop_tuning(self) -> None:
+        """Stop tune_gpu's stage at its next checkpoint (the worker: a request is waiting)."""
+        self._tuning_stop = True
+
     # -- one answer ---------------------------------------------------------------------------
     async def generate(self, prompt, settings: SamplerSettings | dict | None = None, chat: bool = True,
                        system: str | None = None, on_progress: ProgressCallback | None = None,

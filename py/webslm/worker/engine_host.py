@@ -103,8 +103,9 @@ class EngineHost:
         The reply is JSON: the tier and receipt, or the stage, code and sentence that failed,
         and the engine's summary (with the choice's numbers); `tuning_new_entries`: how many
         tuning results it added to the worker's cache (the worker keeps the cache when > 0).
-        `tuning`: AdmissionPolicy.tuning ("auto", "force": measure even on a software adapter,
-        "off")."""
+        `tuning`: AdmissionPolicy.tuning ("auto": with tune_later, the kept results now and the
+        rest measured once the engine is idle, tune_later(); "force": measured here, even on a
+        software adapter; "off")."""
         if choice not in ("measure", "force"):
             raise ValueError(f"choice must be measure or force, not {choice!r}")
         if tuning not in ("auto", "force", "off"):
@@ -128,7 +129,8 @@ class EngineHost:
             on_stage(stage)
         started = time.perf_counter()
         try:
-            session = await run_admission(gpu, model, AdmissionPolicy(feature_level=feature_level, tuning=tuning),
+            policy = AdmissionPolicy(feature_level=feature_level, tuning=tuning, tune_later=tuning == "auto")
+            session = await run_admission(gpu, model, policy,
                                           faults=faults,
                                           user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,
                                           tuning_cache=_TUNING_CACHE)
@@ -262,6 +264,25 @@ class EngineHost:
 
     def engine_status(self) -> str:
         return json.dumps(self.engine_summary())
+
+    # -- tuning left for when the engine is idle ------------------------------------------------
+    async def tune_later(self) -> str:
+        """What admission left to measure (tune_later), measured now (Engine.tune_gpu): JSON
+        {tuning: the report's summary or null, tuning_new_entries, deferred: still to do (an
+        answer stopped it)}. The new results join the worker's cache (the worker keeps it)."""
+        engine = self.engine
+        report = await engine.tune_gpu(_TUNING_CACHE) if engine is not None else None
+        entries = report.cache_entries if report is not None else {}
+        _TUNING_CACHE.update(entries)
+        gpu = engine._gpu if engine is not None else None
+        return json.dumps({"tuning": report.summary() if report is not None else None,
+                           "tuning_new_entries": len(entries),
+                           "deferred": bool(gpu is not None and getattr(gpu, "tuning_deferred", False))})
+
+    def stop_tuning(self) -> None:
+        """A request is waiting: tune_later's stage stops at its next checkpoint."""
+        if self.engine is not None:
+            self.engine.stop_tuning()
 
     # -- answers ---------------------------------------------------------------------------------
     def cancel(self) -> bool:

@@ -157,10 +157,13 @@ class GpuBackend:
         the step lowered and recorded again. The KV cache and the position stay: a kept
         conversation goes on. Between answers only (Engine.tune_gpu). `checkpoint` (async) may
         raise to stop the stage; the session then keeps its choices and stays deferred.
-        Returns the TuningReport (its cache_entries for the caller to keep)."""
+        Returns the TuningReport (its cache_entries for the caller to keep); None when
+        nothing was deferred."""
         from ...admission.retune import RetuneRejected, adopt
         from . import tuning
         session, model = self.session, self.model
+        if not self.tuning_deferred:
+            return None
         self._ahead = []                 # chained steps left behind run first, unread
         old = dict(session.choices)
         try:

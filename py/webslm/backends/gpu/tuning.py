@@ -306,6 +306,8 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                                                     f"ms here (a software adapter): measuring cannot pay")
             pending = []
         if rules is not None:
+            if checkpoint is not None:
+                await checkpoint()
             await _prefill_attention(stage, report, cache, device_identity, bundle_hash, int8, force)
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
         searches = {key: _FormSearch(stage, ops, *rules[key], int8, seed) for seed, (key, ops) in enumerate(pending)}
@@ -449,6 +451,8 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
         weights = stage.lowering.matvec_form(ops[0])[1]
         stage.fill_inputs(ops)                   # timed on random activations, as every shape is
         launched[key] = (_rule_choice(stage.device, weights, ops[0]), await stage.launches(ops, None))
+        if stage.checkpoint is not None:         # a compile a form: where a retune is stopped
+            await stage.checkpoint()
         if not force and len(launched) == 1:
             dispatches = launched[key][1]
             one = dispatches[:len(dispatches) // len(ops)]
