@@ -295,7 +295,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     if not pending:
         report.source = "cached"
     if not measure:
-        return _deferred(stage, report, pending, cache, began, device_identity=device_identity,
+        return await _deferred(stage, report, pending, cache, began, device_identity=device_identity,
                          bundle_hash=bundle_hash, budget_seconds=budget_seconds, force=force, int8=int8)
     try:
         # First the rule's time of every form (its pipeline is compiled anyway), so that the
@@ -305,10 +305,10 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
                                                     f"ms here (a software adapter): measuring cannot pay")
             pending = []
-        if rules is not None:
-            if checkpoint is not None:
-                await checkpoint()
-            await _prefill_attention(stage, report, cache, device_identity, bundle_hash, int8, force)
+        if checkpoint is not None:
+            await checkpoint()
+        await _prefill_attention(stage, report, cache, device_identity, bundle_hash, int8, force,
+                                 measure=rules is not None)
         pending.sort(key=lambda item: -rules[item[0]][1] * len(item[1]))
         searches = {key: _FormSearch(stage, ops, *rules[key], int8, seed) for seed, (key, ops) in enumerate(pending)}
         deadline = began + budget_seconds
@@ -360,9 +360,9 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
 
 
 async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping[str, dict], device_identity: str,
-                             bundle_hash: str, int8: bool, force: bool) -> None:
-    """The prefill attention variant (tuning_attention.py), from the cache or measured; into
-    the report's choices under attention.PREFILL_CHOICE when it is not the rule's."""
+                             bundle_hash: str, int8: bool, force: bool, measure: bool = True) -> None:
+    """The prefill attention variant (tuning_attention.py), from the cache or (`measure`)
+    measured; into the report's choices under attention.PREFILL_CHOICE when it is not the rule's."""
     form = tuning_attention.form_key(stage.lowering.shape)
     key = cache_key(device_identity, bundle_hash, form, int8)
     cached = cache.get(key)
@@ -373,6 +373,8 @@ async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping
             cached = None                          # not a choice: measured afresh
     if cached is not None:
         report.forms[form] = {**{k: v for k, v in cached.items() if k != "choice"}, "cached": True}
+    elif not measure:               # a slow adapter: the rule
+        return
     else:
         choice, entry = await tuning_attention.measure(stage.device, stage.lowering.shape, stage.lowering.chunk,
                                                        stage.clock, NOISE, force)
@@ -384,25 +386,14 @@ async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping
         report.choices[attention.PREFILL_CHOICE] = choice
 
 
-def _deferred(stage: _Stage, report: TuningReport, pending: list, cache: Mapping[str, dict], began: float,
-              **arguments) -> TuningReport:
+async def _deferred(stage: _Stage, report: TuningReport, pending: list, cache: Mapping[str, dict], began: float,
+                    **arguments) -> TuningReport:
     """tune(measure=False): the cache's choices (the prefill attention's too), the rule for
     every form not cached; "deferred" when anything is left to measure."""
-    key = cache_key(arguments["device_identity"], arguments["bundle_hash"],
-                    tuning_attention.form_key(stage.lowering.shape), arguments["int8"])
-    entry = cache.get(key)
-    try:
-        attention_choice = (attention.PrefillChoice.from_dict(entry["choice"])
-                            if entry is not None and entry.get("choice") is not None else None)
-    except (attention.KvShapeError, KeyError, TypeError):
-        entry = None
-    if entry is not None:
-        report.forms[tuning_attention.form_key(stage.lowering.shape)] = {
-            **{k: v for k, v in entry.items() if k != "choice"}, "cached": True}
-        if attention_choice is not None:
-            report.choices[attention.PREFILL_CHOICE] = attention_choice
+    await _prefill_attention(stage, report, cache, arguments["device_identity"], arguments["bundle_hash"],
+                             arguments["int8"], arguments["force"], measure=False)
     stage.release()
-    if pending or entry is None:
+    if pending or tuning_attention.form_key(stage.lowering.shape) not in report.forms:
         report.source = "deferred"
         report.reason = (f"{len(pending)} form(s) measured once the model is ready (GpuBackend.retune); "
                          f"the rule until then")
