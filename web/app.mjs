@@ -98,6 +98,29 @@ async function loadModel(source) {
   }
 }
 
+// "Measure the GPU again" (shown where an earlier visit found the GPU slower than the CPU
+// path and the engine went to the CPU without admitting it): the loaded model is admitted
+// anew and timed (engine.measureGpu()); what it finds replaces what was kept.
+async function measureGpuAgain() {
+  const engine = page.engine;
+  if (!engine?.model || loading) return;
+  loading = true;
+  try {
+    await chat.stopAndWait();
+    setReady(false, "The GPU is being measured: Send works once it is done.");
+    startCard.beginStart("Measuring the GPU against the CPU");
+    engineView.showLoading();
+    await engine.measureGpu();
+    startCard.endStart();
+  } catch (error) {
+    startCard.failStart([error.message, error.advice].filter(Boolean).join(" "));
+  } finally {
+    loading = false;
+    engineView.showEngine(engine);
+    setReady(Boolean(engine.model), engine.model ? null : "No model is loaded: open a .slm file or enter its URL in Model & settings.");
+  }
+}
+
 async function removeCached(sha256) {
   await page.engine.models.remove(sha256);
   await modelPanel.showCache(page.engine, page.engine.model?.artifact_sha256);
@@ -185,6 +208,7 @@ async function start() {
     },
   });
   modelPanel.wireModelControls({ load: loadModel, remove: removeCached });
+  $("measure-gpu").addEventListener("click", () => measureGpuAgain());
   if (firstModel !== "default") $("model-url").value = firstModel;
   engineView.showStarting("Starting Python in a worker…");
   startCard.beginStart("Starting the engine");
