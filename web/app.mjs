@@ -5,7 +5,8 @@
 //
 // URL parameters: ?gpu=0 keeps the GPU out (the CPU path answers); ?gpu=force keeps an admitted
 // GPU even where it is slower than the CPU path (by default the engine times both and keeps
-// the faster); ?model=<url> loads that .slm instead of the site's default model.
+// the faster, and a GPU found slower is not admitted again on later visits: "Measure the GPU
+// again" times it afresh); ?model=<url> loads that .slm instead of the site's default model.
 import * as chat from "./ui-chat.mjs";
 import * as engineView from "./ui-engine.mjs";
 import * as modelPanel from "./ui-model.mjs";
