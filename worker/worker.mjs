@@ -106,9 +106,9 @@ const HANDLERS = {
       const result = JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent,
                                                                              onStage, progress, gpu, tuning ?? "auto", verdicts)));
       if (result.tuning_new_entries > 0) result.tuning_kept = await tuningStore.write(api.tuning_cache_text());
-      const { verdicts_text: keep, ...reply } = result;
-      if (typeof keep === "string") reply.verdicts_kept = await verdictStore.write(keep);
-      return reply;
+      const { verdicts_text: keep, ...answer } = result;
+      if (typeof keep === "string") answer.verdicts_kept = await verdictStore.write(keep);
+      return answer;
     } finally {
       progress.flush();
     }
