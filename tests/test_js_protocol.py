@@ -1,6 +1,7 @@
 """worker/protocol.mjs's validate(), run in node: a request's fields are checked before the
 worker acts on it; an optional field (admit's tuning) may be left out, and is checked when
-present; unknown and missing required fields are refused with a bad-field error."""
+present; unknown and missing required fields are refused with a bad-field error; admit's gpu
+mode is one of three."""
 import json
 import pathlib
 import shutil
@@ -43,3 +44,15 @@ def test_required_fields_stay_required_and_unknown_ones_refused():
     missing = {k: v for k, v in ADMIT.items() if k != "gpu"}
     assert validate(missing) == {"code": "bad-field", "message": 'admit: missing field "gpu"'}
     assert validate({**ADMIT, "speed": "max"})["code"] == "bad-field"
+
+
+@pytest.mark.parametrize("gpu", ["measure", "force", "remeasure"])
+def test_admit_takes_each_gpu_mode(gpu):
+    """remeasure: measure with the earlier visits' verdict forgotten (py/webslm/engine/verdict.py)."""
+    assert validate({**ADMIT, "gpu": gpu})["ok"]["fields"]["gpu"] == gpu
+
+
+@pytest.mark.parametrize("gpu", ["measure-again", True, None, ""])
+def test_a_bad_gpu_mode_is_refused(gpu):
+    got = validate({**ADMIT, "gpu": gpu})
+    assert got["code"] == "bad-field" and 'field "gpu" must be measure, force or remeasure' in got["message"]

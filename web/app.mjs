@@ -5,7 +5,8 @@
 //
 // URL parameters: ?gpu=0 keeps the GPU out (the CPU path answers); ?gpu=force keeps an admitted
 // GPU even where it is slower than the CPU path (by default the engine times both and keeps
-// the faster); ?model=<url> loads that .slm instead of the site's default model.
+// the faster, and a GPU found slower is not admitted again on later visits: "Measure the GPU
+// again" times it afresh); ?model=<url> loads that .slm instead of the site's default model.
 import * as chat from "./ui-chat.mjs";
 import * as engineView from "./ui-engine.mjs";
 import * as modelPanel from "./ui-model.mjs";
@@ -98,6 +99,29 @@ async function loadModel(source) {
   }
 }
 
+// "Measure the GPU again" (shown where an earlier visit found the GPU slower than the CPU
+// path and the engine went to the CPU without admitting it): the loaded model is admitted
+// anew and timed (engine.measureGpu()); what it finds replaces what was kept.
+async function measureGpuAgain() {
+  const engine = page.engine;
+  if (!engine?.model || loading) return;
+  loading = true;
+  try {
+    await chat.stopAndWait();
+    setReady(false, "The GPU is being measured: Send works once it is done.");
+    startCard.beginStart("Measuring the GPU against the CPU");
+    engineView.showLoading();
+    await engine.measureGpu();
+    startCard.endStart();
+  } catch (error) {
+    startCard.failStart([error.message, error.advice].filter(Boolean).join(" "));
+  } finally {
+    loading = false;
+    engineView.showEngine(engine);
+    setReady(Boolean(engine.model), engine.model ? null : "No model is loaded: open a .slm file or enter its URL in Model & settings.");
+  }
+}
+
 async function removeCached(sha256) {
   await page.engine.models.remove(sha256);
   await modelPanel.showCache(page.engine, page.engine.model?.artifact_sha256);
@@ -185,6 +209,7 @@ async function start() {
     },
   });
   modelPanel.wireModelControls({ load: loadModel, remove: removeCached });
+  $("measure-gpu").addEventListener("click", () => measureGpuAgain());
   if (firstModel !== "default") $("model-url").value = firstModel;
   engineView.showStarting("Starting Python in a worker…");
   startCard.beginStart("Starting the engine");

@@ -95,6 +95,8 @@ export function showEngine(engine, detail = null) {
   const note = $("engine-note");
   note.textContent = noteText(engine, detail);
   delete note.dataset.kind;
+  // an earlier visit's verdict kept the GPU out: the user may have it timed again
+  $("measure-gpu").hidden = !(backendOf(state) === "cpu" && engine.cpuReason?.code === "gpu-slower-remembered");
 }
 
 export function showLoading() {
@@ -118,7 +120,14 @@ export function showEngineFailure(error) {
 // and computes like the CPU oracle.
 export function showAdmission(result) {
   let text;
-  if (result.admitted) {
+  if (result.remembered) {
+    const choice = result.engine?.choice ?? {};
+    const more = choice.gpu_step_finished === false ? "more than " : "";
+    const steps = choice.gpu_step_ms && choice.cpu_step_ms
+      ? `one decode step took ${more}${duration(choice.gpu_step_ms)} on the GPU and ${duration(choice.cpu_step_ms)} on the CPU`
+      : "the GPU was slower than the CPU";
+    text = `The GPU was not tried: on an earlier visit (${choice.remembered_on ?? "recently"}) ${steps}, so the CPU answers.`;
+  } else if (result.admitted) {
     const cases = Number.isInteger(result.self_test_cases) ? `${result.self_test_cases} kernel self-tests agree` : "the kernel self-tests agree";
     text = `Admitted at tier ${result.tier} in ${result.seconds.toFixed(1)} s: ${cases} with the CPU oracle.`;
     const choice = result.engine?.choice;

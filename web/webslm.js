@@ -33,6 +33,7 @@ const CPU_ADVICE = {
   "no-adapter": "WebGPU is turned off or finds no usable GPU here: check the browser's GPU settings.",
   "gpu-disabled": "Turn the GPU back on (remove ?gpu=0) to try it.",
   "gpu-slower": "To answer on the GPU anyway, open the page with ?gpu=force (createEngine({gpu: \"force\"}) in the API).",
+  "gpu-slower-remembered": "To time the GPU again, choose “Measure the GPU again” under Model & settings › Engine (engine.measureGpu() in the API); ?gpu=force keeps the GPU without timing it.",
   "out-of-memory": "The GPU has not enough free memory for this model: close other tabs or apps that use it, or pick a smaller model.",
   "allocation-failed": "The GPU refused the model's buffers: close other tabs or apps that use it, or pick a smaller model.",
   "limit-too-small": "This GPU's limits are too small for this model: a smaller model may fit.",
@@ -305,16 +306,33 @@ export class Engine extends EventTarget {
     throw new WebSlmError("unknown-model", `"${text.slice(0, 80)}" is not a model this site has (it has: ${ids}). A WebLLM model id names MLC weights, which webslm does not load; give one of these ids, the URL of a .slm file, or a File.`);
   }
 
+  // Time the GPU against the CPU path again for the loaded model, whatever an earlier visit
+  // found (a GPU found slower there is not admitted again: cpuReason.code
+  // "gpu-slower-remembered"). The model is admitted anew, the faster engine kept, and the
+  // outcome replaces the one kept for this browser's GPU. Progress and statechange events
+  // come as for a load; minutes on a software GPU.
+  async measureGpu() {
+    this.#usable();
+    if (!this.model) throw new WebSlmError("no-model", "Load a model first.");
+    if (this.#gpu === false) throw new WebSlmError("bad-request", "This engine was created with gpu: false: there is no GPU to measure.");
+    this.#loading = true;
+    try {
+      await this.#admit("remeasure");
+    } finally {
+      this.#loading = false;
+    }
+  }
+
   // GPU admission of the loaded model: the worker proves on this GPU that the model fits and
   // computes correctly, or the engine answers on the CPU path with the reason. An admitted GPU
   // is then timed against the CPU path and kept only if it is not slower (gpu: "force" keeps
-  // it untimed): engine.choice has the numbers.
-  async #admit() {
+  // it untimed): engine.choice has the numbers. Where an earlier visit found this GPU slower,
+  // the worker goes to the CPU path without admitting it (result.remembered).
+  async #admit(mode = this.#gpu === "force" ? "force" : "measure") {
     let result;
     try {
       result = this.#gpu
-        ? await this.protocol.request("admit", { featureLevel: this.#featureLevel, fault: null,
-                                                 gpu: this.#gpu === "force" ? "force" : "measure" })
+        ? await this.protocol.request("admit", { featureLevel: this.#featureLevel, fault: null, gpu: mode })
         : { admitted: false, ...(await this.protocol.request("use-cpu")) };
     } catch (error) {
       throw fromWorker(error);

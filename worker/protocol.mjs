@@ -69,14 +69,16 @@ export const REQUESTS = Object.freeze({
   // GPU admission of the loaded model (webslm.admission); fault: null, or a named fault case
   // the tests inject (checked in Python against webslm.admission.tracked.NAMED_FAULTS); gpu:
   // "measure" keeps the admitted GPU only if its decode step is not slower than the CPU path's
-  // (py/webslm/engine/choice.py), "force" keeps it untimed; tuning (optional): the tuning
+  // (py/webslm/engine/choice.py) and skips admission where an earlier visit found this GPU
+  // slower (py/webslm/engine/verdict.py), "force" keeps it untimed, "remeasure" measures as
+  // "measure" does with the earlier visits' verdict forgotten; tuning (optional): the tuning
   // stage's mode, "auto" (the default: the results kept from earlier visits now, the rest
   // measured once the engine is idle, not on a software adapter), "force" (measured during
   // admission, on any adapter) or "off" (the host's rules)
   admit: {
     featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
-    gpu: (v) => ["measure", "force"].includes(v) || "must be measure or force",
+    gpu: (v) => ["measure", "force", "remeasure"].includes(v) || "must be measure, force or remeasure",
     tuning: optional((v) => ["auto", "force", "off"].includes(v) || "must be auto, force or off"),
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model

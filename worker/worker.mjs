@@ -9,6 +9,7 @@
 import * as bridge from "./bridge.mjs";
 import * as modelCache from "./model-cache.mjs";
 import * as tuningStore from "./tuning-store.mjs";
+import * as verdictStore from "./verdict-store.mjs";
 import { loadQmatmul } from "./qmatmul.mjs";
 import { ERROR_CODES, ProtocolError, errorReply, event, reply, validate } from "./protocol.mjs";
 
@@ -86,11 +87,15 @@ const HANDLERS = {
   // Admission, then the engine for the loaded model (EngineHost.admit, py/webslm/worker/
   // engine_host.py): queued behind an answer in progress, which finishes on the engine it started on.
   // The tuning results kept from earlier visits are merged in first; the cache is kept again
-  // when this admission measured something new (worker/tuning-store.mjs).
+  // when this admission measured something new (worker/tuning-store.mjs). The engine choices
+  // kept from earlier visits go to Python too (an adapter found slower than the CPU path
+  // there is not admitted again: py/webslm/engine/verdict.py); what Python says to keep is
+  // kept (worker/verdict-store.mjs).
   admit: ({ featureLevel, fault, gpu, tuning }, context) => enqueue(context, async () => {
     const { model, api } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
     api.merge_tuning_cache(await tuningStore.read());
+    const verdicts = await verdictStore.read();
     const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
     // a stage's last progress (the upload's 100 %) is sent before the next stage begins
     const onStage = (stage) => {
@@ -99,11 +104,13 @@ const HANDLERS = {
     };
     try {
       const result = JSON.parse(await pythonCall("admit", () => model.admit(featureLevel, fault, navigator.userAgent,
-                                                                             onStage, progress, gpu, tuning ?? "auto")));
+                                                                             onStage, progress, gpu, tuning ?? "auto", verdicts)));
       if (result.tuning_new_entries > 0) result.tuning_kept = await tuningStore.write(api.tuning_cache_text());
+      const { verdicts_text: keep, ...answer } = result;
+      if (typeof keep === "string") answer.verdicts_kept = await verdictStore.write(keep);
       context.tuningDeferred = result.tuning?.source === "deferred";
       tuneWhenIdle(context);
-      return result;
+      return answer;
     } finally {
       progress.flush();
     }

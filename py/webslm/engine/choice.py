@@ -100,6 +100,7 @@ class Choice:
     fallback_adapter: bool = False
     cpu_method: str | None = None
     cost_s: float = 0.0                  # what choosing took (both measurements)
+    remembered_on: str | None = None     # the UTC day of an earlier visit's verdict (verdict.py); None: measured now
 
     @property
     def ratio(self) -> float | None:
@@ -111,12 +112,16 @@ class Choice:
 
     def sentence(self) -> str:
         """Why the CPU answers, for the page ("the GPU here is a software renderer, more than
-        10x slower than the CPU path ...")."""
-        what = "the GPU here is a software renderer," if self.fallback_adapter else "the GPU here is"
+        10x slower than the CPU path ..."; a verdict kept from an earlier visit says so)."""
         more = "" if self.gpu_step_finished else "more than "
-        return (f"{what} {more}{_times(self.ratio)} slower than the CPU path (one decode step: "
-                f"{more}{_duration(self.gpu_step_s)} on the GPU, {_duration(self.cpu_step_s)} on the CPU): "
-                f"answering on the CPU")
+        steps = (f"{more}{_times(self.ratio)} slower than the CPU path (one decode step: "
+                 f"{more}{_duration(self.gpu_step_s)} on the GPU, {_duration(self.cpu_step_s)} on the CPU)")
+        if self.remembered_on is not None:
+            what = "this GPU (a software renderer)" if self.fallback_adapter else "this GPU"
+            return (f"on an earlier visit ({self.remembered_on}) {what} answered {steps}, so it was not "
+                    f"tried again: answering on the CPU")
+        what = "the GPU here is a software renderer," if self.fallback_adapter else "the GPU here is"
+        return f"{what} {steps}: answering on the CPU"
 
     def as_dict(self) -> dict:
         ms = lambda s: None if s is None else round(1000 * s, 3)     # noqa: E731
@@ -126,7 +131,7 @@ class Choice:
                 "gpu_step_finished": self.gpu_step_finished,
                 "ratio": None if ratio is None else round(ratio, 3), "skipped": self.skipped,
                 "fallback_adapter": self.fallback_adapter, "cpu_method": self.cpu_method,
-                "cost_ms": ms(self.cost_s)}
+                "cost_ms": ms(self.cost_s), "remembered_on": self.remembered_on}
 
 
 FORCED = Choice("gpu", skipped="the GPU was forced: nothing timed")

@@ -32,7 +32,8 @@ things a GPU needs:
 - Which engine. Admission proves the GPU correct, not fast: with gpu_choice (choice.py) the
   engine times a decode step on the built executor and on the CPU path and keeps the GPU
   only when it is not slower; otherwise it releases it and settles on the CPU path, the
-  reason (and the numbers, in `choice`) kept for the page.
+  reason (and the numbers, in `choice`) kept for the page. An earlier visit's verdict
+  (`remembered`, verdict.py) settles on the CPU path before admission, which then never runs.
 - Device loss. When the backend raises BackendLost the GPU is released, the CPU path is
   rebuilt from the ledger (prompt + committed ids), the sampler's state is checked against
   the ledger's record, and the same loop carries on at the next position. The delivered
@@ -141,11 +142,14 @@ class Engine:
     (backend, model, fallback_adapter) -> choice.Choice, run once the executor is built
     (choice.choose: the GPU kept only if its decode step is not slower than the CPU path's;
     None: the GPU kept untimed, as callers that asked for it expect: tests, benchmarks, the
-    CLI's --backend native; the worker chooses unless the page forces the GPU)."""
+    CLI's --backend native; the worker chooses unless the page forces the GPU). remembered: a
+    Choice kept from an earlier visit that sent this adapter to the CPU path (verdict.py):
+    load() then settles on the CPU path at once, admission not run; the worker passes it only
+    in the default mode (not with ?gpu=force, nor when the user asks to measure again)."""
 
     def __init__(self, model, gpu=None, policy=None, on_event: Callable[[dict], None] | None = None,
                  *, build_gpu_backend=None, cpu_backend: Callable[[], object] | None = None,
-                 reuse_kv: bool = True, gpu_choice=None):
+                 reuse_kv: bool = True, gpu_choice=None, remembered: Choice | None = None):
         self.model, self.gpu, self.policy = model, gpu, policy
         self._on_event = on_event
         self._machine = StateMachine(self._event)
@@ -155,6 +159,7 @@ class Engine:
         self.cpu_reason: dict | None = None  # why the engine is on the CPU path
         self.receipt: dict | None = None     # the admission receipt (admitted or failed)
         self._gpu_choice = gpu_choice
+        self._remembered = remembered
         self.choice: Choice | None = None    # the GPU/CPU timing, when gpu_choice ran
         self.last_timings: Timings | None = None
         self._gpu = None                     # the GPU executor while it is usable
@@ -197,6 +202,13 @@ class Engine:
             self._settle_on_cpu("no GPU offered", stage="entry-point", code="no-webgpu",
                                 sentence="no WebGPU entry point was offered: the model runs on the CPU path")
             return self.state
+        if self._remembered is not None:       # an earlier visit measured this GPU slower
+            self.choice = self._remembered
+            self._event({"event": "choice", **self.choice.as_dict()})
+            self._settle_on_cpu("GPU slower than the CPU path on an earlier visit", stage="choice",
+                                code="gpu-slower-remembered", sentence=self.choice.sentence(),
+                                **_step_ms(self.choice), measured_on=self.choice.remembered_on)
+            return self.state
         from ..admission.admit import AdmissionFailure
         self._go(S.PROBING, "load with a GPU")
 
@@ -225,10 +237,8 @@ class Engine:
             if choice is not None and choice.backend == "cpu":
                 backend.release()          # its buffers and device: the CPU path answers from now on
                 self._event({"event": "released", "backend": "gpu", "reason": "slower than the CPU path"})
-                numbers = choice.as_dict()
                 self._settle_on_cpu("GPU slower than the CPU path", stage="choice", code="gpu-slower",
-                                    sentence=choice.sentence(), gpu_step_ms=numbers["gpu_step_ms"],
-                                    cpu_step_ms=numbers["cpu_step_ms"])
+                                    sentence=choice.sentence(), **_step_ms(choice))
                 return self.state
             self._gpu, self.receipt, self.cpu_reason = backend, receipt, None
             if hasattr(backend, "current_epoch"):  # lets the executor abandon stale work itself
@@ -654,6 +664,12 @@ class Engine:
                               "the sampler state after the committed tokens does not match the "
                               "ledger's record; the answer cannot be continued exactly")
         return restored
+
+
+def _step_ms(choice: Choice) -> dict:
+    """The two decode steps behind a choice, as cpu_reason carries them."""
+    numbers = choice.as_dict()
+    return {"gpu_step_ms": numbers["gpu_step_ms"], "cpu_step_ms": numbers["cpu_step_ms"]}
 
 
 def _settle(future: asyncio.Future) -> None:

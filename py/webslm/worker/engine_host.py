@@ -6,7 +6,8 @@ The worker (worker/worker.mjs) makes one EngineHost for each model the loader ac
     admit(...)        GPU admission on this browser's adapter, then the engine on the admitted
                       session, or on the CPU path with the failure as its reason; unless the
                       page forces the GPU, the engine keeps it only if a decode step there is
-                      not slower than on the CPU path (engine/choice.py)
+                      not slower than on the CPU path (engine/choice.py), and an earlier
+                      visit's verdict that it was slower skips admission (engine/verdict.py)
     use_cpu()         the engine on the CPU path, the GPU not tried
     generate(...)     one answer, each committed text delta streamed to the page
     cancel()          stop the answer in progress: nothing commits after it returns
@@ -93,35 +94,54 @@ class EngineHost:
 
     # -- admission: which engine answers ---------------------------------------------------------
     async def admit(self, feature_level: str, fault: str | None, user_agent: str, on_stage, on_progress,
-                    choice: str = "measure", tuning: str = "auto") -> str:
+                    choice: str = "measure", tuning: str = "auto", verdicts: str | None = None) -> str:
         """GPU admission of the model on this browser's adapter, then the engine for it. The
         engine held so far is unloaded first (its GPU buffers and device are destroyed before a
         second admission allocates); on success the new engine runs on the admitted session
         (start_engine: no second admission), otherwise on the CPU path with the failure as its
         reason. choice "measure": the admitted GPU is kept only if its decode step is not slower
-        than the CPU path's (stage "speed"; engine/choice.py); "force": it is kept untimed.
+        than the CPU path's (stage "speed"; engine/choice.py); "force": it is kept untimed;
+        "remeasure": as "measure", the verdict kept from an earlier visit forgotten first.
+        `verdicts`: the verdicts kept across visits (untrusted text, engine/verdict.py; the
+        worker reads them from worker/verdict-store.mjs). With "measure", one that says this
+        adapter was slower than the CPU path for this model and shader bundle skips admission:
+        the engine goes to the CPU path at once (reply: admitted false, `remembered` true).
         The reply is JSON: the tier and receipt, or the stage, code and sentence that failed,
         and the engine's summary (with the choice's numbers); `tuning_new_entries`: how many
-        tuning results it added to the worker's cache (the worker keeps the cache when > 0).
-        `tuning`: AdmissionPolicy.tuning ("auto": with tune_later, the kept results now and the
-        rest measured once the engine is idle, tune_later(); "force": measured here, even on a
-        software adapter; "off")."""
-        if choice not in ("measure", "force"):
-            raise ValueError(f"choice must be measure or force, not {choice!r}")
+        tuning results it added to the worker's cache (the worker keeps the cache when > 0);
+        `verdicts_text`: the verdicts to keep, or null when they are unchanged. `tuning`:
+        AdmissionPolicy.tuning ("auto": with tune_later, the kept results now and the rest
+        measured once the engine is idle, tune_later(); "force": measured here, even on a
+        software adapter; "off").
+        With a `fault` (the tests' named faults) the kept verdicts are neither used nor changed."""
+        if choice not in ("measure", "force", "remeasure"):
+            raise ValueError(f"choice must be measure, force or remeasure, not {choice!r}")
         if tuning not in ("auto", "force", "off"):
             raise ValueError(f"tuning must be auto, force or off, not {tuning!r}")
         from ..admission.admit import AdmissionFailure, AdmissionPolicy
         from ..admission.admit import admit as run_admission
         from ..admission.receipt import render_text
         from ..admission.tracked import Faults
+        from ..engine import verdict
         faults = Faults.named(fault)           # ValueError for an unknown name: a "failed" reply
         await self.drop_engine()               # the GPU the current engine holds is given back first
-        gpu = None
-        import js
-        if getattr(js.navigator, "gpu", None) is not None:
-            from ..webgpu.browser import BrowserGpu
-            gpu = BrowserGpu()
+        gpu = self.offered_gpu()
         model = self.semantic_model()
+        measured = choice != "force"
+        key = await self._verdict_key(gpu, feature_level, user_agent) if measured and fault is None else None
+        remembered = verdict.remembered(verdicts, key) if choice == "measure" else None
+        if remembered is not None:
+            await self.start_engine(gpu, remembered=remembered)
+            reason = self.engine.cpu_reason
+            return json.dumps({"admitted": False, "remembered": True, "stage": reason["stage"], "code": reason["code"],
+                               "sentence": reason["sentence"], "stages": [], "seconds": 0.0, "receipt": None,
+                               "receipt_text": None, "verdicts_text": None, "engine": self.engine_summary()})
+
+        def kept_verdicts() -> str | None:     # after this load: what the measurement says now
+            if key is None:
+                return None
+            return verdict.updated(verdicts, key, self.engine.choice if self.engine else None,
+                                   forget=choice == "remeasure")
         stages = []
 
         def stage_seen(stage: str) -> None:
@@ -141,15 +161,15 @@ class EngineHost:
                                "sentence": failure.sentence, "leaked_buffers": failure.leaked_buffers,
                                "stages": stages, "seconds": seconds,
                                "receipt": failure.receipt.as_dict(), "receipt_text": render_text(failure.receipt),
-                               "engine": self.engine_summary()})
+                               "verdicts_text": kept_verdicts(), "engine": self.engine_summary()})
         seconds = round(time.perf_counter() - started, 3)
         new_entries = session.tuning.cache_entries if session.tuning else {}
         _TUNING_CACHE.update(new_entries)
         self.gpu_session = session
         engine_started = time.perf_counter()
-        if choice == "measure":
+        if measured:
             on_stage("speed")                  # the page shows it; admission's own stages end at publish
-        await self.start_engine(gpu, session=session, measure=choice == "measure")
+        await self.start_engine(gpu, session=session, measure=measured)
         return json.dumps({"admitted": True, "tier": session.tier, "features": list(session.features),
                            "feature_level": session.feature_level, "stages": stages,
                            "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
@@ -158,7 +178,34 @@ class EngineHost:
                            "tuning": session.tuning.summary() if session.tuning else None,
                            "tuning_new_entries": len(new_entries),
                            "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
-                           "engine": self.engine_summary()})
+                           "verdicts_text": kept_verdicts(), "engine": self.engine_summary()})
+
+    def offered_gpu(self):
+        """This browser's WebGPU (webgpu.browser.BrowserGpu), or None without navigator.gpu.
+        The tests' seam: CPython has no `js` module."""
+        import js
+        if getattr(js.navigator, "gpu", None) is None:
+            return None
+        from ..webgpu.browser import BrowserGpu
+        return BrowserGpu()
+
+    async def _verdict_key(self, gpu, feature_level: str, user_agent: str) -> str | None:
+        """The kept verdicts' key for the adapter admission will take (choose_adapter: the
+        same request, so the same adapter; no device is made), this browser, model and shader
+        bundle (engine/verdict.py); None without an adapter, or when asking for it fails (then
+        nothing is looked up or kept, and admission says what is wrong)."""
+        from ..engine import verdict
+        from ..shader_bundle import bundle_hash
+        from ..webgpu.adapters import choose_adapter
+        if gpu is None:
+            return None
+        try:
+            adapter = await choose_adapter(gpu, feature_level)
+            if adapter is None:
+                return None
+            return verdict.record_key(adapter.summary(), user_agent, self.model.identity.artifact_sha256, bundle_hash())
+        except Exception:   # noqa: BLE001 - a key is a shortcut: without one, admission runs as before
+            return None
 
     async def use_cpu(self) -> str:
         """The engine on the CPU path, the GPU not tried (the page asked for no GPU:
@@ -170,13 +217,15 @@ class EngineHost:
         return json.dumps({"engine": self.engine_summary()})
 
     # -- the engine's lifetime -------------------------------------------------------------------
-    async def start_engine(self, gpu, session=None, failure=None, measure: bool = False) -> None:
+    async def start_engine(self, gpu, session=None, failure=None, measure: bool = False, remembered=None) -> None:
         """The engine for this model, given one of: an admitted `session` (the engine runs on
         the executor built on it, through Engine's build_gpu_backend seam: admission is not
         repeated; if the build fails, on the CPU path with that reason), or an AdmissionFailure
         (the engine settles on the CPU path with it as the reason). gpu is None where the
         browser has no navigator.gpu: then the engine's own reason is the entry point's.
-        measure: the engine times the GPU against the CPU path and keeps the faster."""
+        measure: the engine times the GPU against the CPU path and keeps the faster.
+        remembered: an earlier visit's verdict (engine/verdict.py): the engine goes to the CPU
+        path without building anything on the GPU."""
         from ..engine import Engine
         from ..engine.choice import by_measurement
         if self.engine is not None:          # admit() dropped it before admitting; a second
@@ -199,7 +248,8 @@ class EngineHost:
         # No navigator.gpu: an engine without a GPU (its reason is the entry point's, as
         # admission's was); otherwise the seam hands over the admitted session or the failure.
         self.engine = Engine(model, gpu=gpu, on_event=self._event, build_gpu_backend=build,
-                             cpu_backend=self.cpu_backend, gpu_choice=by_measurement() if measure else None)
+                             cpu_backend=self.cpu_backend, gpu_choice=by_measurement() if measure else None,
+                             remembered=remembered)
         await self.engine.load()
         self.forced = not measure and self.engine.backend_kind == "gpu"
         if self.engine.backend_kind != "gpu":      # e.g. released: slower than the CPU path
