@@ -160,10 +160,14 @@ def tested_kernels(report: dict) -> set[str]:
 
 
 async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
-                  families: list[str] | None = None, on_family=None, kernels=None) -> dict:
+                  families: list[str] | None = None, on_family=None, kernels=None, compiled=None) -> dict:
     """Every registered family (or the named ones) on one device; a JSON-able report.
     on_family(done, total) is called after each family. `kernels` (registry names): test only
-    those, in the families that cover any of them (admission passes the plan's kernels)."""
+    those, in the families that cover any of them (admission passes the plan's kernels).
+    `compiled`: kernels already compiled, by (name, sorted overrides) (admission's): a case
+    on one of those runs that very pipeline, and every family shares what the others compiled,
+    so a kernel is compiled once per run (on a GPU whose driver caches nothing yet, the
+    compiles were most of admission's self-test time)."""
     from . import FAMILY_MODULES  # noqa: F401  (importing the package registers every family)
     if size not in ("quick", "full"):
         raise ValueError(f"size must be 'quick' or 'full', not {size!r}")
@@ -176,9 +180,10 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
              if only is None or any(covers(name, kernel) for kernel in only)]
     if only is not None:
         report["kernels"] = sorted(only)
+    shared = dict(compiled or {})
     for done, name in enumerate(names, 1):
         started = time.perf_counter()
-        context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only)
+        context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only, shared)
         results = await FAMILIES[name](context)
         report["families"][name] = {
             "seconds": round(time.perf_counter() - started, 3),

@@ -273,8 +273,14 @@ class NativeDevice(Device):
         if isinstance(layout, Invalid) or isinstance(module, Invalid):
             raise PipelineError(f"{label or entry_point}: invalid layout or shader module")
         stage = {"module": module, "entry_point": entry_point, "constants": dict(constants or {})}
+
+        def compile_now():
+            return self._device.create_compute_pipeline_async(label=label, layout=layout, compute=stage).sync_wait()
         try:
-            return await self._device.create_compute_pipeline_async(label=label, layout=layout, compute=stage)
+            # wgpu-native compiles in the calling thread: on a worker thread, so that compiles
+            # awaited together (admission's compile stage) run on several cores, as a browser's
+            # createComputePipelineAsync does.
+            return await asyncio.to_thread(compile_now)
         except wgpu.GPUError as exc:
             raise PipelineError(f"{label or entry_point}: {exc}") from exc
 
