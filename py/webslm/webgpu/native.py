@@ -123,7 +123,10 @@ class NativeDevice(Device):
         self._uncaptured: list[Callable[[GpuError], None]] = []
         self._lost_info: DeviceLost | None = None
         self._lost_waiters: list[asyncio.Future] = []
-        self._encoded_ahead: dict[int, Any] = {}    # id(Recording) -> its next command buffer (run)
+        # id(Recording) -> (the recording, its next command buffer) (run, prepare). The recording
+        # is held so that its id is never reused by another one while its buffer waits here (a
+        # retune drops the executor's recordings: a new one at the same address would run this).
+        self._encoded_ahead: dict[int, tuple[Recording, Any]] = {}
         self._mapping: list[Any] = []               # buffers whose map (_map_and_read) is awaited
         self._last_run: int | None = None           # id() of the recording run last (run)
 
@@ -314,14 +317,14 @@ class NativeDevice(Device):
             self.submit(recording.dispatches, recording.copies)
         else:
             key = id(recording)
-            ahead = self._encoded_ahead.pop(key, None)
+            ahead = self._encoded_ahead.pop(key, (None, None))[1]
             self._call("submit", lambda: self._device.queue.submit([ahead or self._encode(recording)]))
             # Encode ahead only a step that repeats (one with a readback, run twice in a row:
             # decode), and keep it for its recording until it runs: wgpu-native never frees a
             # command buffer dropped unsubmitted (~25 MB each on lavapipe), so destroy() submits
             # what is left (_retire_ahead) and a prefill chunk is never encoded ahead.
             if read is not None and key == self._last_run and self._lost_info is None:
-                self._encoded_ahead[key] = self._call("encode", self._encode, recording)
+                self._encoded_ahead[key] = (recording, self._call("encode", self._encode, recording))
             self._last_run = key
         return None if read is None else await self.read_mapped(*read)
 
@@ -330,13 +333,13 @@ class NativeDevice(Device):
         different recording from the one just run, so run()'s own encoding ahead misses it)."""
         key = id(recording)
         if recording.handle is not None and key not in self._encoded_ahead and self._lost_info is None:
-            self._encoded_ahead[key] = self._call("encode", self._encode, recording)
+            self._encoded_ahead[key] = (recording, self._call("encode", self._encode, recording))
 
     def _retire_ahead(self) -> None:
         """At teardown: submit the command buffers encoded ahead and never run (their results
         are never read), so that wgpu-native frees them; a lost device, or one with a readback
         in flight, just drops them."""
-        waiting, self._encoded_ahead = list(self._encoded_ahead.values()), {}
+        waiting, self._encoded_ahead = [buffer for _, buffer in self._encoded_ahead.values()], {}
         # Not while a readback maps its buffer (the step copies into it: wgpu-native aborts).
         if waiting and self._lost_info is None and not self._mapping:
             self._call("submit", lambda: self._device.queue.submit(waiting))
