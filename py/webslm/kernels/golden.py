@@ -14,6 +14,7 @@ counts elements the kernel never wrote.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import time
@@ -123,11 +124,19 @@ class GoldenContext:
         return [largest] if self.quick else [s for s in runner.LAYER_WORKGROUP_SIZES if s <= largest]
 
     async def kernel(self, name: str, **overrides: int) -> CompiledKernel:
+        """The kernel compiled once per run: families running together share the compile (a
+        task while it is in flight, so a second asker waits for the first's)."""
         key = (name, tuple(sorted(overrides.items())))
         if key not in self._compiled:
-            self._compiled[key] = await compile_kernel(self.device, name, **overrides)
-        return self._compiled[key]
+            self._compiled[key] = asyncio.ensure_future(compile_kernel(self.device, name, **overrides))
+        entry = self._compiled[key]
+        return await entry if isinstance(entry, asyncio.Future) else entry
 
+
+# Families run together, each on its own buffers and seeded generator: their compiles (most of
+# a self-test's time on a GPU whose driver has cached nothing yet) and GPU work overlap. Each
+# case's error scope may then catch another family's error; any error still fails the run.
+FAMILIES_AT_ONCE = 4
 
 GoldenFamily = Callable[[GoldenContext], Awaitable[list[GoldenResult]]]
 FAMILIES: dict[str, GoldenFamily] = {}
@@ -180,17 +189,19 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
              if only is None or any(covers(name, kernel) for kernel in only)]
     if only is not None:
         report["kernels"] = sorted(only)
-    shared = dict(compiled or {})
-    for done, name in enumerate(names, 1):
-        started = time.perf_counter()
-        context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only, shared)
-        results = await FAMILIES[name](context)
-        report["families"][name] = {
-            "seconds": round(time.perf_counter() - started, 3),
-            "results": [r.as_dict() for r in results],
-        }
+    shared, slots, finished = dict(compiled or {}), asyncio.Semaphore(FAMILIES_AT_ONCE), {}
+
+    async def one(name: str) -> None:
+        async with slots:
+            started = time.perf_counter()
+            context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only, shared)
+            results = await FAMILIES[name](context)
+            finished[name] = {"seconds": round(time.perf_counter() - started, 3),
+                              "results": [r.as_dict() for r in results]}
         if on_family is not None:
-            on_family(done, len(names))
+            on_family(len(finished), len(names))
+    await asyncio.gather(*(one(name) for name in names))
+    report["families"] = {name: finished[name] for name in names}      # in name order, however they ran
     every = [r for f in report["families"].values() for r in f["results"]]
     report["cases"] = len(every)
     report["failed"] = [r for r in every if not r["passed"]]
