@@ -65,6 +65,7 @@ from ..semantic.ledger import Ledger
 from ..semantic.sampler import Sampler, SamplerSettings
 from .choice import Choice
 from .prompt_cache import PromptCache
+from .tune_later import TuneLater
 from .states import GENERATING, READY, State, StateMachine
 
 S = State
@@ -130,7 +131,7 @@ async def admit_and_build(gpu, model, policy, on_stage):
     return backend, session.receipt.as_dict()
 
 
-class Engine:
+class Engine(TuneLater):
     """`Engine(model, gpu=None, policy=None, on_event=None)`; `await load()`; then
     `async for delta in engine.generate(prompt, settings)`. gpu is a webslm.webgpu Gpu
     (None: CPU only); policy an AdmissionPolicy. build_gpu_backend replaces admission and
@@ -358,43 +359,6 @@ class Engine:
         if run is not None and run.finish_reason is None:
             self._end(run, "abort")
         self._settle_retired()
-
-    # -- tuning measured once the model is ready -----------------------------------------------
-    async def tune_gpu(self, cache: dict | None = None):
-        """Measure the mat-vec launches admission deferred (AdmissionPolicy.tune_later) and
-        take the faster ones (GpuBackend.retune), while no answer runs. An answer asked for
-        meanwhile stops it at its next checkpoint (generate() sets _tuning_stop) and it is
-        tried again by the next call. Returns the TuningReport (its cache_entries for the
-        caller to keep), or None when there was nothing to measure or it was stopped. A device
-        lost meanwhile leaves the GPU, as between answers."""
-        gpu = self._gpu
-        if self.state is not S.GPU_READY or gpu is None or not getattr(gpu, "tuning_deferred", False):
-            return None
-        self._tuning_stop = False
-
-        async def checkpoint():
-            if self._tuning_stop or self._gpu is not gpu:
-                raise BackendCancelled("retune-stopped", "engine", "an answer was asked for")
-        call = self._in_flight = asyncio.ensure_future(gpu.retune(cache, checkpoint))
-        call.add_done_callback(self._retired)
-        try:
-            report = await call
-        except BackendCancelled:
-            return None
-        except Exception as exc:
-            if self._gpu is not gpu:             # lost meanwhile: the engine has left it already
-                return None
-            lost = exc if isinstance(exc, BackendLost) else self._dead_gpu()
-            if lost is None:
-                raise
-            self._gpu_died(gpu, lost)
-            return None
-        self._event({"event": "tuning", **report.summary()})
-        return report
-
-    def stop_tuning(self) -> None:
-        """Stop tune_gpu's stage at its next checkpoint (the worker: a request is waiting)."""
-        self._tuning_stop = True
 
     # -- one answer ---------------------------------------------------------------------------
     async def generate(self, prompt, settings: SamplerSettings | dict | None = None, chat: bool = True,
