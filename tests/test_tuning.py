@@ -506,11 +506,12 @@ async def _oracle_steps(backend, cpu, token: int, steps: int) -> tuple[list[floa
 
 def test_tuning_later_admits_on_the_rule_and_a_retune_takes_the_measured_choices_mid_conversation(
         native_gpu, model, measured, run):
-    """Admission with tune_later measures nothing: the rule, the report "deferred". Then, with
-    a conversation in the KV cache, retune() takes choices that need kernels admission never
+    """Admission with tune_later measures nothing: the rule, the report "deferred". Then, after
+    a conversation's first steps, retune() takes choices that need kernels admission never
     compiled (every served form on the pre-quantized path, from a cache: deterministic, where
     lavapipe's measurements are not): they are self-tested first (adopt), the step is recorded
-    again, and the conversation goes on over the same KV rows within the two-byte bound."""
+    again, and the cache is reset (the stage's step timing writes KV row 0): the conversation
+    read again follows the oracle within the two-byte bound."""
     report, _ = measured
     ids = prompt_ids(model, "hi there", chat=True)
 
@@ -524,23 +525,40 @@ def test_tuning_later_admits_on_the_rule_and_a_retune_takes_the_measured_choices
             assert backend.tuning_deferred
             got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
             assert float(np.abs(got - want).max()) <= LOGIT_TOLERANCE * float(np.abs(want).max())
-            before, token = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
+            before, _ = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
             step = ("decode", False, "full", 0)
             dispatches = [len(backend._recordings[step].dispatches)]
             again = await backend.retune(_prequantized_entries(report))
-            after, _ = await _oracle_steps(backend, cpu, token, 4)
+            position = backend.position
+            conversation = ids + _fed_tokens(model, ids, 3)
+            cpu = CpuBackend(model)
+            got, want = (await backend.prefill(conversation, Want("full"))).logits, cpu.prefill(conversation)
+            after = [float(np.abs(got - want).max()) / float(np.abs(want).max())]
+            more, _ = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
             dispatches.append(len(backend._recordings[step].dispatches))
             names = {name for name, _ in session.kernels}
-            return again, before, after, names, backend.tuning_deferred, dispatches
+            return again, before, after + more, names, backend.tuning_deferred, dispatches, position
         finally:
             backend.release()
-    again, before, after, names, deferred, dispatches = run(go())
+    again, before, after, names, deferred, dispatches, position = run(go())
     assert again.source == "cached" and again.later is None and not deferred, again
+    assert position == 0, "the retune resets the cache"
     assert {"quantize_x_norm", "quantize_x_swiglu"} <= names, names       # adopted: compiled for the swap
     assert dispatches[1] > dispatches[0], dispatches                      # the step recorded again: quantizers
     assert max(before) <= LOGIT_TOLERANCE, before
-    assert max(after) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, after              # the KV rows of before, read on
-    assert max(after) > 0.0, after
+    assert max(after[1:]) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, after          # decode steps on the new choices
+    assert max(after[1:]) > 0.0, after
+
+
+def _fed_tokens(model, ids, steps: int) -> list[int]:
+    """The oracle's greedy tokens after `ids`: the prompt's next token, then `steps` - 1 more
+    (what _oracle_steps fed the GPU)."""
+    cpu = CpuBackend(model)
+    token, tokens = int(np.argmax(cpu.prefill(ids))), []
+    for _ in range(steps):
+        tokens.append(token)
+        token = int(np.argmax(cpu.decode_one(token)))
+    return tokens
 
 
 def test_a_retune_measures_what_admission_left_and_its_results_are_kept(native_gpu, model, run):

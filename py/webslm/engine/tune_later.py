@@ -34,6 +34,8 @@ class TuneLater:
                 raise BackendCancelled("retune-stopped", "engine", "an answer was asked for")
         call = self._in_flight = asyncio.ensure_future(gpu.retune(cache, checkpoint))
         call.add_done_callback(self._retired)
+        if self.prompt_cache.backend is gpu:     # retune resets the KV cache: the next answer reads
+            self.prompt_cache.forget()           # its whole prompt again
         try:
             report = await call
         except BackendCancelled:

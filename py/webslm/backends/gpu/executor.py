@@ -152,19 +152,19 @@ class GpuBackend:
 
     async def retune(self, cache=None, checkpoint=None):
         """Measure what admission deferred and take the measured choices: the tuning stage on
-        the live session (its weights; the decode activations and params it writes hold
-        nothing between steps), the kernels they add self-tested (admission/retune.py), then
-        the step lowered and recorded again. The KV cache and the position stay: a kept
-        conversation goes on. Between answers only (Engine.tune_gpu). `checkpoint` (async) may
-        raise to stop the stage; the session then keeps its choices and stays deferred.
-        Returns the TuningReport (its cache_entries for the caller to keep); None when
-        nothing was deferred."""
+        the live session (its weights, and the decode regions: activations and params hold
+        nothing between steps, but the stage's whole-step timing runs decode steps at
+        position 0, which write KV row 0), the kernels they add self-tested
+        (admission/retune.py), then the step lowered and recorded again. So the cache is
+        reset: position 0, the kept conversation to be read again (Engine.tune_gpu forgets its
+        prompt cache too). Between answers only. `checkpoint` (async) may raise to stop the
+        stage; the session then keeps its choices and stays deferred. Returns the
+        TuningReport (its cache_entries for the caller to keep); None when nothing was deferred."""
         from ...admission.retune import RetuneRejected, adopt
         from . import tuning
         session, model = self.session, self.model
         if not self.tuning_deferred:
             return None
-        self._ahead = []                 # chained steps left behind run first, unread
         old = dict(session.choices)
         try:
             report = await tuning.tune(self.device, model, session.plan, session.buffers, cache=cache,
@@ -177,6 +177,7 @@ class GpuBackend:
                 report.choices, report.cache_entries = {}, {}
                 report.source, report.reason = "rejected", rejected.sentence
         finally:
+            self.reset()                                 # the stage may have written KV row 0
             self.forward.set_params("decode", 1, 0)      # the stage's launches rewrote the params
             self.device.write_buffer(*self.forward.tables["decode"].write())
         if session.choices != old:
