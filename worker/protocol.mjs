@@ -72,14 +72,14 @@ export const REQUESTS = Object.freeze({
   // (py/webslm/engine/choice.py) and skips admission where an earlier visit found this GPU
   // slower (py/webslm/engine/verdict.py), "force" keeps it untimed, "remeasure" measures as
   // "measure" does with the earlier visits' verdict forgotten; tuning (optional): the tuning
-  // stage's mode, "auto" (the default: the results kept from earlier visits now, the rest
-  // measured once the engine is idle, not on a software adapter), "force" (measured during
-  // admission, on any adapter) or "off" (the host's rules)
+  // stage's mode, "auto" (the default: measured during admission, not on a software adapter),
+  // "later" (the results kept from earlier visits now, the rest measured once the engine is
+  // idle), "force" (measured during admission, on any adapter) or "off" (the host's rules)
   admit: {
     featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
     gpu: (v) => ["measure", "force", "remeasure"].includes(v) || "must be measure, force or remeasure",
-    tuning: optional((v) => ["auto", "force", "off"].includes(v) || "must be auto, force or off"),
+    tuning: optional((v) => ["auto", "later", "force", "off"].includes(v) || "must be auto, later, force or off"),
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (py/webslm/worker/requests.py); here only their shape

@@ -99,7 +99,7 @@ class AdmissionPolicy:
     tuning_budget_s: float = 4.0            # the tuning stage's time; forms not reached keep the rule
     tune_later: bool = False                # measure once the model is ready (GpuBackend.retune), not
                                             # here: the cache's results and the rule until then
-                                            # (admission/retune.py; the page's worker sets it)
+                                            # (admission/retune.py; the worker's admit tuning "later")
     int8_activations: bool = True           # tuning may give q4 mat-vecs int8 activations where measured
                                             # faster (llama.cpp's mat-vec numerics); False: all exact
 

@@ -1,6 +1,6 @@
 """Choices measured after admission, taken into the admitted session under admission's rules.
 
-AdmissionPolicy.tune_later (the page's default) admits a model on the cached tuning
+AdmissionPolicy.tune_later (the worker's admit `tuning: "later"`) admits a model on the cached tuning
 results and the rule for the rest, so that a first visit on a device is not kept waiting for
 the tuning stage's compiles (2-7 s on the H200). The executor measures those forms once the
 model is ready (GpuBackend.retune, between answers). What it measured may use kernels the

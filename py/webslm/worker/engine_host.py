@@ -110,14 +110,14 @@ class EngineHost:
         and the engine's summary (with the choice's numbers); `tuning_new_entries`: how many
         tuning results it added to the worker's cache (the worker keeps the cache when > 0);
         `verdicts_text`: the verdicts to keep, or null when they are unchanged. `tuning`:
-        AdmissionPolicy.tuning ("auto": with tune_later, the kept results now and the rest
-        measured once the engine is idle, tune_later(); "force": measured here, even on a
-        software adapter; "off").
+        AdmissionPolicy.tuning ("auto": measured here, not on a software adapter; "later": with
+        tune_later, the kept results now and the rest measured once the engine is idle,
+        tune_later(); "force": measured here, even on a software adapter; "off").
         With a `fault` (the tests' named faults) the kept verdicts are neither used nor changed."""
         if choice not in ("measure", "force", "remeasure"):
             raise ValueError(f"choice must be measure, force or remeasure, not {choice!r}")
-        if tuning not in ("auto", "force", "off"):
-            raise ValueError(f"tuning must be auto, force or off, not {tuning!r}")
+        if tuning not in ("auto", "later", "force", "off"):
+            raise ValueError(f"tuning must be auto, later, force or off, not {tuning!r}")
         from ..admission.admit import AdmissionFailure, AdmissionPolicy
         from ..admission.admit import admit as run_admission
         from ..admission.receipt import render_text
@@ -149,7 +149,8 @@ class EngineHost:
             on_stage(stage)
         started = time.perf_counter()
         try:
-            policy = AdmissionPolicy(feature_level=feature_level, tuning=tuning, tune_later=tuning == "auto")
+            policy = AdmissionPolicy(feature_level=feature_level, tuning="auto" if tuning == "later" else tuning,
+                                     tune_later=tuning == "later")
             session = await run_admission(gpu, model, policy,
                                           faults=faults,
                                           user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,

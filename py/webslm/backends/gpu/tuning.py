@@ -40,7 +40,7 @@ Where measuring cannot pay, the rule stands and the report says why: a software 
 rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
 A cache (form results keyed by adapter, shader bundle and form: tuning_cache.py) makes a
 second admission on the same device free. With `measure=False` (AdmissionPolicy.tune_later,
-the page's default) admission takes only what the cache holds and the rule for the
+the worker's admit tuning "later") admission takes only what the cache holds and the rule for the
 rest, and the executor measures those forms once the model is ready (GpuBackend.retune): a
 first visit is not kept waiting for the stage's compiles (2-7 s on the H200). The native engine keeps it in a JSON file, the
 browser's worker in Cache Storage; the caller owns it (it is untrusted input: an entry that
