@@ -16,7 +16,7 @@ const SHELL = [
   "ui-chat.mjs", "ui-engine.mjs", "ui-model.mjs", "ui-settings.mjs", "chat-request.mjs", "init-progress.mjs", "webllm.mjs",
   "markdown.mjs", "markdown-blocks.mjs", "markdown-inline.mjs", "ui-start.mjs",
   "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs", "worker/qmatmul.mjs", "worker/tuning-store.mjs",
-  "worker/verdict-store.mjs",
+  "worker/verdict-store.mjs", "worker/kept-text.mjs",
 ];
 
 async function siteFiles() {

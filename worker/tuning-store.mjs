@@ -6,32 +6,8 @@
 // every entry where it is used. A store that cannot be read or written costs a measurement
 // next time, never an error.
 
-import { openCache } from "./model-cache.mjs";
+import { keptText } from "./kept-text.mjs";
 
-const CACHE_NAME = "webslm-tuning-v1";
-const KEY = () => new URL("/.webslm-tuning/tuning.json", self.location.origin).href;
 const MAX_CHARS = 4 << 20;              // py tuning_cache.MAX_CACHE_CHARS: longer text is not kept
-const open = () => openCache(CACHE_NAME);
 
-// The kept text, or null.
-export async function read() {
-  try {
-    const response = await (await open())?.match(KEY());
-    return response ? await response.text() : null;
-  } catch {
-    return null;
-  }
-}
-
-// Keep `text` (the whole cache, replacing what was kept); false when it could not be.
-export async function write(text) {
-  if (typeof text !== "string" || text.length > MAX_CHARS) return false;
-  try {
-    const cache = await open();
-    if (!cache) return false;
-    await cache.put(KEY(), new Response(text, { headers: { "content-type": "application/json" } }));
-    return true;
-  } catch {
-    return false;
-  }
-}
+export const { read, write } = keptText("webslm-tuning-v1", "/.webslm-tuning/tuning.json", MAX_CHARS);
