@@ -397,8 +397,15 @@ if __name__ == "__main__":
                              "exact (auto without int8 activations: AdmissionPolicy.int8_activations), or "
                              "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
                              "order, for an A/B in one process); no cache is used, so 'auto' measures every time")
+    parser.add_argument("--quantize-wg", help="kernels/matvec_prequant.py QUANTIZE_WG[,QUANTIZE_WG_NORM] for this "
+                                               "run: units a quantize_x workgroup takes (32, 64, 128, 256), the "
+                                               "second for the norm mode")
     parser.add_argument("--out")
     arguments = parser.parse_args()
+    if arguments.quantize_wg is not None:
+        from webslm.kernels import matvec_prequant
+        sizes = [int(size) for size in arguments.quantize_wg.split(",")]
+        matvec_prequant.QUANTIZE_WG, matvec_prequant.QUANTIZE_WG_NORM = sizes[0], sizes[-1]
     for rule in arguments.matvec_tuning:
         apply_matvec_tuning(rule)
     if arguments.split_k is not None:

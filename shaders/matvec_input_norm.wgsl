@@ -43,6 +43,9 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x_normed(m, q, select(vec4<f32>(0.0), quad, inside)), inside);
 }
 
+// quantize_x.wgsl: whether the row's header scale needs the whole row (1/rms needs every square of the row).
+const INPUT_WHOLE_ROW: bool = true;
+
 // After the loop: 1 / sqrt(mean(x^2) + eps) of the row, the same in every lane. Uniform
 // control flow (workgroup_total has barriers).
 fn input_finish(lane: u32, m: u32) -> f32 {

@@ -1,7 +1,6 @@
 // Quantize a mat-vec's activations once, for the pre-quantized packed-dot mat-vecs
 // (matvec_input_int8.wgsl): the same bytes every workgroup of matvec_q4_dot4_x.wgsl would make
-// (in natural order for q8, NATURAL), made by one workgroup per activation row m (grid z),
-// read by all of the mat-vec's.
+// (in natural order for q8, NATURAL), read by all of the mat-vec's workgroups.
 //
 //   params  the mat-vec's own uniform block (matvec_params.wgsl): cols, units, x_stride, aux
 //   xq      [M][1 + 3 units] vec4<u32>, with RESIDUAL [M][1 + 5 units] (layout:
@@ -9,9 +8,17 @@
 //   then the input mode's activations from X_BINDING on (matvec_input_{plain,norm,swiglu}.wgsl;
 //   their y binding is declared there but not used here)
 //
+// Grid: (ceil(units / WG), 1, M). Each lane quantizes one unit: a unit's bytes depend on its
+// own 32 activations only, so the units of a row are spread over as many workgroups as it
+// takes. One workgroup per row, as this was, walked a Llama-8B down projection's 448 units in
+// two rounds of 256 lanes on one SM: 7.6 us, against 3.1 us on 7 workgroups of 64 (H200,
+// bench/engine.py --profile). The host sizes the norm mode's workgroup to the whole row
+// (kernels/matvec_prequant.py QUANTIZE_WG_NORM), for the reason below.
+//
 // The norm mode quantizes t = x * g and stores 1/rms in the row's header, which the mat-vec
 // applies to its row sums: the numerics of the norm mode's dot4 mat-vec, step for step. The
-// sum of squares comes from the quads the unit loop loads (each once), added over the
+// header needs the whole row's sum of squares, so workgroup 0 (and only it) reads every unit
+// of the row; the squares come from the quads its unit loop loads (each once), added over the
 // workgroup by workgroup_total below.
 
 override WG: u32 = 64u;
@@ -43,24 +50,41 @@ fn workgroup_total(value: f32, lane: u32) -> f32 {
     return total;
 }
 
+// The header's scale needs every unit of the row in the norm mode (its 1/rms), and in no
+// other: the input files say which with INPUT_WHOLE_ROW.
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let m = group.z;
     let words = xq_unit_words();
     let row = m * (1u + words * params.units);
-    for (var u = lane; u < params.units; u += WG) {
-        let unit = quantize_unit(unit_quads(u, m), NATURAL);
-        let at = row + 1u + words * u;
-        xq[at] = unit.even;
-        xq[at + 1u] = unit.odd;
-        xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
-        if (RESIDUAL) {
-            xq[at + 3u] = unit.even_r;
-            xq[at + 4u] = unit.odd_r;
+    let mine = group.x * WG + lane;                  // the unit this lane quantizes
+    let header = group.x == 0u;                      // uniform over the workgroup
+    if (header && INPUT_WHOLE_ROW) {
+        // every unit's quads, for their squares; this workgroup's own units (u < WG) quantized
+        for (var u = lane; u < params.units; u += WG) {
+            let quads = unit_quads(u, m);
+            if (u == mine) {
+                store_unit(row, u, quantize_unit(quads, NATURAL));
+            }
+        }
+    } else if (mine < params.units) {
+        store_unit(row, mine, quantize_unit(unit_quads(mine, m), NATURAL));
+    }
+    if (header) {
+        let scale = input_finish(lane, m);   // barriers inside (norm): uniform control flow here
+        if (lane == 0u) {
+            xq[row] = vec4<u32>(bitcast<u32>(scale), 0u, 0u, 0u);
         }
     }
-    let scale = input_finish(lane, m);   // barriers inside (norm): uniform control flow here
-    if (lane == 0u) {
-        xq[row] = vec4<u32>(bitcast<u32>(scale), 0u, 0u, 0u);
+}
+
+fn store_unit(row: u32, u: u32, unit: UnitX) {
+    let at = row + 1u + xq_unit_words() * u;
+    xq[at] = unit.even;
+    xq[at + 1u] = unit.odd;
+    xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
+    if (RESIDUAL) {
+        xq[at + 3u] = unit.even_r;
+        xq[at + 4u] = unit.odd_r;
     }
 }

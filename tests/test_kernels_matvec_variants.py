@@ -217,3 +217,43 @@ def test_the_pre_quantized_bench_hook_times_the_right_product(native_device, run
     exact, bound, rule = mv.fused_oracle(weights, x, int8=1 if name.endswith("BYTES=1") else 2, int8_unit=32)
     assert golden.compare_bound("matvec_prequant", name, "bench", y.reshape(1, -1), exact, bound, rule).passed
     assert prepared.bytes_moved > weights.nbytes and prepared.flops == 2 * 40 * 512
+
+
+@pytest.mark.parametrize("encoding", ["q4", "q8"])
+@pytest.mark.parametrize("input", ["plain", "norm", "swiglu"])
+def test_quantize_x_makes_the_same_bytes_on_any_number_of_workgroups(native_device, run, encoding, input):
+    """quantize_x spreads a row's units over ceil(units / WG) workgroups (one unit a lane) and
+    workgroup 0 alone writes the header (norm: 1/rms of the whole row). Every unit's words must
+    be bit for bit those of one workgroup taking the whole row (WG 256 over 129 units), on a
+    row with a partial last unit and a partial last workgroup at WG 32, 64 and 128; the header
+    sums the same squares in another order, so it agrees to f32 rounding."""
+    from webslm.kernels import matvec_prequant
+    rng = np.random.default_rng(11)
+    cols = 4099                                         # 129 units of 32, the last one of 3
+    weights = mv.random_weights_fast(rng, encoding, 8, cols)
+    x = (3 * rng.standard_normal((2, cols))).astype(np.float32)
+    x[1, 700] = 40.0                                    # an outlier unit, as SmolLM2 has
+    norm_weight = rng.standard_normal(cols).astype(np.float32) if input == "norm" else None
+    if input == "swiglu":
+        x = mv.gate_up_row(x, rng.standard_normal((2, cols)), cols + 1)
+    ctx = golden.GoldenContext(native_device, rng)
+    words = []
+    for size in (256, 32, 64, 128):
+        xq = run(matvec_prequant.run(ctx, weights, x, input=input, norm_weight=norm_weight,
+                                     eps=1e-5 if input == "norm" else None,
+                                     up_offset=cols + 1 if input == "swiglu" else None,
+                                     quantize_workgroup=size, quantized_only=True))
+        words.append(xq)
+    one = words[0]
+    assert one.shape == (2, 4 * (1 + 5 * 129))
+    header = one[:, :4].view(np.float32)[:, 0]
+    assert np.all(np.isfinite(header)) and np.all(header > 0)
+    if input == "norm":                                 # 1/rms, from the oracle
+        expect = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1) + 1e-5)
+        np.testing.assert_allclose(header, expect, rtol=1e-5)
+    else:
+        assert np.all(header == 1.0)
+    assert np.any(one[:, 4:] != 0)
+    for other in words[1:]:
+        np.testing.assert_array_equal(other[:, 4:], one[:, 4:])
+        np.testing.assert_allclose(other[:, :4].view(np.float32)[:, 0], header, rtol=1e-6)

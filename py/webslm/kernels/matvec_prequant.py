@@ -58,6 +58,14 @@ VARIANTS = {"xq": 0, "xq2": 1}          # matvec.Choice.variant of this path -> 
 VARIANT = "xq2"                         # the one the engine's tuning tries
 UNIT = 32                               # activations per quantized unit (one scale, one sum)
 QUANTIZE_SIZES = (32, 64, 128, 256)     # quantize_x workgroup sizes (one lane per unit)
+# The quantize_x workgroup size taken, by input mode: units per workgroup (one a lane), as many
+# workgroups as a row needs. Measured in the Llama-8B step on the H200 (docs/RESULTS.md,
+# "quantize_x over many workgroups"): the swiglu row of 448 units went from 7.6 us on one
+# workgroup to 3.1 us on 7 of 64; a norm row wants one workgroup as wide as it (up to 256),
+# since its header needs every square of the row and workgroup 0 would walk the others' units
+# in turn (4.7 us on one workgroup of 128, 6.0 on two of 64, 11.8 on four of 32).
+QUANTIZE_WG = 64
+QUANTIZE_WG_NORM = 256
 
 
 def quantize_name(input: str) -> str:
@@ -106,9 +114,12 @@ class PrequantPlan(NamedTuple):
 def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int, input: str = "plain",
          accumulate: bool = False, eps: float | None = None, up_offset: int | None = None,
          norm_elements: int | None = None, workgroup: int | None = None,
-         rows_per_group: int | None = None, residual: bool = True) -> PrequantPlan:
+         rows_per_group: int | None = None, residual: bool = True,
+         quantize_workgroup: int | None = None) -> PrequantPlan:
     """Both launches, validated on the host (matvec.plan's checks for the op's input mode);
-    `residual`: two bytes an activation ("xq2"), else one ("xq")."""
+    `residual`: two bytes an activation ("xq2"), else one ("xq"); `quantize_workgroup`: units
+    a quantize_x workgroup takes (one a lane; a row takes ceil(units / it) workgroups; default
+    QUANTIZE_WG, for the norm mode QUANTIZE_WG_NORM)."""
     if not serves(device, weights):
         raise MatvecShapeError("variant", f"pre-quantized activations need weights of "
                                           f"{sorted(matvec.PREQUANT_VARIANTS)} in whole units of {UNIT} and "
@@ -122,21 +133,22 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     units = x_units(weights)
     params = base.params.copy()
     params[3] = units                    # Params.units: units of 32 for both launches (q8: half its 16s)
-    size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES, max(32, 1 << (units - 1).bit_length()))
+    size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES,
+                                    min(quantize_workgroup or (QUANTIZE_WG_NORM if input == "norm" else QUANTIZE_WG),
+                                        max(32, 1 << (units - 1).bit_length())))
     if size is None:
         raise MatvecShapeError("workgroup", "no quantize_x workgroup size fits the device's limits")
+    groups = -(-units // size)
+    if groups > device.limits.get("maxComputeWorkgroupsPerDimension", 65535):
+        raise MatvecShapeError("grid", f"{units} units need {groups} quantize_x workgroups, over the device's limit")
     quantize = MatvecPlan(quantize_name(input), {"WG": size, "NATURAL": int(weights.encoding == "q8"),
                                                  "RESIDUAL": int(residual)}, params,
-                          (1, 1, m), INPUT_BINDINGS[input])
+                          (groups, 1, m), INPUT_BINDINGS[input])
     return PrequantPlan(quantize, MatvecPlan(name, overrides, params, base.grid, INPUT_BINDINGS["int8"]))
 
 
-async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str = "plain",
-              norm_weight: np.ndarray | None = None, eps: float | None = None, up_offset: int | None = None,
-              y0: np.ndarray | None = None, workgroup: int | None = None,
-              rows_per_group: int | None = None, residual: bool = True) -> np.ndarray:
-    """y [M, rows] once on fresh buffers (tests): the two launches, xq read back in between."""
-    device = ctx.device
+def _inputs(weights: Weights, x: np.ndarray, input: str, norm_weight, up_offset):
+    """x as the input mode binds it: [(arrays...), x_stride, up_offset]."""
     x = np.atleast_2d(np.asarray(x, np.float32))
     if input == "swiglu":
         up_offset = x.shape[1] // 2 if up_offset is None else up_offset
@@ -144,12 +156,27 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
     else:
         xs, stride = matvec.padded_activations(x)
     inputs = [xs] + ([matvec.padded_norm_weight(norm_weight, weights.cols)] if input == "norm" else [])
-    m = x.shape[0]
+    return inputs, stride, up_offset
+
+
+async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str = "plain",
+              norm_weight: np.ndarray | None = None, eps: float | None = None, up_offset: int | None = None,
+              y0: np.ndarray | None = None, workgroup: int | None = None,
+              rows_per_group: int | None = None, residual: bool = True,
+              quantize_workgroup: int | None = None, quantized_only: bool = False) -> np.ndarray:
+    """y [M, rows] once on fresh buffers (tests): the two launches, xq read back in between;
+    `quantized_only`: xq itself, [M][words] u32 (the layout of matvec_input_int8.wgsl)."""
+    device = ctx.device
+    m = np.atleast_2d(x).shape[0]
+    inputs, stride, up_offset = _inputs(weights, x, input, norm_weight, up_offset)
     p = plan(device, weights, m, stride, weights.rows, input, y0 is not None, eps, up_offset,
-             matvec._quads(weights.cols) if input == "norm" else None, workgroup, rows_per_group, residual)
+             matvec._quads(weights.cols) if input == "norm" else None, workgroup, rows_per_group, residual,
+             quantize_workgroup)
     quantizer = await ctx.kernel(p.quantize.kernel, **p.quantize.overrides)
     (xq,) = await runner.run_once(device, quantizer, p.quantize.params, inputs,
                                   [(xq_bytes(x_units(weights), m, residual) // 4, np.uint32)], p.quantize.grid)
+    if quantized_only:
+        return xq.reshape(m, -1)
     output = (m * weights.rows, np.float32) if y0 is None else np.asarray(y0, np.float32).reshape(-1).copy()
     kernel = await ctx.kernel(p.matvec.kernel, **p.matvec.overrides)
     (y,) = await runner.run_once(device, kernel, p.matvec.params, [*weights.bindings(), xq], [output],
@@ -263,7 +290,10 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
     if not ctx.variants("quantize_x_"):
         return results
     subgroups = "subgroups" in ctx.device.features
-    shapes = [(None, None)] if ctx.quick else [(None, None), (32, 16), (256, 1), (64, 8)]
+    # (mat-vec WG, ROWS, quantize_x WG): a quantize_x workgroup of 32 spreads every row of
+    # more than 32 units over several workgroups (in quick runs on every other case)
+    shapes = ([(None, None, None)] if ctx.quick else
+              [(None, None, None), (32, 16, 32), (256, 1, 256), (64, 8, 32)])
     for index, case in enumerate(_cases(ctx)):
         encoding = case.weights.encoding
         name = matvec.kernel_name(encoding, subgroups, "int8", matvec.PREQUANT_VARIANTS[encoding])
@@ -272,11 +302,12 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
         for residual in ((index % 2,) if ctx.quick else (1, 0)):
             exact, bound, rule = matvec.fused_oracle(case.weights, case.x, case.input, case.norm_weight, case.eps,
                                                      case.up_offset, case.y0, int8=1 + residual, int8_unit=UNIT)
-            for workgroup, rows in (shapes if case.name.startswith("random") and residual else shapes[:1]):
+            for workgroup, rows, quantize in (shapes if case.name.startswith("random") and residual else shapes[:1]):
+                quantize = 32 if ctx.quick and index % 2 else quantize
                 y = await run(ctx, case.weights, case.x, input=case.input, norm_weight=case.norm_weight,
                               eps=case.eps, up_offset=case.up_offset, y0=case.y0, workgroup=workgroup,
-                              rows_per_group=rows, residual=bool(residual))
-                shape = {"WG": workgroup or "rule", "ROWS": rows or "rule", "BYTES": 1 + residual}
+                              rows_per_group=rows, residual=bool(residual), quantize_workgroup=quantize)
+                shape = {"WG": workgroup or "rule", "ROWS": rows or "rule", "BYTES": 1 + residual, "QWG": quantize}
                 results.append(compare_bound("matvec_prequant", f"{quantize_name(case.input)}+{name} {shape}",
                                              case.name, y, exact, bound, rule))
     return results
