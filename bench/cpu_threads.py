@@ -4,9 +4,10 @@ variant alike.
 
     PYTHONPATH=py .venv/bin/python bench/cpu_threads.py [--rounds 8] [--block 8]
 
-Variants: 1 thread; 2 threads splitting products of 2^18+ weights (every layer product of
-SmolLM2 in decode); 2 threads at the default threshold (Kernels.THREAD_MIN_WEIGHTS: gate|up
-and the head). Each has its own backend after the same 128-id prompt. Per block: wall and
+Variants: 1 thread; 2 threads handing parts to a Python helper thread at its default threshold
+(Kernels.THREAD_MIN_WEIGHTS: gate|up and the head); 2 threads on the native build's own pool
+(qmatmul_pool.c) splitting products of 2^16+, 2^18+ (Kernels.SHARED_MIN_WEIGHTS: every layer
+product of SmolLM2 in decode) and 2^20+ weights. Each has its own backend after the same 128-id prompt. Per block: wall and
 process CPU seconds (all threads). Printed and written to bench/results/cpu_threads.json:
 best and median tokens/s and tokens per CPU second, and whether all variants decoded the
 same tokens (they must: the split does not change a bit).
@@ -42,11 +43,18 @@ def main(argv=None) -> int:
         return 2
     model = webslm.open_model(MODEL)
     backends, tokens, blocks = {}, {}, {}
-    for name, threads, threshold in (("1 thread", 1, None), ("2 threads, split at 2^18", 2, 1 << 18),
-                                     ("2 threads, default split", 2, None)):
-        k = kernels.Kernels(built._q8, built._q4, built._prepare, name, threads=threads)
+    pool = built._shared
+    for name, threads, threshold, shared in (
+            ("1 thread", 1, None, None),
+            ("2 threads, Python helpers, split at 2^20", 2, None, None),
+            ("2 threads, pool, split at 2^16", 2, 1 << 16, pool),
+            ("2 threads, pool, split at 2^18 (default)", 2, None, pool),
+            ("2 threads, pool, split at 2^20", 2, 1 << 20, pool)):
+        if threads > 1 and shared is None and "pool" in name:
+            continue                                  # a build without qmatmul_pool.c
+        k = kernels.Kernels(built._q8, built._q4, built._prepare, name, threads=threads, shared=shared)
         if threshold is not None:
-            k.THREAD_MIN_WEIGHTS = threshold
+            k.THREAD_MIN_WEIGHTS = k.SHARED_MIN_WEIGHTS = threshold
         kernels._loaded[:] = [k]                      # the backend's matrices take this one
         backends[name] = CpuBackend(model)
         backends[name].prefill(list(range(100, 228)))

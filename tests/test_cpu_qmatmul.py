@@ -171,27 +171,88 @@ def test_extreme_codes_and_scales(encoding, zero):
     assert np.array_equal(got, emulate(m, x))
 
 
-def test_threads_split_rows_without_changing_a_bit():
+# Rows shared among threads two ways: Python helper threads (kernels.Kernels.run), or the
+# native build's own pool (qmatmul_pool.c), which every CPython CPU path with 2+ threads uses.
+SHARING = [pytest.param(False, id="python-helpers"),
+           pytest.param(True, id="pool", marks=pytest.mark.skipif(
+               KERNEL is None or KERNEL._shared is None, reason="the native build has no pool (qmatmul_pool.c)"))]
+
+
+def two_threads(threshold: int = 0, pool: bool = False, threads: int = 2) -> kernels.Kernels:
+    k = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, f"{threads} threads", threads=threads,
+                        shared=KERNEL._shared if pool else None)
+    k.THREAD_MIN_WEIGHTS = k.SHARED_MIN_WEIGHTS = threshold
+    return k
+
+
+@pytest.mark.parametrize("pool", SHARING)
+def test_threads_split_rows_without_changing_a_bit(pool):
     rng = np.random.default_rng(3)
     w = rng.standard_normal((301, 256)).astype(np.float32)
     x = rng.standard_normal((5, 256)).astype(np.float32)
     one = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, "1 thread", threads=1)
-    two = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, "2 threads", threads=2)
-    two.THREAD_MIN_WEIGHTS = 0
+    two = two_threads(0, pool)
     for encoding, zero in (("q8", None), ("q4", "min"), ("q4", "offset")):
         a, b = matrix(encoding, zero, w, 32, kernel=one), matrix(encoding, zero, w, 32, kernel=two)
         assert np.array_equal(a.matmul(x), b.matmul(x))
 
 
-def two_threads(threshold: int = 0) -> kernels.Kernels:
-    k = kernels.Kernels(KERNEL._q8, KERNEL._q4, KERNEL._prepare, "2 threads", threads=2)
-    k.THREAD_MIN_WEIGHTS = threshold
-    return k
+@pytest.mark.skipif(KERNEL is None or KERNEL._shared is None, reason="the native build has no pool")
+@pytest.mark.parametrize("encoding,zero", [("q8", None), ("q4", "min"), ("q4", "offset")])
+def test_the_pool_gives_the_same_bits_in_any_number_of_parts(encoding, zero):
+    """qmatmul_pool.c cuts W's rows into `parts` ranges, one a thread (helpers started as a
+    call needs them, up to 7): every part count, with fewer rows than parts, 1, 2 and 5 rows
+    of x (pairs and a lone row of x), an odd row count of W (a lone row of W in a part), gives
+    the single-thread kernel's bits."""
+    rng = np.random.default_rng(8)
+    for n in (1, 3, 7, 64, 301):
+        w = rng.standard_normal((n, 160)).astype(np.float32)
+        one = matrix(encoding, zero, w, 32, kernel=KERNEL)
+        for m in (1, 2, 5):
+            x = rng.standard_normal((m, 160)).astype(np.float32)
+            want = one.matmul(x)
+            assert np.array_equal(want, emulate(one, x))
+            for parts in (2, 3, 4, 8, 9):
+                got = matrix(encoding, zero, w, 32, kernel=two_threads(0, True, parts)).matmul(x)
+                assert np.array_equal(got, want), (n, m, parts)
 
 
+@pytest.mark.skipif(KERNEL is None or KERNEL._shared is None, reason="the native build has no pool")
+def test_a_forked_child_starts_its_own_pool():
+    """The pool's helper threads do not survive a fork: a child that shares a product after
+    its parent did starts its own helpers (the pid check) instead of waiting forever for
+    threads that are not there."""
+    import os
+    import select
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((301, 96)).astype(np.float32)
+    x = rng.standard_normal((1, 96)).astype(np.float32)
+    pooled = matrix("q4", "min", w, 32, kernel=two_threads(0, True))
+    want = pooled.matmul(x)                       # the parent's helpers are running now
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:                                # the child: one product, its bytes to the pipe
+        try:
+            os.write(write, pooled.matmul(x).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    came = select.select([read], [], [], 60)[0]
+    try:
+        assert came, "the child's product did not come within 60 s"
+        got = np.frombuffer(os.read(read, want.nbytes), np.float32).reshape(want.shape)
+    finally:
+        os.close(read)
+        if not came:
+            os.kill(child, 9)
+        os.waitpid(child, 0)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("pool", SHARING)
 @pytest.mark.parametrize("encoding,zero", [("q8", None), ("q4", "min"), ("q4", "offset")])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_products_split_or_not_equal_each_matrix_alone(encoding, zero, rows):
+def test_products_split_or_not_equal_each_matrix_alone(encoding, zero, rows, pool):
     """A layer's Products (x prepared once, outputs kept, rows split among threads, a matrix
     of one row among them) give each matrix's own matmul, bit for bit."""
     rng = np.random.default_rng(5)
@@ -199,7 +260,7 @@ def test_products_split_or_not_equal_each_matrix_alone(encoding, zero, rows):
     ws = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     x = rng.standard_normal((rows, 96)).astype(np.float32)
     alone = [matrix(encoding, zero, w, 32, kernel=KERNEL).matmul(x) for w in ws]
-    for kernel in (KERNEL, two_threads(0), two_threads(1 << 40)):
+    for kernel in (KERNEL, two_threads(0, pool), two_threads(1 << 40, pool)):
         products = Products(f"test-{encoding}-{zero}", *[matrix(encoding, zero, w, 32, kernel=kernel) for w in ws])
         for _ in range(2):                         # the second call reuses the outputs
             got = products(x)
@@ -223,12 +284,14 @@ def test_products_of_one_role_for_two_models_keep_their_own_widths():
         assert np.array_equal(a, first.matrices[0].matmul(x)) and np.array_equal(b, second.matrices[0].matmul(x))
 
 
-def test_products_from_two_threads_at_once():
+@pytest.mark.parametrize("pool", SHARING)
+def test_products_from_two_threads_at_once(pool):
     """Backends in two threads share the kernel object: one caller's work on the helper
-    never mixes with the other's, and each thread keeps its own outputs."""
+    never mixes with the other's (the pool: a caller that finds it busy computes alone), and
+    each thread keeps its own outputs."""
     import threading
     rng = np.random.default_rng(6)
-    kernel = two_threads(0)
+    kernel = two_threads(0, pool)
     ws = [rng.standard_normal((200, 64)).astype(np.float32) for _ in range(2)]
     products = Products("shared", *[matrix("q4", "min", w, 32, kernel=kernel) for w in ws])
     xs = [rng.standard_normal((3, 64)).astype(np.float32) for _ in range(2)]

@@ -5,7 +5,8 @@ Usage: python tools/build_kernels.py [--root REPO] [--check]
 Writes, next to the source, in py/webslm/cpu/build/ (git-ignored):
 
     webslm_qmatmul.wasm        for the Pyodide worker (tools/assets.py puts it on the site)
-    libwebslm_qmatmul.so       for CPython (webslm.cpu.kernels loads it with ctypes)
+    libwebslm_qmatmul.so       for CPython (webslm.cpu.kernels loads it with ctypes), from
+                               qmatmul_pool.c: qmatmul.c and a pool of threads that share a product
 
 Both with Debian's clang (apt: clang, lld; ./dev installs them): wasm32 with simd128 and
 wasm-ld, and the host's own target. Outputs newer than the source and this script are kept.
@@ -26,6 +27,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SOURCE = "py/webslm/cpu/qmatmul.c"
+NATIVE_SOURCE = "py/webslm/cpu/qmatmul_pool.c"     # qmatmul.c and a thread pool (CPython only)
 WASM = "py/webslm/cpu/build/webslm_qmatmul.wasm"
 NATIVE = "py/webslm/cpu/build/libwebslm_qmatmul.so"
 EXPORTS = ("webslm_q8_matmul", "webslm_q4_matmul", "webslm_block_sums", "webslm_prepare")
@@ -98,13 +100,14 @@ def build(root: pathlib.Path, check_only: bool = False) -> list[str]:
     clang = tool("clang", "clang-14")
     objdump = tool("llvm-objdump", "llvm-objdump-14")
     source, wasm, native = root / SOURCE, root / WASM, root / NATIVE
-    inputs = [source, pathlib.Path(__file__)]
+    inputs = [source, root / NATIVE_SOURCE, pathlib.Path(__file__)]
     done = []
     if not check_only:
         if clang is None:
             return ["clang not found: no qmatmul kernel built (the CPU path uses numpy; apt: clang lld)"]
         wasm.parent.mkdir(parents=True, exist_ok=True)
-        for out, flags in ((wasm, WASM_FLAGS), (native, [*native_flags(), "-shared", "-fPIC"])):
+        for out, flags, source in ((wasm, WASM_FLAGS, root / SOURCE),
+                                   (native, [*native_flags(), "-shared", "-fPIC", "-pthread"], root / NATIVE_SOURCE)):
             if fresh(out, inputs):
                 done.append(f"{out.relative_to(root)}: up to date")
                 continue

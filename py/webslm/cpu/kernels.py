@@ -7,7 +7,8 @@
                       imports webslm (worker/qmatmul.mjs)
     neither:          None; qmatrix.py then decodes strips of rows with numpy instead
 
-WEBSLM_QMATMUL=off (native) turns the kernel off, for comparisons. The build in use is
+WEBSLM_QMATMUL=off (native) turns the kernel off, for comparisons; WEBSLM_CPU_POOL=off keeps
+it but shares products among Python threads instead of the build's own pool (qmatmul_pool.c). The build in use is
 reported by describe() (the worker's status, bench/cpu.py).
 
 Every entry point takes addresses: numpy arrays' data pointers, which under Pyodide are
@@ -73,9 +74,13 @@ class Kernels:
     address costs ~2 us natively and several under Pyodide, and a decode step makes ~200
     products. They are per thread so that backends in two threads never share one."""
 
-    def __init__(self, q8, q4, prepare, name: str, threads: int = 1):
+    def __init__(self, q8, q4, prepare, name: str, threads: int = 1, shared=None):
         self._q8, self._q4, self._prepare = q8, q4, prepare
         self.name, self.threads = name, threads
+        # (q8, q4): the native build's products shared among its own pool of threads
+        # (qmatmul_pool.c), taking one more argument, the number of parts; None: the
+        # helpers below share them instead
+        self._shared = shared
         self._local = threading.local()   # .scratch: layout -> (rows, x', address, sums, address)
         #                                   .outputs: key -> (rows, [arrays], [addresses])
         self._helpers: list[_Helper] = []   # threads - 1 of them, started on first use
@@ -96,6 +101,10 @@ class Kernels:
     # docs/RESULTS.md), so a decode step splits only gate|up (1.8M) and the head (28M), and
     # a prompt's chunks split everything.
     THREAD_MIN_WEIGHTS = 1 << 20
+    # The same with the native build's pool (qmatmul_pool.c), which hands a part over in
+    # under a microsecond: every layer product of SmolLM2 in decode (331,776 weights and up)
+    # is split (measured: bench/cpu_threads.py, docs/RESULTS.md).
+    SHARED_MIN_WEIGHTS = 1 << 18
 
     def run(self, jobs: list) -> None:
         """Run jobs (callables, at most `threads` of them) at once: the first on this thread,
@@ -160,21 +169,27 @@ class Kernels:
         n, ya = w.shape[0], address(y)
         if not self.threaded(m * n * w.nblocks * w.block):
             self._rows(w, m, xp_at, sums_at, ya, 0, n)          # the common case: no closure
-            return
-        self.run([partial(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in self.shares(n) if b > a])
+        elif self._shared is not None:
+            self._rows(w, m, xp_at, sums_at, ya, 0, n, self.threads)
+        else:
+            self.run([partial(self._rows, w, m, xp_at, sums_at, ya, a, b) for a, b in self.shares(n) if b > a])
 
     def threaded(self, weights: int) -> bool:
         """Whether a product of this many weights (rows of x times weights) is split."""
-        return self.threads > 1 and weights >= self.THREAD_MIN_WEIGHTS
+        least = self.THREAD_MIN_WEIGHTS if self._shared is None else self.SHARED_MIN_WEIGHTS
+        return self.threads > 1 and weights >= least
 
-    def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int) -> None:
-        """Rows j0..j1 of W (columns j0..j1 of y)."""
+    def _rows(self, w, m: int, xp_at: int, sums_at: int, ya: int, j0: int, j1: int, parts: int = 0) -> None:
+        """Rows j0..j1 of W (columns j0..j1 of y); `parts` > 0: on the native pool, in that
+        many parts."""
         n, cb, sb = w.shape[0], w.codes.strides[0], w.scales.strides[0]
+        q8, q4, more = (self._q8, self._q4, ()) if not parts else (*self._shared, (parts,))
         if w.encoding == "q8":
-            self._q8(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+            q8(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n,
+               *more)
         else:
-            self._q4(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, w.mins_at and w.mins_at + j0 * sb,
-                     sums_at, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n)
+            q4(xp_at, m, w.codes_at + j0 * cb, w.scales_at + j0 * sb, w.mins_at and w.mins_at + j0 * sb,
+               sums_at, j1 - j0, w.nblocks, w.block, ya + 4 * j0, n, *more)
 
 
 def _native() -> Kernels | None:
@@ -190,9 +205,32 @@ def _native() -> Kernels | None:
     lib.webslm_prepare.argtypes = [p, i, i, i, i, i, i, p, p]
     for f in (lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare):
         f.restype = None
-    threads = int(os.environ.get("WEBSLM_CPU_THREADS", min(os.cpu_count() or 1, 4)))
-    return Kernels(lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare,
-                   f"native {path.name}", max(1, threads))
+    shared = None
+    if hasattr(lib, "webslm_q4_matmul_shared") and os.environ.get("WEBSLM_CPU_POOL", "").lower() != "off":
+        lib.webslm_q8_matmul_shared.argtypes = [*lib.webslm_q8_matmul.argtypes, i]
+        lib.webslm_q4_matmul_shared.argtypes = [*lib.webslm_q4_matmul.argtypes, i]
+        lib.webslm_q8_matmul_shared.restype = lib.webslm_q4_matmul_shared.restype = None
+        shared = (lib.webslm_q8_matmul_shared, lib.webslm_q4_matmul_shared)
+    threads = max(1, int(os.environ.get("WEBSLM_CPU_THREADS", min(os.cpu_count() or 1, 4))))
+    name = f"native {path.name}"
+    if shared and threads > 1:
+        name += f" (pool; {_one_blas_thread()})"
+    return Kernels(lib.webslm_q8_matmul, lib.webslm_q4_matmul, lib.webslm_prepare, name, threads, shared)
+
+
+def _one_blas_thread() -> str:
+    """numpy's OpenBLAS held to one thread (process-wide), what it says. Its threads spin
+    for a while after each call, also after the small matrix products of a decode step's
+    attention, and on the cores the pool's helpers need: on the 2-core development machine
+    SmolLM2 decoded at 51-61 tok/s with both pools and 67 with OpenBLAS on one thread
+    (prefill 112-132 against 169-175 tok/s; docs/RESULTS.md). The CPU path's big products
+    are the pool's. Through threadpoolctl (the `cpu` extra) when installed."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return "numpy's BLAS threads as they were: threadpoolctl is not installed"
+    ThreadpoolController().select(internal_api="openblas").limit(limits=1)
+    return "numpy's OpenBLAS on one thread"
 
 
 def _pyodide() -> Kernels | None:

@@ -92,20 +92,21 @@ class QuantizedMatrix(StripMatrix):
         self.codes_at, self.scales_at = address(self.codes), address(self.scales)
         self.mins_at = 0 if self.mins is None else address(self.mins)
 
-    def kernel_call(self, j0: int = 0, j1: int | None = None):
+    def kernel_call(self, j0: int = 0, j1: int | None = None, parts: int = 0):
         """f(x' address, m, block sums' address, y address): columns j0..j1 of y [m, N] =
-        x' . (rows j0..j1 of W)^T on this thread, the kernel's other arguments bound now
-        (Products). y is the address of column 0."""
+        x' . (rows j0..j1 of W)^T on this thread, or with `parts` on the native build's pool
+        of threads (kernels.Kernels), the kernel's other arguments bound now (Products). y is
+        the address of column 0."""
         n = self.shape[0]
         j1 = n if j1 is None else j1
         nblocks, block, rows, skip = self.nblocks, self.block, j1 - j0, 4 * j0
         codes, scales = self.codes_at + j0 * self.codes.strides[0], self.scales_at + j0 * self.scales.strides[0]
         mins = self.mins_at and self.mins_at + j0 * self.scales.strides[0]
+        q8, q4 = self.kernel._shared if parts else (self.kernel._q8, self.kernel._q4)
+        more = (parts,) if parts else ()
         if self.encoding == "q8":
-            q8 = self.kernel._q8
-            return lambda xp, m, sums, y: q8(xp, m, codes, scales, rows, nblocks, block, y + skip, n)
-        q4 = self.kernel._q4
-        return lambda xp, m, sums, y: q4(xp, m, codes, scales, mins, sums, rows, nblocks, block, y + skip, n)
+            return lambda xp, m, sums, y: q8(xp, m, codes, scales, rows, nblocks, block, y + skip, n, *more)
+        return lambda xp, m, sums, y: q4(xp, m, codes, scales, mins, sums, rows, nblocks, block, y + skip, n, *more)
 
     @property
     def nbytes(self) -> int:
@@ -164,8 +165,8 @@ class Products:
     So a result is valid only until the next call of a Products of the same role in the same
     thread: the forward pass consumes each (copies, adds, writes it to the cache) before then,
     and holds none across its pauses. A group of Kernels.THREAD_MIN_WEIGHTS or more (times
-    the rows of x) is split among threads, each taking a consecutive share of every matrix's
-    rows. An output's arithmetic is the kernel's whatever the split, so the values are those
+    the rows of x; SHARED_MIN_WEIGHTS with the native pool) is split among threads, each
+    taking a consecutive share of every matrix's rows (with the pool: of each matrix in turn). An output's arithmetic is the kernel's whatever the split, so the values are those
     of w.matmul(x), bit for bit. Otherwise (StripMatrix), multiply()."""
 
     def __init__(self, role: str, *matrices: StripMatrix):
@@ -183,6 +184,9 @@ class Products:
         ranges = [self.kernel.shares(n) for n in self.widths]              # [matrix][thread]
         self.split = [[(w.kernel_call(*ranges[i][t]), i) for i, w in enumerate(matrices) if ranges[i][t][1] > ranges[i][t][0]]
                       for t in range(self.kernel.threads)]
+        # or, with the native build's pool, each matrix's product shared there
+        self.pooled = (None if self.kernel._shared is None or self.kernel.threads < 2 else
+                       [(w.kernel_call(parts=self.kernel.threads), i) for i, w in enumerate(matrices)])
 
     def __call__(self, x: np.ndarray) -> list[np.ndarray]:
         kernel = self.kernel
@@ -191,7 +195,9 @@ class Products:
         m = len(x)
         xp_at, sums_at = kernel.prepare(x, *self.layout)
         outs, at = kernel.outputs((self.role, self.layout), m, self.widths)
-        if kernel.threaded(m * self.weights) and len(self.split) > 1:
+        if kernel.threaded(m * self.weights) and self.pooled:
+            _run_calls(self.pooled, xp_at, m, sums_at, at)
+        elif kernel.threaded(m * self.weights) and len(self.split) > 1:
             kernel.run([partial(_run_calls, share, xp_at, m, sums_at, at) for share in self.split])
         else:
             _run_calls(self.calls, xp_at, m, sums_at, at)
