@@ -1,8 +1,8 @@
 """WebLLM-style programs (tests_browser/webllm_programs/: our own, written to WebLLM's documented
 API) run unchanged but for their import line, which names web/webllm.mjs instead of
 "@mlc-ai/web-llm". Every program makes its own engine with CreateMLCEngine, as WebLLM's
-examples do, and asks for a few tokens. Two rows, and each test asserts which engine answered
-(CI runs three of the programs in the CPU path row only: ALL_ROWS):
+examples do, and asks for a few tokens. Every program runs in two rows, and each test asserts
+which engine answered:
 
 - chromium-compat, the GPU row (WebGPU over lavapipe, about 0.7-1.2 s a decode step): the
   import is "webllm.mjs?gpu=force", so the admitted GPU answers. With a plain import the
@@ -45,7 +45,6 @@ Each program's wall time is printed and written to tests_browser/results/<row>.j
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 
@@ -61,16 +60,6 @@ IMPORT_QUERY = {"chromium": "?gpu=0", "chromium-compat": "?gpu=force"}
 ANSWERS_ON = {"chromium": "cpu", "chromium-compat": "gpu"}
 
 pytestmark = pytest.mark.parametrize("booted", list(IMPORT_QUERY), indirect=True)
-# CI cost: the GPU row's answers take ~1 s a token on lavapipe. multi_round, seed_reproduce and
-# abort_reload (125 s there, nothing GPU-specific in them: the GPU executor's turns, seeds and
-# cancels are tested natively and by test_engine_browser.py) run in the GPU row only with
-# WEBSLM_WEBLLM_ROWS=all; in CI they run in the CPU path row, the other four in both.
-ALL_ROWS = os.environ.get("WEBSLM_WEBLLM_ROWS") == "all"
-
-
-def _cpu_row_in_ci(booted) -> None:
-    if booted.row.name == "chromium-compat" and not ALL_ROWS:
-        pytest.skip("in the GPU row with WEBSLM_WEBLLM_ROWS=all (CI cost: ALL_ROWS)")
 # The question most programs ask, with a short system prompt: 24 prompt tokens to read (the
 # model's default system prompt makes 37), the slowest part of each program here.
 BRIEF = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
@@ -178,7 +167,6 @@ def test_streaming_with_the_usage_chunk_and_logprobs(booted, brief_reference):
 
 
 def test_multi_round(booted):
-    _cpu_row_in_ci(booted)
     r = run_program(booted, "multi_round")
     first, second, after = r["first"], r["second"], r["afterReset"]
     for reply in (first, second, after):
@@ -190,7 +178,6 @@ def test_multi_round(booted):
 
 
 def test_seed_reproduce(booted):
-    _cpu_row_in_ci(booted)
     r = run_program(booted, "seed_reproduce")
     a, both = r["a"], r["both"]
     answered_on(booted, a)
@@ -212,7 +199,6 @@ def test_seed_reproduce(booted):
 
 
 def test_abort_and_reload(booted, brief_reference):
-    _cpu_row_in_ci(booted)
     r = run_program(booted, "abort_reload")
     assert r["finishReason"] == "abort" and r["pieces"] >= 1
     first, second = r["first"], r["second"]
