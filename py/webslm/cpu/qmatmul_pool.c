@@ -127,9 +127,11 @@ static void *helper_main(void *arg) {
 
 /* Helpers for parts 1..parts-1 in this process; false when none could be started. */
 static int ensure_helpers(int parts) {
-    if (pool.pid != getpid()) {          /* a forked child has none of its parent's threads */
-        pool.helpers = 0;
+    if (pool.pid != getpid()) {          /* a forked child has none of its parent's threads, */
+        pool.helpers = pool.sleeping = 0;
         pool.pid = getpid();
+        pthread_mutex_init(&pool.lock, 0);   /* and a lock one of them held at the fork stays held */
+        pthread_cond_init(&pool.wake, 0);
     }
     pool.created_at = atomic_load_explicit(&pool.generation, memory_order_relaxed);
     while (pool.helpers < parts - 1) {
