@@ -8,7 +8,8 @@
     neither:          None; qmatrix.py then decodes strips of rows with numpy instead
 
 WEBSLM_QMATMUL=off (native) turns the kernel off, for comparisons; WEBSLM_CPU_POOL=off keeps
-it but shares products among Python threads instead of the build's own pool (qmatmul_pool.c). The build in use is
+it but shares products among Python threads instead of the build's own pool
+(qmatmul_pool.c). The build in use is
 reported by describe() (the worker's status, bench/cpu.py).
 
 Every entry point takes addresses: numpy arrays' data pointers, which under Pyodide are
@@ -221,10 +222,9 @@ def _native() -> Kernels | None:
 def _one_blas_thread() -> str:
     """numpy's OpenBLAS held to one thread (process-wide), what it says. Its threads spin
     for a while after each call, also after the small matrix products of a decode step's
-    attention, and on the cores the pool's helpers need: on the 2-core development machine
-    SmolLM2 decoded at 51-61 tok/s with both pools and 67 with OpenBLAS on one thread
-    (prefill 112-132 against 169-175 tok/s; docs/RESULTS.md). The CPU path's big products
-    are the pool's. Through threadpoolctl (the `cpu` extra) when installed."""
+    attention, on the cores the pool's helpers need; the CPU path's big products are the
+    pool's (docs/RESULTS.md, "Both cores"). Through threadpoolctl (the `cpu` extra) when
+    installed."""
     try:
         from threadpoolctl import ThreadpoolController
     except ImportError:

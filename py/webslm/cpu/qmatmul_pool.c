@@ -28,40 +28,32 @@ enum { MAX_PARTS = 8 };
 #define SPIN_NS 200000L            /* how long an idle helper watches for work before it sleeps */
 #endif
 
-/* One product: the arguments of webslm_q4_matmul (mins null for q8 and q4 "offset"). */
+/* One product: the arguments of webslm_q4_matmul (q8: codes as bytes, mins and xsums unused). */
 struct product {
+    int q8;
     const float *x;
     int m;
     const uint8_t *codes;
-    int row_bytes;
     const float *scales, *mins, *xsums;
     int n, nblocks, block;
-    enum kind kind;
     float *y;
     int ldy;
 };
 
-/* Rows j0..j1 of W (columns j0..j1 of y), then q4 "min"'s correction for those columns. */
-static void product_rows(const struct product *p, int j0, int j1) {
+/* Part `part` of `parts` of the product: rows j0..j1 of W (columns j0..j1 of y), by the
+ * one-thread entry points on those rows, as the Python helpers call them (cpu/kernels.py). */
+static void product_part(const struct product *p, int part, int parts) {
+    const int j0 = (int)((long)p->n * part / parts), j1 = (int)((long)p->n * (part + 1) / parts);
     if (j1 <= j0)
         return;
-    matmul(p->x, p->m, p->codes + (long)j0 * p->row_bytes, p->row_bytes, p->scales + (long)j0 * p->nblocks,
-           j1 - j0, p->nblocks, p->block, p->kind, p->y + j0, p->ldy);
-    if (!p->mins)
-        return;
-    for (int i = 0; i < p->m; i++) {
-        const float *xs = p->xsums + (long)i * p->nblocks;
-        for (int j = j0; j < j1; j++) {
-            const float *mn = p->mins + (long)j * p->nblocks;
-            float t = 0;
-            for (int b = 0; b < p->nblocks; b++) t = t + mn[b] * xs[b];
-            p->y[(long)i * p->ldy + j] = p->y[(long)i * p->ldy + j] + t;
-        }
-    }
-}
-
-static void product_part(const struct product *p, int part, int parts) {
-    product_rows(p, (int)((long)p->n * part / parts), (int)((long)p->n * (part + 1) / parts));
+    const long row_bytes = p->q8 ? (long)p->nblocks * p->block : (long)p->nblocks * p->block / 2;
+    const long skip = (long)j0 * p->nblocks;       /* scales and mins are [n, nblocks] */
+    if (p->q8)
+        webslm_q8_matmul(p->x, p->m, (const int8_t *)p->codes + j0 * row_bytes, p->scales + skip, j1 - j0,
+                         p->nblocks, p->block, p->y + j0, p->ldy);
+    else
+        webslm_q4_matmul(p->x, p->m, p->codes + j0 * row_bytes, p->scales + skip, p->mins ? p->mins + skip : 0,
+                         p->xsums, j1 - j0, p->nblocks, p->block, p->y + j0, p->ldy);
 }
 
 static struct {
@@ -154,12 +146,12 @@ static void run_shared(const struct product *p, int parts) {
     if (parts > p->n)
         parts = p->n;
     if (parts < 2 || atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
-        product_rows(p, 0, p->n);
+        product_part(p, 0, 1);
         return;
     }
     if (!ensure_helpers(parts)) {
         atomic_flag_clear_explicit(&pool.busy, memory_order_release);
-        product_rows(p, 0, p->n);
+        product_part(p, 0, 1);
         return;
     }
     if (parts > pool.helpers + 1)
@@ -181,8 +173,7 @@ static void run_shared(const struct product *p, int parts) {
 /* webslm_q8_matmul with W's rows in `parts` consecutive ranges, one a thread. */
 EXPORT void webslm_q8_matmul_shared(const float *x, int m, const int8_t *codes, const float *scales,
                                     int n, int nblocks, int block, float *y, int ldy, int parts) {
-    const struct product p = {x, m, (const uint8_t *)codes, nblocks * block, scales, 0, 0,
-                              n, nblocks, block, Q8, y, ldy};
+    const struct product p = {1, x, m, (const uint8_t *)codes, scales, 0, 0, n, nblocks, block, y, ldy};
     run_shared(&p, parts);
 }
 
@@ -190,7 +181,6 @@ EXPORT void webslm_q8_matmul_shared(const float *x, int m, const int8_t *codes, 
 EXPORT void webslm_q4_matmul_shared(const float *x, int m, const uint8_t *codes, const float *scales,
                                     const float *mins, const float *xsums, int n, int nblocks, int block,
                                     float *y, int ldy, int parts) {
-    const struct product p = {x, m, codes, nblocks * block / 2, scales, mins, xsums,
-                              n, nblocks, block, mins ? Q4_MIN : Q4_OFFSET, y, ldy};
+    const struct product p = {0, x, m, codes, scales, mins, xsums, n, nblocks, block, y, ldy};
     run_shared(&p, parts);
 }

@@ -166,7 +166,8 @@ class Products:
     thread: the forward pass consumes each (copies, adds, writes it to the cache) before then,
     and holds none across its pauses. A group of Kernels.THREAD_MIN_WEIGHTS or more (times
     the rows of x; SHARED_MIN_WEIGHTS with the native pool) is split among threads, each
-    taking a consecutive share of every matrix's rows (with the pool: of each matrix in turn). An output's arithmetic is the kernel's whatever the split, so the values are those
+    taking a consecutive share of every matrix's rows (with the pool: of each matrix in
+    turn). An output's arithmetic is the kernel's whatever the split, so the values are those
     of w.matmul(x), bit for bit. Otherwise (StripMatrix), multiply()."""
 
     def __init__(self, role: str, *matrices: StripMatrix):
@@ -195,9 +196,10 @@ class Products:
         m = len(x)
         xp_at, sums_at = kernel.prepare(x, *self.layout)
         outs, at = kernel.outputs((self.role, self.layout), m, self.widths)
-        if kernel.threaded(m * self.weights) and self.pooled:
+        threaded = kernel.threaded(m * self.weights)
+        if threaded and self.pooled:
             _run_calls(self.pooled, xp_at, m, sums_at, at)
-        elif kernel.threaded(m * self.weights) and len(self.split) > 1:
+        elif threaded and len(self.split) > 1:
             kernel.run([partial(_run_calls, share, xp_at, m, sums_at, at) for share in self.split])
         else:
             _run_calls(self.calls, xp_at, m, sums_at, at)
