@@ -28,6 +28,12 @@ _SET_THEME = """(() => {
   control.dispatchEvent(new Event('change', { bubbles: true }));
   return new Promise((done) => setTimeout(done, 300));
 })()"""
+# What a timed-out wait_for reports of the page: the engine's state, its last state changes and
+# how many requests wait for the worker's reply.
+WAITED_ON = """(() => { try { const e = window.webslm?.engine; return JSON.stringify({ state: e?.state,
+  events: (e?.events ?? []).slice(-6).map(({ from, to, reason, at_ms }) => ({ from, to, reason, at_ms })),
+  now_ms: Math.round(performance.now()), requests_waiting: e?.protocol?.pending?.size ?? null }); }
+  catch (error) { return String(error); } })()"""
 SCREENSHOT_DIR = pathlib.Path(__file__).resolve().parent / "results" / "screenshots"
 
 
@@ -150,11 +156,12 @@ class BootedRow:
         return path
 
     def wait_for(self, js_expression: str, timeout_s: float = 240):
-        """Poll until the page-side expression is truthy; return its value."""
+        """Poll until the page-side expression is truthy; return its value. A timeout's error
+        says what the page's engine was doing then (WAITED_ON: its state and last events)."""
         self.row.eval(
             "new Promise((ok, fail) => { const t = setInterval(() => { if (%s) { clearInterval(t); ok(true); } }, 50);"
-            " setTimeout(() => { clearInterval(t); fail(new Error('timed out waiting for: ' + %s)); }, %d); })"
-            % (js_expression, json.dumps(js_expression), timeout_s * 1000), timeout_s=timeout_s + 10)
+            " setTimeout(() => { clearInterval(t); fail(new Error('timed out waiting for: ' + %s + '; the engine: ' + %s)); }, %d); })"
+            % (js_expression, json.dumps(js_expression), WAITED_ON, timeout_s * 1000), timeout_s=timeout_s + 10)
         return self.row.eval(js_expression)
 
     def request(self, type: str, fields: dict | None = None, timeout_s: float = 300):

@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 
 import pytest
+from app_session import WAITED_ON
 from conftest import GREEDY_MAX_TOKENS, GREEDY_PROMPT, ROOT, serve
 
 ANSWER_TIMEOUT_S = 900
+READY_STATES = ["GPUReady", "CPUReady"]
+SETTLE_TIMEOUT_S = 300     # a step that a Stop left retiring: seconds on lavapipe
+MIRROR_TIMEOUT_S = 30      # the page hears of a state change as soon as the worker makes it
 # About 150 tokens with the default system prompt: several GPU prefill chunks, tens of seconds
 # of CPU prefill in Pyodide here.
 LONG_QUESTION = ("Remember this list: " + ", ".join(f"parcel {i} goes to room {100 + 7 * i}" for i in range(12))
@@ -38,10 +43,20 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));"""
 
 
 def _ready(booted) -> str:
-    """Wait until the page can answer and no answer or retiring step is left; the backend."""
+    """Wait until the page can answer and no answer or retiring step is left: the worker's
+    engine says so (engine-status), and then the page's mirror of its state (engine.state,
+    moved by the engine's state events) says so too; the backend. A step left retiring by a
+    Stop takes seconds on lavapipe, so either wait failing means a stuck engine or a page that
+    missed a state change; the error gives both views and the page's last state changes."""
     booted.wait_for("window.webslm && window.webslm.ready", timeout_s=900)
-    booted.wait_for("['GPUReady', 'CPUReady'].includes(window.webslm.engine.state)", timeout_s=ANSWER_TIMEOUT_S)
-    return booted.request("engine-status")["backend"]
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    while (status := booted.request("engine-status"))["state"] not in READY_STATES:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the worker's engine is not ready {SETTLE_TIMEOUT_S} s on: {status}; "
+                                 f"the page: {booted.row.eval(WAITED_ON)}")
+        time.sleep(0.2)
+    booted.wait_for(f"{json.dumps(READY_STATES)}.includes(window.webslm.engine.state)", timeout_s=MIRROR_TIMEOUT_S)
+    return status["backend"]
 
 
 def _record(booted, key: str, value) -> None:
