@@ -333,6 +333,43 @@ def test_a_new_answer_right_after_cancel_waits_for_the_step_in_flight(model, ids
     assert engine.state is State.GPU_READY
 
 
+def test_a_cancel_while_the_next_answer_waits_to_begin_ends_that_answer(model, ids, run):
+    """The Stop the user clicks while the next answer still waits for the cancelled one's
+    step to retire is meant for that answer: it ends "abort" with no text and nothing
+    committed, without submitting a step, and the engine is ready; the answer after is a
+    fresh one."""
+    events = []
+    engine, build = gpu_engine(model, events, check_epoch=False)
+    expected = reference(model, ids, GREEDY)
+    first, waiting = [], []
+
+    async def read(into):
+        async for delta in engine.generate(ids, GREEDY, chat=False):
+            into.append(delta)
+
+    async def scenario():
+        await engine.load()
+        reading = asyncio.ensure_future(read(first))
+        for _ in range(TURNS_PER_STEP * 4 + 1):              # a decode step is in flight
+            await asyncio.sleep(0)
+        assert engine.cancel() and engine._in_flight is not None
+        second = asyncio.ensure_future(read(waiting))
+        for _ in range(2):                                    # it waits in _supersede
+            await asyncio.sleep(0)
+        assert engine._starting is not None and engine._in_flight is not None
+        assert engine.cancel() is True
+        await asyncio.gather(reading, second)
+        prefills = [position for position, _ in build.built[0].wants].count(len(ids))
+        assert prefills == 1                                  # the waiting answer read no prompt
+        assert engine.ledger.committed_ids == ()
+        return await answer(engine, ids, GREEDY)
+    assert run(scenario()) == expected
+    assert first[-1].finish_reason == "abort"
+    assert [(d.text, d.finish_reason) for d in waiting] == [("", "abort")]
+    assert engine.state is State.GPU_READY and engine.cancel() is False
+    assert ("Generating", "CancelPending") in transitions(events)
+
+
 def test_a_new_answer_supersedes_one_in_progress(model, ids, run):
     events = []
     engine, _ = gpu_engine(model, events)

@@ -83,6 +83,20 @@ def test_generate_on_the_cpu_path_is_the_cpu_oracles_greedy_answer(run, host, fi
     assert any(json.loads(e)["event"] == "state" for e in host.events)
 
 
+def test_an_answer_stopped_before_it_reached_the_engine_ends_abort_with_nothing(run, host):
+    """The worker's Stop can land after the answer left its queue but before the engine began
+    it (engine.cancel() sees no answer then): generate() asks stopped() first and ends the
+    answer "abort" with no text, no delta and the engine untouched; a later answer runs."""
+    run(host.use_cpu())
+    request = json.dumps({"messages": [{"role": "user", "content": "Hello"}], "settings": {"temperature": 0, "max_tokens": 4}})
+    deltas, asked = [], []
+    stopped = json.loads(run(host.generate(request, deltas.append, None, lambda: asked.append(1) or True)))
+    assert stopped == {"text": "", "finish_reason": "abort", "backend": None} and deltas == [] and asked == [1]
+    assert json.loads(host.engine_status())["state"] == "CPUReady"
+    answered = json.loads(run(host.generate(request, deltas.append, None, lambda: False)))
+    assert answered["finish_reason"] == "length" and answered["text"] and deltas
+
+
 def test_use_cpu_then_release(run, host):
     reply = json.loads(run(host.use_cpu()))
     assert reply["engine"]["backend"] == "cpu"

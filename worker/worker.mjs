@@ -137,14 +137,14 @@ const HANDLERS = {
   generate,
   // Cancel the answer in progress (engine.cancel(): nothing commits once this replies), or
   // the one waiting behind an admission.
+  // An answer that has not reached the engine yet (queued, or its Python call not yet begun)
+  // sees generation.aborted as it starts.
   abort: async (_, context) => {
     const generation = context.generation;
     if (!generation) return { aborted: false };
-    if (!generation.started) {
-      generation.aborted = true;
-      return { aborted: true };
-    }
-    return { aborted: Boolean(context.model?.cancel()) };
+    generation.aborted = true;
+    if (!generation.started) return { aborted: true };
+    return { aborted: Boolean(context.model?.cancel()) || !generation.answering };
   },
   // Test hook: destroy the admitted GPU device once the answer in progress (or the next one)
   // has committed afterTokens tokens; the engine continues that answer on the CPU path.
@@ -451,7 +451,7 @@ async function dropModel(context, model) {
 async function generate({ messages, settings }, context, requestId) {
   if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "generate: no model is loaded");
   if (context.generation) throw new RequestFailure(ERROR_CODES.failed, "generate: an answer is already being generated");
-  const generation = { started: false, aborted: false };
+  const generation = { started: false, aborted: false, answering: false };
   context.generation = generation;
   try {
     return await enqueue(context, async () => {
@@ -460,7 +460,11 @@ async function generate({ messages, settings }, context, requestId) {
       const model = context.model;
       const onDelta = (json) => postMessage(event("delta", { request: requestId, ...JSON.parse(json) }));
       const onProgress = (json) => postMessage(event("prefill-progress", { request: requestId, ...JSON.parse(json) }));
-      return JSON.parse(await pythonCall("generate", () => model.generate(JSON.stringify({ messages, settings }), onDelta, onProgress)));
+      const stopped = () => {                           // asked by Python just before the engine's answer begins
+        generation.answering = !generation.aborted;
+        return generation.aborted;
+      };
+      return JSON.parse(await pythonCall("generate", () => model.generate(JSON.stringify({ messages, settings }), onDelta, onProgress, stopped)));
     });
   } finally {
     if (context.generation === generation) context.generation = null;

@@ -34,12 +34,12 @@ things a GPU needs:
   only when it is not slower; otherwise it releases it and settles on the CPU path, the
   reason (and the numbers, in `choice`) kept for the page. An earlier visit's verdict
   (`remembered`, verdict.py) settles on the CPU path before admission, which then never runs.
-- Device loss. When the backend raises BackendLost the GPU is released, the CPU path is
-  rebuilt from the ledger (prompt + committed ids), the sampler's state is checked against
-  the ledger's record, and the same loop carries on at the next position. The delivered
-  answer is the committed prefix followed by exactly what a CPU-only run would produce from
-  that prefix, because the sampler (seeded by absolute position) only ever saw committed
-  tokens.
+- Device loss (device_loss.py). When the backend raises BackendLost the GPU is released,
+  the CPU path is rebuilt from the ledger (prompt + committed ids), the sampler's state is
+  checked against the ledger's record, and the same loop carries on at the next position.
+  The delivered answer is the committed prefix followed by exactly what a CPU-only run
+  would produce from that prefix, because the sampler (seeded by absolute position) only
+  ever saw committed tokens.
 
 States and their transitions are engine/states.py; every transition is reported to
 on_event as {"event": "state", "from", "to", "reason", ...}, admission's progress as
@@ -64,6 +64,8 @@ from ..request import InvalidRequest, prompt_ids, sampler_settings
 from ..semantic.ledger import Ledger
 from ..semantic.sampler import Sampler, SamplerSettings
 from .choice import Choice
+from .device_loss import DeviceLoss
+from .errors import EngineError
 from .prompt_cache import PromptCache
 from .tune_later import TuneLater
 from .states import GENERATING, READY, State, StateMachine
@@ -87,12 +89,6 @@ CANCEL_GRACE_S = 0.1
 
 # progress({"phase", "done", "total", "cached"}): a prompt being read (see the module docstring)
 ProgressCallback = Callable[[dict], None]
-
-
-class EngineError(CodedError):
-    """Codes: "bad-prompt", "replay-mismatch" (a CPU continuation cannot be proven exact),
-    "misplaced-result" (a backend answered for another position or epoch),
-    "gpu-backend-unavailable" (webslm.backends.gpu cannot be imported)."""
 
 
 def want_for(sampler: Sampler) -> Want:
@@ -131,7 +127,7 @@ async def admit_and_build(gpu, model, policy, on_stage):
     return backend, session.receipt.as_dict()
 
 
-class Engine(TuneLater):
+class Engine(DeviceLoss, TuneLater):
     """`Engine(model, gpu=None, policy=None, on_event=None)`; `await load()`; then
     `async for delta in engine.generate(prompt, settings)`. gpu is a webslm.webgpu Gpu
     (None: CPU only); policy an AdmissionPolicy. build_gpu_backend replaces admission and
@@ -171,6 +167,8 @@ class Engine(TuneLater):
         self._in_flight: asyncio.Task | None = None     # the backend call running now, if any
         self._tuning_stop = False                        # tune_gpu's stage stops at its next checkpoint
         self._wake: asyncio.Future | None = None        # wakes the answer: the call retired, or cancel's grace ran out
+        self._starting: object | None = None            # a generate() waiting to begin its answer (its token)
+        self._cancel_start: object | None = None        # ... which a cancel() meanwhile ended before it began
         self.reuse_kv = reuse_kv
         self.prompt_cache = PromptCache()               # what the backend's KV cache holds
         self._progress: ProgressCallback | None = None  # the answer in progress's on_progress
@@ -326,14 +324,18 @@ class Engine(TuneLater):
 
     # -- cancelling ---------------------------------------------------------------------------
     def cancel(self) -> bool:
-        """Cancel the answer in progress; False if there is none. When this returns nothing
-        more commits: the ledger is closed. The answer's iterator ends with finish_reason
+        """Cancel the answer in progress, or the one waiting to begin; False if there is none.
+        When this returns nothing more commits: the ledger is closed (an answer still waiting
+        ends "abort" as it begins). The answer's iterator ends with finish_reason
         "abort" and no more text: at once when no step is in flight, when the step in flight
         retires, or after CANCEL_GRACE_S without it (the step then retires in the background
         and is discarded; the engine stays CancelPending until it has)."""
         run = self._run
         if run is None or not run.current:
-            return False
+            if self._starting is None:
+                return False
+            self._cancel_start = self._starting  # the answer waiting to begin (generate())
+            return True
         self.ledger.cancel()
         if self.state in GENERATING:
             self._go(S.CANCEL_PENDING, "user/model/page cancellation", epoch=run.epoch)
@@ -380,10 +382,19 @@ class Engine(TuneLater):
         except InvalidRequest as bad:        # the engine's callers match on EngineError codes
             raise EngineError(bad.code, bad.where, bad.sentence) from None
         self._tuning_stop = True                 # a retune in flight stops at its next checkpoint
-        await self._supersede()
-        if self.state is S.VISIBLE_FAILURE:
-            self.acknowledge()
-        self._machine.require(READY, "generate()")
+        # Until its Answer exists this answer waits (for the previous one's step to retire, a
+        # retune's checkpoint); a cancel() meanwhile is meant for it (the Stop the user clicked).
+        if self._starting is not None:           # one still waiting is superseded as well
+            self._cancel_start = self._starting
+        token = self._starting = object()
+        try:
+            await self._supersede()
+            if self.state is S.VISIBLE_FAILURE:
+                self.acknowledge()
+            self._machine.require(READY, "generate()")
+        finally:
+            if self._starting is token:
+                self._starting = None
         run = self._run = Answer(self.model, ids, settings, self.ledger)
         on_gpu = self.state is S.GPU_READY
         self._backend = self._gpu if on_gpu else self._cpu()
@@ -392,6 +403,9 @@ class Engine(TuneLater):
         run.timings.cached_tokens = keep
         self._progress = on_progress
         self._go(S.GENERATING if on_gpu else S.CPU_GENERATING, "begin generation", epoch=run.epoch)
+        if self._cancel_start is token:          # stopped while it waited: it ends "abort" with
+            self._cancel_start = None            # no text and no step submitted
+            self.cancel()
         try:
             started = time.perf_counter()
             scores = await self._step(run, "prefill", (ids, keep))
@@ -452,29 +466,6 @@ class Engine(TuneLater):
         elif self.state in GENERATING:
             self._go(ready, "generation completes" if reason != "error" else "generation failed",
                      finish_reason=reason)
-
-    def _dead_gpu(self) -> BackendLost | None:
-        """The loss of the GPU the engine still holds, if it is known: seen by a step that
-        retired unseen (abandoned by a cancel), or reported by the device now."""
-        if self._gpu is None:
-            return None
-        if self._gpu_loss is not None:
-            return self._gpu_loss
-        return self._gpu.lost_now() if hasattr(self._gpu, "lost_now") else None
-
-    def _gpu_died(self, gpu, lost: BackendLost) -> None:
-        """The executor's device was lost (its lost promise resolved). While an answer runs
-        on it, its next step raises and the answer goes on on the CPU path, or the answer's
-        end settles it (_settle_after); while idle the engine leaves it now."""
-        if self._gpu is gpu and self.state is S.GPU_READY:
-            self._leave_dead_gpu(lost, "the device died between generations")
-
-    def _leave_dead_gpu(self, lost: BackendLost, reason: str) -> None:
-        """Lost -> CPUReady with no answer to continue: the GPU released, the CPU path built."""
-        self._go(S.LOST, reason, code=lost.code, sentence=lost.sentence)
-        self._release_gpu(lost.code)
-        self._cpu()
-        self._go(S.CPU_READY, "lost with no generation to continue")
 
     def _settle_retired(self) -> None:
         """The step an ended answer left in flight has retired: CancelPending ends."""
@@ -581,53 +572,6 @@ class Engine(TuneLater):
         if scores.epoch <= ledger.epoch and not would_commit:
             top = int(scores.ids[0]) if scores.ids is not None else int(np.argmax(scores.logits))
             ledger.offer(scores.epoch, scores.position, top, _NO_HASH, "")
-
-    async def _fail_over(self, run: Answer, lost: BackendLost, want: Want) -> Scores | None:
-        """The GPU is gone: release it, and unless the answer was cancelled meanwhile, rebuild
-        the CPU path from the ledger and return the scores for the next position."""
-        self._go(S.LOST, "device.lost or fatal GPU error", code=lost.code, sentence=lost.sentence)
-        self._release_gpu(lost.code)
-        if not run.current:
-            self._go(S.CPU_READY, "lost with no generation to continue")
-            return None
-        self._go(S.CPU_REBUILD, "committed tokens and sampler state are intact")
-        try:
-            run.sampler = self._restored_sampler(run)
-            replay = self.ledger.replay()
-            self._backend = self._cpu()
-            scores = await self._submit("rebuild", list(replay.prompt_ids + replay.committed_ids),
-                                        want, run.epoch)
-        except BackendCancelled:
-            if run.current:
-                raise
-            self._go(S.CANCEL_PENDING, "cancelled while replaying")
-            self._settle_after("abort")
-            return None
-        except Exception as exc:
-            code = exc.code if isinstance(exc, CodedError) else "internal-error"
-            self._go(S.VISIBLE_FAILURE, "exact continuation cannot be established", code=code,
-                     sentence=getattr(exc, "sentence", str(exc)))
-            raise
-        self._go(S.CPU_GENERATING, "deterministic replay succeeds", position=replay.next_position)
-        if run.finish_reason is not None:    # cancelled while rebuilding (by an event handler)
-            self._settle_after(run.finish_reason)
-        return scores
-
-    def _restored_sampler(self, run: Answer) -> Sampler:
-        """A sampler rebuilt from the settings and the ledger alone, proven to be the one the
-        loop holds: its state hash equals the one the ledger recorded with the last commit."""
-        replay = self.ledger.replay()
-        restored = Sampler(run.settings, run.sampler.vocab_size,
-                           history=replay.prompt_ids + replay.committed_ids,
-                           position=replay.next_position)
-        recorded = replay.sampler_state_hash or restored.state_hash()   # None: nothing committed
-        same_answer = replay.generation_epoch == run.epoch and replay.prompt_ids == tuple(run.prompt_ids)
-        same_state = restored.state_hash() == recorded and run.sampler.state_hash() == recorded
-        if not (same_answer and same_state):
-            raise EngineError("replay-mismatch", "ledger.replay()",
-                              "the sampler state after the committed tokens does not match the "
-                              "ledger's record; the answer cannot be continued exactly")
-        return restored
 
 
 def _step_ms(choice: Choice) -> dict:

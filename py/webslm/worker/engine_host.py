@@ -353,7 +353,7 @@ class EngineHost:
         if self.between_steps is not None:
             self.between_steps()
 
-    async def generate(self, request_json: str, on_delta, on_progress=None) -> str:
+    async def generate(self, request_json: str, on_delta, on_progress=None, stopped=None) -> str:
         """One answer through the engine. on_delta is called with each committed text delta as
         JSON ({text, token_id, backend}), on_progress (if given) while the prompt is read as
         JSON ({phase, done, total, cached}: prompt tokens; Engine.generate); with the
@@ -366,7 +366,10 @@ class EngineHost:
         no call), content (the text around the calls, or null), and finish_reason
         "tool_calls" when it made one; the deltas are then semantic/tool_stream.py's pieces:
         {text} is content only, and a call streams as {tool_calls: [{index, id, type,
-        function: {name, arguments}}]} entries (OpenAI's delta.tool_calls)."""
+        function: {name, arguments}}]} entries (OpenAI's delta.tool_calls). stopped (the
+        worker's): true once the answer was cancelled before it reached the engine, which
+        cancel() cannot see; the answer then ends "abort" at once, as one cancelled while it
+        waited in the worker's queue: {text: "", finish_reason: "abort", backend: null}."""
         started = time.perf_counter()
         model = self.semantic_model()
         request = json.loads(request_json)
@@ -374,6 +377,8 @@ class EngineHost:
         ids, settings = plan.ids, plan.settings
         reuse = cache_prompt(request)
         engine = await self.ensure_engine()
+        if stopped is not None and stopped():   # from here to the engine's answer nothing waits
+            return json.dumps({"text": "", "finish_reason": "abort", "backend": None})
         gpu = self.gpu_backend if engine.backend_kind == "gpu" else None
         before = dict(gpu.stats) if gpu is not None else None
         backends = [engine.backend_kind]
