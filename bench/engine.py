@@ -288,7 +288,7 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
             "prefill_cold_s": runs[0]["prefill_s"],
             "decode_tokens_per_s": decode_tps, "decode_cold_tokens_per_s": args.new_tokens / runs[0]["decode_s"],
             "step_median_ms": statistics.median(r["step_median_ms"] for r in warm),
-            "weight_bytes_per_token": weight_bytes, "copy_gbps": copy["gbps"],
+            "weight_bytes_per_token": weight_bytes, "copy_gbps": copy["gbps"], "copy_samples_gbps": copy["samples_gbps"],
             "roofline_tokens_per_s": roofline_tps, "of_roofline": decode_tps / roofline_tps,
             "same_tokens_every_run": all(r["tokens"] == runs[0]["tokens"] for r in runs),
             "decode_tokens_per_s_unchained": unchained["tokens_per_s"],

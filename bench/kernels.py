@@ -49,6 +49,8 @@ MAX_COPIES = 256
 QUICK_SHAPES = ("smollm2", "square")   # what --quick benches (software adapters are slow)
 ROUND_SECONDS = 0.05
 WARMUP_SECONDS = 0.3     # the H200 idles at a low SM clock; raise it before timing
+COPY_TRIES = 5           # copy_roofline: at most this many readings ...
+COPY_AGREE = 0.03        # ... until two in a row agree within this fraction
 
 
 async def open_device(gpu):
@@ -125,8 +127,18 @@ async def copy_roofline(device, quick: bool, total_bytes: int | None = None) -> 
         p = runner.prepare(device, kernel, runner.params_words(n), [src], [(size // 4, np.uint32)], (groups, 1, 1))
         p.bytes_moved = 2 * size
         return p
-    result = await measure(device, prepare, 2 * size, quick)
-    result["gbps"] = result["bytes_moved"] / result["us"] / 1e3
+    # Timed again until two readings agree: after a stretch of host work (an admission) the
+    # H200 has dropped its SM clock (645 of 1980 MHz seen), and the first reading then comes
+    # out at 1.7 TB/s instead of 4.1 (bench/results/copyprobe_h200.json). The best is the roofline.
+    samples = []
+    for _ in range(1 if quick else COPY_TRIES):
+        result = await measure(device, prepare, 2 * size, quick)
+        samples.append(result["bytes_moved"] / result["us"] / 1e3)
+        if len(samples) >= 2 and abs(samples[-1] - samples[-2]) <= COPY_AGREE * max(samples[-2:]):
+            break
+    best = max(samples)
+    result["us"] = result["bytes_moved"] / best / 1e3
+    result["gbps"], result["samples_gbps"] = best, [round(g, 1) for g in samples]
     return {"family": "copy", "kernel": "copy_vec4[WG=256]", "shape": f"{size // MiB} MiB", **result}
 
 
