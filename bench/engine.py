@@ -245,7 +245,8 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
                                                               prefill_chunk=args.prefill_chunk,
                                                               tuning="auto" if exact or later else tuning,
-                                                              tune_later=later, int8_activations=not exact))
+                                                              tune_later=later, int8_activations=not exact,
+                                                              tuning_budget_s=args.tuning_budget))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -334,7 +335,7 @@ async def main(args) -> dict:
     print(f"adapter: {summary.description}", flush=True)
     for path, tuning in ((p, t) for p in args.model for t in args.tuning.split(",")):
         row = await bench_model(path, args, tuning)
-        row["tuning_mode"] = tuning
+        row["tuning_mode"], row["tuning_budget_s"] = tuning, args.tuning_budget
         report["rows"].append(row)
         print(f"{row['model']} (tuning {tuning}): tier {row['tier']} prefill {row['prefill_tokens_per_s']:.0f} tok/s "
               f"({row['prompt_tokens']} tokens in chunks of {row['prefill_chunk']}), "
@@ -400,6 +401,9 @@ if __name__ == "__main__":
     parser.add_argument("--quantize-wg", help="kernels/matvec_prequant.py QUANTIZE_WG[,QUANTIZE_WG_NORM] for this "
                                                "run: units a quantize_x workgroup takes (32, 64, 128, 256), the "
                                                "second for the norm mode")
+    parser.add_argument("--tuning-budget", type=float, default=AdmissionPolicy.tuning_budget_s,
+                        help="seconds the tuning stage may take (AdmissionPolicy.tuning_budget_s; also the "
+                             "budget of the retune that 'later' runs)")
     parser.add_argument("--out")
     arguments = parser.parse_args()
     if arguments.quantize_wg is not None:
