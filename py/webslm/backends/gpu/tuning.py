@@ -37,7 +37,7 @@ forms on the H200) a form can win alone and lose in the step: its extra dispatch
 than it saves.
 
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
-rule's dispatch takes more than SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
+rule's dispatch takes more than timing.SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
 A cache (form results keyed by adapter, shader bundle and form: tuning_cache.py) makes a
 second admission on the same device free. With `measure=False` (AdmissionPolicy.tune_later,
 the worker's admit tuning "later") admission takes only what the cache holds and the rule for the
@@ -49,6 +49,7 @@ is not a valid choice is measured afresh).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 import types
@@ -68,7 +69,6 @@ ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
 ROUNDS = 3                     # timed rounds per launch shape; the median is kept
 TRIP_SHARE_KEPT = 0.1          # a round less its round trip is never taken below this share of it (noise)
 MAX_REPEAT = 64                # the most copies of a form's dispatches one timed round holds
-SLOW_DISPATCH_SECONDS = 5e-4   # a rule dispatch slower than this: a software adapter, no tuning
 BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
 CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
@@ -92,6 +92,7 @@ class TuningReport:
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
     step_us: dict[str, float] = dataclasses.field(default_factory=dict)        # _step_check's two steps
     settles: list = dataclasses.field(default_factory=list)      # _Stage.settle: (seconds, first, last round, trip)
+    looks_us: list = dataclasses.field(default_factory=list)     # looks_slow's looks at the rule, us a dispatch
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
     later: dict | None = None     # "deferred": tune()'s arguments for GpuBackend.retune to measure with
 
@@ -100,7 +101,7 @@ class TuningReport:
         return {"source": self.source, "reason": self.reason, "seconds": round(self.seconds, 3),
                 "forms": len(self.forms), "cached": sum(bool(f.get("cached")) for f in self.forms.values()),
                 "changed": len(self.choices), "step_us": dict(self.step_us),
-                "settles": [list(s) for s in self.settles],
+                "settles": [list(s) for s in self.settles], "looks_us": list(self.looks_us),
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
 
 
@@ -116,6 +117,7 @@ class _Stage:
         self.rng = np.random.default_rng(16)
         self.scratch = None                               # (buffer, bytes): the check's output
         self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round, trip)
+        self.looks: list[float] = []                      # looks_slow's looks (seconds a dispatch)
         self.trip = 0.0                                   # the round trip timed rounds subtract (settle)
         self.forward.set_params("decode", 1, 0)           # the mat-vec params do not depend on the shape
         device.write_buffer(*self.forward.tables["decode"].write())
@@ -302,7 +304,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         # budget goes to the forms that cost the step most.
         rules = await _rule_times(stage, pending, force)
         if rules is None:                         # a slow adapter: the rule stands for every form
-            report.source, report.reason = "rule", (f"a rule dispatch takes over {SLOW_DISPATCH_SECONDS * 1e3:g} "
+            report.source, report.reason = "rule", (f"a rule dispatch takes over {timing.SLOW_DISPATCH_SECONDS * 1e3:g} "
                                                     f"ms here (a software adapter): measuring cannot pay")
             pending = []
         if checkpoint is not None:
@@ -355,6 +357,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         stage.release()           # also when a checkpoint stops admission here
     report.seconds = clock() - began
     report.settles = list(stage.settles)
+    report.looks_us = [round(seconds * 1e6, 1) for seconds in stage.looks]
     report.compiled = dict(stage.forward._compiled)
     return report
 
@@ -447,7 +450,7 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
         if not force and len(launched) == 1:
             dispatches = launched[key][1]
             one = dispatches[:len(dispatches) // len(ops)]
-            if await stage.seconds_per_op(ops[:1] * 4, one * 4, rounds=0) > SLOW_DISPATCH_SECONDS:
+            if await timing.looks_slow(functools.partial(_look, stage, ops[:1] * 4, one * 4)):
                 return None
     if pending:
         await stage.settle(_costliest(stage, pending))
@@ -456,6 +459,12 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
         dispatches = await stage.launches(ops, None)     # recorded again: params as the rule says
         out[key] = (launched[key][0], await stage.seconds_per_op(ops, dispatches))
     return out
+
+
+async def _look(stage: _Stage, ops: list, dispatches: list) -> float:
+    """One look at a rule for timing.looks_slow: one submission's seconds a dispatch, kept in `looks`."""
+    stage.looks.append(await stage.seconds_per_op(ops, dispatches, rounds=0))
+    return stage.looks[-1]
 
 
 def _costliest(stage: _Stage, pending: list) -> list:
