@@ -41,20 +41,15 @@ def clocks() -> str:
 
 
 async def copies(device, label: str, log: list, times: int, sizes_mib: tuple[int, ...], quick: bool) -> None:
-    """One copy_roofline reading taken once per call (COPY_TRIES=1: the raw readings are the point)."""
-    import kernels
-    tries, kernels.COPY_TRIES = kernels.COPY_TRIES, 1
-    try:
-        for size in sizes_mib:
-            for _ in range(times):
-                started = time.perf_counter()
-                reading = await copy_roofline(device, quick, 2 * size * MiB)
-                log.append({"label": label, "size_mib": size, "gbps": round(reading["gbps"], 1),
-                            "us": round(reading["us"], 1), "seconds": round(time.perf_counter() - started, 2),
-                            "clocks": clocks()})
-                print(json.dumps(log[-1]), flush=True)
-    finally:
-        kernels.COPY_TRIES = tries
+    """`times` single copy_roofline readings of each size (tries=1: the raw readings are the point)."""
+    for size in sizes_mib:
+        for _ in range(times):
+            started = time.perf_counter()
+            reading = await copy_roofline(device, quick, 2 * size * MiB, tries=1)
+            log.append({"label": label, "size_mib": size, "gbps": round(reading["gbps"], 1),
+                        "us": round(reading["us"], 1), "seconds": round(time.perf_counter() - started, 2),
+                        "clocks": clocks()})
+            print(json.dumps(log[-1]), flush=True)
 
 
 async def main(args) -> list:
@@ -67,7 +62,7 @@ async def main(args) -> list:
     session = await admit(NativeGpu(), model, AdmissionPolicy(tuning="auto"))
     backend = await GpuBackend.build(session, model)
     await copies(session.device, "after admission", log, 1 if args.quick else 4, sizes, args.quick)
-    prompt = [int(t) for t in np.random.default_rng(0).integers(0, 1000, 8 if args.quick else 128)]
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, model.architecture.vocab, 8 if args.quick else 128)]
     new_tokens = 4 if args.quick else 64
     for run in range(2):
         result = await one_run(backend, prompt, new_tokens)

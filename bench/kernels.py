@@ -111,10 +111,11 @@ async def measure(device, prepare, bytes_per_instance: int, quick: bool) -> dict
             p.release(device)
 
 
-async def copy_roofline(device, quick: bool, total_bytes: int | None = None) -> dict:
+async def copy_roofline(device, quick: bool, total_bytes: int | None = None, tries: int = COPY_TRIES) -> dict:
     """The copy kernel over a buffer far larger than any cache: GB/s of bytes read + written.
     With total_bytes: a copy moving that many bytes (read + written), the same-size
-    denominator for a kernel whose dispatches are too short to reach the big copy's rate."""
+    denominator for a kernel whose dispatches are too short to reach the big copy's rate.
+    tries: at most this many readings (one with quick), until two in a row agree."""
     size = (16 if quick else 256) * MiB if total_bytes is None else max(16, total_bytes // 2 // 16 * 16)
     limit = device.limits["maxStorageBufferBindingSize"]
     size = min(size, limit // 16 * 16)
@@ -131,7 +132,7 @@ async def copy_roofline(device, quick: bool, total_bytes: int | None = None) -> 
     # H200 has dropped its SM clock (645 of 1980 MHz seen), and the first reading then comes
     # out at 1.7 TB/s instead of 4.1 (bench/results/copyprobe_h200.json). The best is the roofline.
     samples = []
-    for _ in range(1 if quick else COPY_TRIES):
+    for _ in range(1 if quick else tries):
         result = await measure(device, prepare, 2 * size, quick)
         samples.append(result["bytes_moved"] / result["us"] / 1e3)
         if len(samples) >= 2 and abs(samples[-1] - samples[-2]) <= COPY_AGREE * max(samples[-2:]):

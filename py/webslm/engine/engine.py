@@ -51,6 +51,7 @@ with no threads.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import AsyncIterator, Callable
 
@@ -167,8 +168,7 @@ class Engine(DeviceLoss, TuneLater):
         self._in_flight: asyncio.Task | None = None     # the backend call running now, if any
         self._tuning_stop = False                        # tune_gpu's stage stops at its next checkpoint
         self._wake: asyncio.Future | None = None        # wakes the answer: the call retired, or cancel's grace ran out
-        self._starting: object | None = None            # a generate() waiting to begin its answer (its token)
-        self._cancel_start: object | None = None        # ... which a cancel() meanwhile ended before it began
+        self._starting: _Waiting | None = None          # a generate() waiting to begin its answer
         self.reuse_kv = reuse_kv
         self.prompt_cache = PromptCache()               # what the backend's KV cache holds
         self._progress: ProgressCallback | None = None  # the answer in progress's on_progress
@@ -334,7 +334,7 @@ class Engine(DeviceLoss, TuneLater):
         if run is None or not run.current:
             if self._starting is None:
                 return False
-            self._cancel_start = self._starting  # the answer waiting to begin (generate())
+            self._starting.cancelled = True      # the answer waiting to begin (generate())
             return True
         self.ledger.cancel()
         if self.state in GENERATING:
@@ -385,15 +385,15 @@ class Engine(DeviceLoss, TuneLater):
         # Until its Answer exists this answer waits (for the previous one's step to retire, a
         # retune's checkpoint); a cancel() meanwhile is meant for it (the Stop the user clicked).
         if self._starting is not None:           # one still waiting is superseded as well
-            self._cancel_start = self._starting
-        token = self._starting = object()
+            self._starting.cancelled = True
+        waiting = self._starting = _Waiting()
         try:
             await self._supersede()
             if self.state is S.VISIBLE_FAILURE:
                 self.acknowledge()
             self._machine.require(READY, "generate()")
         finally:
-            if self._starting is token:
+            if self._starting is waiting:
                 self._starting = None
         run = self._run = Answer(self.model, ids, settings, self.ledger)
         on_gpu = self.state is S.GPU_READY
@@ -403,9 +403,8 @@ class Engine(DeviceLoss, TuneLater):
         run.timings.cached_tokens = keep
         self._progress = on_progress
         self._go(S.GENERATING if on_gpu else S.CPU_GENERATING, "begin generation", epoch=run.epoch)
-        if self._cancel_start is token:          # stopped while it waited: it ends "abort" with
-            self._cancel_start = None            # no text and no step submitted
-            self.cancel()
+        if waiting.cancelled:                    # stopped while it waited: it ends "abort" with
+            self.cancel()                        # no text and no step submitted
         try:
             started = time.perf_counter()
             scores = await self._step(run, "prefill", (ids, keep))
@@ -578,6 +577,12 @@ def _step_ms(choice: Choice) -> dict:
     """The two decode steps behind a choice, as cpu_reason carries them."""
     numbers = choice.as_dict()
     return {"gpu_step_ms": numbers["gpu_step_ms"], "cpu_step_ms": numbers["cpu_step_ms"]}
+
+
+@dataclasses.dataclass
+class _Waiting:
+    """A generate() that waits to begin its answer; cancel() (a Stop, or a newer answer) marks it."""
+    cancelled: bool = False
 
 
 def _settle(future: asyncio.Future) -> None:
