@@ -136,15 +136,14 @@ const HANDLERS = {
   "sampler-check": async (_, { api }) => JSON.parse(api.sampler_check()),
   generate,
   // Cancel the answer in progress (engine.cancel(): nothing commits once this replies), or
-  // the one waiting behind an admission.
-  // An answer that has not reached the engine yet (queued, or its Python call not yet begun)
-  // sees generation.aborted as it starts.
+  // one that has not reached the engine yet (queued, or its Python call not yet begun): it
+  // sees generation.aborted as it starts. A conformance run is not an answer: not stopped.
   abort: async (_, context) => {
     const generation = context.generation;
     if (!generation) return { aborted: false };
     generation.aborted = true;
     if (!generation.started) return { aborted: true };
-    return { aborted: Boolean(context.model?.cancel()) || !generation.answering };
+    return { aborted: Boolean(context.model?.cancel()) || generation.answering === false };
   },
   // Test hook: destroy the admitted GPU device once the answer in progress (or the next one)
   // has committed afterTokens tokens; the engine continues that answer on the CPU path.
