@@ -95,8 +95,19 @@ async def host_costs(backend, rounds: int = 50) -> dict:
             "submit_and_read_ms": floors}
 
 
+def profiled_position(backend, position: int) -> tuple:
+    """The decode params written for `position` (the last of the timed answers) and the key of
+    the recording a step there runs: the profiles below then time attention as those steps ran
+    it (one pass, or chunks and the combine)."""
+    forward = backend.forward
+    forward.set_params("decode", 1, position, positional=True)
+    backend.device.write_buffer(*forward.tables["decode"].write())
+    return ("decode", not forward.single_pass_at(position), "argmax", 1)
+
+
 async def profile(backend, repeats: int = 200, key=("decode", False, "argmax", 1)) -> list[dict]:
-    """GPU time of each kind of dispatch in the decode step (position 0, argmax), or in another
+    """GPU time of each kind of dispatch in the decode step (argmax, at the position whose params
+    were written last: profiled_position), or in another
     recorded list (`key`: the prefill body of a one-chunk prompt): one dispatch of that kind
     `repeats` times back to back in one command buffer encoded beforehand (each depends on the
     last through its output, as in the step), minus an empty submit's round trip, divided by
@@ -271,6 +282,7 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
         decode_tps = statistics.median(args.new_tokens / r["decode_s"] for r in warm)
         roofline_tps = copy["gbps"] * 1e9 / weight_bytes
         chained_stats = dict(backend.stats)
+        decode_key = profiled_position(backend, args.prompt_tokens + args.new_tokens - 1) if args.profile else None
         unchained = await unchained_decode(backend, prompt, args.new_tokens)
         return {
             "model": pathlib.Path(path).name, "layers": a.n_layers, "hidden": a.hidden, "vocab": a.vocab,
@@ -300,8 +312,8 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
             "host": await host_costs(backend),
             "decode_tokens_per_s_blocking_readback": await blocking_decode(backend, prompt, args.new_tokens),
             "executor_stats": {k: v for k, v in backend.stats.items()},
-            "profile": await profile(backend) if args.profile else None,
-            "profile_in_step": await profile_in_step(backend) if args.profile else None,
+            "profile": await profile(backend, key=decode_key) if args.profile else None,
+            "profile_in_step": await profile_in_step(backend, key=decode_key) if args.profile else None,
             # the prefill body's dispatches (layers, final norm) of the last run, when one chunk held the prompt
             "prefill_profile": (await profile(backend, 20, ("prefill", args.prompt_tokens, True))
                                 if args.profile and args.prompt_tokens <= backend.forward.chunk else None),
@@ -401,6 +413,10 @@ if __name__ == "__main__":
     parser.add_argument("--quantize-wg", help="kernels/matvec_prequant.py QUANTIZE_WG[,QUANTIZE_WG_NORM] for this "
                                                "run: units a quantize_x workgroup takes (32, 64, 128, 256), the "
                                                "second for the norm mode")
+    parser.add_argument("--attention-split", metavar="SINGLE,MIN[,TARGET]",
+                        help="decode attention's split for this run (kernels/attention.py SINGLE_PASS_MAX, "
+                             "MIN_CHUNK and TARGET_WORKGROUPS): contexts up to SINGLE keys take one pass, longer "
+                             "ones chunks of at least MIN keys over about TARGET workgroups")
     parser.add_argument("--tuning-budget", type=float, default=AdmissionPolicy.tuning_budget_s,
                         help="seconds the tuning stage may take (AdmissionPolicy.tuning_budget_s; also the "
                              "budget of the retune that 'later' runs)")
@@ -410,6 +426,14 @@ if __name__ == "__main__":
         from webslm.kernels import matvec_prequant
         sizes = [int(size) for size in arguments.quantize_wg.split(",")]
         matvec_prequant.QUANTIZE_WG, matvec_prequant.QUANTIZE_WG_NORM = sizes[0], sizes[-1]
+    if arguments.attention_split is not None:
+        from webslm.kernels import attention
+        from webslm.program import ops
+        split = [int(n) for n in arguments.attention_split.split(",")]
+        attention.SINGLE_PASS_MAX = ops.SINGLE_PASS_MAX = split[0]
+        attention.MIN_CHUNK = ops.MIN_CHUNK = split[1]
+        if len(split) > 2:
+            attention.TARGET_WORKGROUPS = split[2]
     for rule in arguments.matvec_tuning:
         apply_matvec_tuning(rule)
     if arguments.split_k is not None:
