@@ -324,6 +324,9 @@ def test_the_runoff_times_the_finalists_in_turn_so_a_drifting_clock_favours_none
             self.current = "rule" if choice is None else choice
             return [self.current]
 
+        async def checkpoint_now(self):
+            pass
+
         async def seconds_per_op(self, ops, dispatches, rounds=3):
             self.order.append(dispatches[0])
             self.calls += 1
@@ -532,9 +535,11 @@ def test_tuning_later_admits_on_the_rule_and_a_retune_takes_the_measured_choices
     """Admission with tune_later measures nothing: the rule, the report "deferred". Then, after
     a conversation's first steps, retune() takes choices that need kernels admission never
     compiled (every served form on the pre-quantized path, from a cache: deterministic, where
-    lavapipe's measurements are not): they are self-tested first (adopt), the step is recorded
-    again, and the cache is reset (the stage's step timing writes KV row 0): the conversation
-    read again follows the oracle within the two-byte bound."""
+    lavapipe's measurements are not): they are self-tested first (adopt) and the step is
+    recorded again. The conversation is kept: the same position, and its next steps, on the
+    new choices and the rows written before the retune, follow the oracle within the two-byte
+    bound (the stage's whole-step timing wrote only the first free row, which the next step
+    overwrites; had it written a kept row, the steps after would disagree)."""
     report, _ = measured
     ids = prompt_ids(model, "hi there", chat=True)
 
@@ -548,40 +553,128 @@ def test_tuning_later_admits_on_the_rule_and_a_retune_takes_the_measured_choices
             assert backend.tuning_deferred
             got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
             assert float(np.abs(got - want).max()) <= LOGIT_TOLERANCE * float(np.abs(want).max())
-            before, _ = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
+            before, token = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
             step = ("decode", False, "full", 0)
             dispatches = [len(backend._recordings[step].dispatches)]
+            positions = [backend.position]
             again = await backend.retune(_prequantized_entries(report))
-            position = backend.position
-            conversation = ids + _fed_tokens(model, ids, 3)
-            cpu = CpuBackend(model)
-            got, want = (await backend.prefill(conversation, Want("full"))).logits, cpu.prefill(conversation)
-            after = [float(np.abs(got - want).max()) / float(np.abs(want).max())]
-            more, _ = await _oracle_steps(backend, cpu, int(np.argmax(want)), 3)
+            positions.append(backend.position)
+            after, _ = await _oracle_steps(backend, cpu, token, 4)      # the same conversation, continued
             dispatches.append(len(backend._recordings[step].dispatches))
             names = {name for name, _ in session.kernels}
-            return again, before, after + more, names, backend.tuning_deferred, dispatches, position
+            return again, before, after, names, backend.tuning_deferred, dispatches, positions
         finally:
             backend.release()
-    again, before, after, names, deferred, dispatches, position = run(go())
+    again, before, after, names, deferred, dispatches, positions = run(go())
     assert again.source == "cached" and again.later is None and not deferred, again
-    assert position == 0, "the retune resets the cache"
+    assert positions[1] == positions[0] == len(ids) + 3, positions     # the conversation kept
     assert {"quantize_x_norm", "quantize_x_swiglu"} <= names, names       # adopted: compiled for the swap
     assert dispatches[1] > dispatches[0], dispatches                      # the step recorded again: quantizers
     assert max(before) <= LOGIT_TOLERANCE, before
-    assert max(after[1:]) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, after          # decode steps on the new choices
-    assert max(after[1:]) > 0.0, after
+    assert max(after) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, after             # decode steps on the new choices
+    assert max(after) > 0.0, after
 
 
-def _fed_tokens(model, ids, steps: int) -> list[int]:
-    """The oracle's greedy tokens after `ids`: the prompt's next token, then `steps` - 1 more
-    (what _oracle_steps fed the GPU)."""
-    cpu = CpuBackend(model)
-    token, tokens = int(np.argmax(cpu.prefill(ids))), []
-    for _ in range(steps):
-        tokens.append(token)
-        token = int(np.argmax(cpu.decode_one(token)))
-    return tokens
+@pytest.mark.parametrize("row", ["free", "kept"])
+def test_the_stages_whole_step_writes_only_the_row_it_is_given(native_gpu, model, run, row):
+    """The tuning stage's whole-step timing (what a retune runs mid-conversation) at the first
+    free row leaves the conversation's rows alone: its next steps follow the oracle as if no
+    stage had run. Given a row the conversation holds (row 0, what the stage used before the
+    retune kept conversations), the steps after it do not: the check can fail."""
+    import time
+    ids = prompt_ids(model, "hi there", chat=True)
+
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=ALL))
+        backend = await GpuBackend.build(session, model)
+        cpu = CpuBackend(model)
+        try:
+            want = cpu.prefill(ids)
+            await backend.prefill(ids, Want("argmax"))
+            _, token = await _oracle_steps(backend, cpu, int(np.argmax(want)), 2)
+            position = backend.position if row == "free" else 0
+            stage = tuning._Stage(backend.device, model, session.plan, session.buffers, None, time.perf_counter,
+                                  position)
+            try:
+                await stage.seconds_per_step({})
+            finally:
+                stage.release()
+            backend.forward.set_params("decode", 1, backend.position)     # as retune() does after the stage
+            backend.device.write_buffer(*backend.forward.tables["decode"].write())
+            after, _ = await _oracle_steps(backend, cpu, token, 3)
+            return after
+        finally:
+            backend.release()
+    after = run(go())
+    if row == "free":
+        assert max(after) <= LOGIT_TOLERANCE, after
+    else:
+        assert max(after) > LOGIT_TOLERANCE, after
+
+
+def test_a_retune_on_a_full_cache_starts_the_conversation_again(native_gpu, model, measured, run):
+    """A cache with every row in use leaves the stage no free row: the retune resets it to
+    position 0 first, and a prompt read afresh then follows the oracle."""
+    report, _ = measured
+
+    async def go():
+        session = await admit(native_gpu, model, LATER)
+        backend = await GpuBackend.build(session, model)
+        cpu = CpuBackend(model)
+        try:
+            ids = [int(t) for t in np.random.default_rng(3).integers(3, model.architecture.vocab, backend.capacity)]
+            await backend.prefill(ids, Want("argmax"))
+            full = (backend.position, backend.capacity)
+            await backend.retune(_prequantized_entries(report))
+            reset = backend.position
+            got, want = (await backend.prefill(ids[:5], Want("full"))).logits, cpu.prefill(ids[:5])
+            return full, reset, float(np.abs(got - want).max()) / float(np.abs(want).max())
+        finally:
+            backend.release()
+    full, reset, error = run(go())
+    assert full[0] == full[1] and reset == 0, (full, reset)
+    assert error <= INT8_TWO_BYTE_LOGIT_TOLERANCE, error
+
+
+@pytest.mark.parametrize("burst", [1, 2])
+def test_a_stop_asked_for_during_a_timed_burst_ends_the_stage_after_one_shape(native_gpu, model, run, monkeypatch,
+                                                                             burst):
+    """The stage's checkpoint (what stops a retune an answer waits for) comes after each timed
+    shape, not only before compiles: asked to stop once a burst of timings began (the first:
+    every form's rule; the second: the search's first round), the stage ends after timing one
+    more shape, not after every form's shapes of that burst."""
+    timed, settled = [], []
+    real_settle, real_time = tuning._Stage.settle, tuning._Stage.seconds_per_op
+
+    async def settle(stage, *args, **kwargs):
+        await real_settle(stage, *args, **kwargs)
+        settled.append(True)                     # the settle before each burst; its timings follow
+
+    async def seconds_per_op(stage, *args, **kwargs):
+        seconds = await real_time(stage, *args, **kwargs)
+        if len(settled) == burst:
+            timed.append(seconds)
+        return seconds
+    monkeypatch.setattr(tuning._Stage, "settle", settle)
+    monkeypatch.setattr(tuning._Stage, "seconds_per_op", seconds_per_op)
+
+    class Stop(Exception):
+        pass
+
+    async def checkpoint():
+        if timed:
+            raise Stop
+
+    async def go():
+        session = await admit(native_gpu, model, LATER)
+        try:
+            return await tuning.tune(session.device, model, session.plan, session.buffers, force=True,
+                                     budget_seconds=600.0, checkpoint=checkpoint)
+        finally:
+            session.destroy()
+    with pytest.raises(Stop):
+        run(go())
+    assert len(timed) == 1, f"{len(timed)} shapes timed after the stop was asked for"
 
 
 def test_a_retune_measures_what_admission_left_and_its_results_are_kept(native_gpu, model, run):
@@ -645,9 +738,11 @@ def test_an_answer_asked_for_stops_the_engines_retune_which_runs_again_later(nat
         session = await admit(gpu, model, LATER)
         return await GpuBackend.build(session, model), session.receipt.as_dict()
 
+    prompt = [5, 17, 99, 250]
+
     async def answer(engine):
         settings = SamplerSettings(temperature=0.0, max_tokens=4)
-        return [d async for d in engine.generate([5, 17, 99, 250], settings, chat=False)]
+        return [d async for d in engine.generate(prompt, settings, chat=False)], engine.last_timings.cached_tokens
 
     async def go():
         events = []
@@ -656,15 +751,16 @@ def test_an_answer_asked_for_stops_the_engines_retune_which_runs_again_later(nat
         try:
             tuning_call = asyncio.ensure_future(engine.tune_gpu(None))
             await asyncio.sleep(0)                       # the retune is in flight
-            first = await answer(engine)
+            first, _ = await answer(engine)
             stopped, deferred = await tuning_call, engine._gpu.tuning_deferred
             report = await engine.tune_gpu(None)
-            second = await answer(engine)
-            return first, stopped, deferred, report, engine._gpu.tuning_deferred, second, events
+            second, kept = await answer(engine)          # the same prompt again (Regenerate)
+            return first, stopped, deferred, report, engine._gpu.tuning_deferred, second, kept, events
         finally:
             await engine.unload()
-    first, stopped, deferred, report, still, second, events = run(go())
+    first, stopped, deferred, report, still, second, kept, events = run(go())
     assert stopped is None and deferred, "the answer stopped the retune, which stays to do"
     assert first[-1].finish_reason == "length" and second[-1].finish_reason == "length"
+    assert kept == len(prompt) - 1, "the retune kept the conversation: only the last prompt token is read again"
     assert report.source == "measured" and not still
     assert any(e.get("event") == "tuning" and e["source"] == "measured" for e in events)

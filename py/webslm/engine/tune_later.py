@@ -34,8 +34,8 @@ class TuneLater:
                 raise BackendCancelled("retune-stopped", "engine", "an answer was asked for")
         call = self._in_flight = asyncio.ensure_future(gpu.retune(cache, checkpoint))
         call.add_done_callback(self._retired)
-        if self.prompt_cache.backend is gpu:     # retune resets the KV cache: the next answer reads
-            self.prompt_cache.forget()           # its whole prompt again
+        # The prompt cache stays: the retune keeps the conversation's rows and position (or, on
+        # a full cache, resets the position, which the prompt cache then finds changed).
         try:
             report = await call
         except BackendCancelled:

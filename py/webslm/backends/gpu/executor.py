@@ -153,22 +153,27 @@ class GpuBackend:
     async def retune(self, cache=None, checkpoint=None):
         """Measure what admission deferred and take the measured choices: the tuning stage on
         the live session (its weights, and the decode regions: activations and params hold
-        nothing between steps, but the stage's whole-step timing runs decode steps at
-        position 0, which write KV row 0), the kernels they add self-tested
-        (admission/retune.py), then the step lowered and recorded again. So the cache is
-        reset: position 0, the kept conversation to be read again (Engine.tune_gpu forgets its
-        prompt cache too). Between answers only. `checkpoint` (async) may raise to stop the
-        stage; the session then keeps its choices and stays deferred. Returns the
-        TuningReport (its cache_entries for the caller to keep); None when nothing was deferred."""
+        nothing between steps), the kernels they add self-tested (admission/retune.py), then
+        the step lowered and recorded again. The stage's whole-step timing runs decode steps
+        at the position the conversation has reached, which write that row only: the row
+        the next step writes anyway. So the conversation is kept (its rows, the position, the
+        engine's prompt cache), except when the cache is full: then there is no free row, and
+        the cache is reset to position 0 first. Between answers only. `checkpoint` (async) may
+        raise to stop the stage; the session then keeps its choices and stays deferred.
+        Returns the TuningReport (its cache_entries for the caller to keep); None when nothing
+        was deferred."""
         from ...admission.retune import RetuneRejected, adopt
         from . import tuning
         session, model = self.session, self.model
         if not self.tuning_deferred:
             return None
         old = dict(session.choices)
+        self._ahead = []                                 # chained steps left behind: their rows are not kept
+        if self.position >= self.capacity:               # a full cache has no free row for the stage
+            self.reset()
         try:
             report = await tuning.tune(self.device, model, session.plan, session.buffers, cache=cache,
-                                       checkpoint=checkpoint, **session.tuning.later)
+                                       checkpoint=checkpoint, position=self.position, **session.tuning.later)
             self._check_alive()
             try:
                 await adopt(session, model, report)
@@ -177,8 +182,7 @@ class GpuBackend:
                 report.choices, report.cache_entries = {}, {}
                 report.source, report.reason = "rejected", rejected.sentence
         finally:
-            self.reset()                                 # the stage may have written KV row 0
-            self.forward.set_params("decode", 1, 0)      # the stage's launches rewrote the params
+            self.forward.set_params("decode", 1, self.position)   # the stage's launches rewrote the params
             self.device.write_buffer(*self.forward.tables["decode"].write())
         if session.choices != old:
             self.forward, self._recordings = Forward(session, model), {}

@@ -109,9 +109,10 @@ SCRATCH_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DS
 
 
 class _Stage:
-    def __init__(self, device, model, plan, buffers, checkpoint, clock):
+    def __init__(self, device, model, plan, buffers, checkpoint, clock, position: int = 0):
         session = types.SimpleNamespace(device=device, plan=plan, buffers=buffers, kernels={})
         self.device, self.clock, self.checkpoint = device, clock, checkpoint
+        self.position = position                          # the cache row a whole step writes (tune())
         self.forward = Forward(session, model)
         self.lowering = self.forward.lowering
         self.rng = np.random.default_rng(16)
@@ -119,8 +120,16 @@ class _Stage:
         self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round, trip)
         self.looks: list[float] = []                      # looks_slow's looks (seconds a dispatch)
         self.trip = 0.0                                   # the round trip timed rounds subtract (settle)
-        self.forward.set_params("decode", 1, 0)           # the mat-vec params do not depend on the shape
+        self.forward.set_params("decode", 1, position)    # the mat-vec params do not depend on it
         device.write_buffer(*self.forward.tables["decode"].write())
+
+    async def checkpoint_now(self) -> None:
+        """Where tune()'s `checkpoint` may stop the stage (a retune an answer is waiting for):
+        before each compile, after each shape is timed, before each round of the runoffs and
+        of the step check. So an answer waits at most one timed round (~ROUND_SECONDS of GPU
+        time a round on a fast GPU), not a whole burst of every form's shapes."""
+        if self.checkpoint is not None:
+            await self.checkpoint()
 
     def forms(self) -> dict[str, list]:
         """form key -> the decode program's matmul ops of that form, in program order."""
@@ -194,14 +203,17 @@ class _Stage:
             self.scratch = None
 
     async def seconds_per_step(self, choices: dict) -> float:
-        """GPU seconds of one whole decode step (every op of the program, positions and tokens
-        as the stage set them) with `choices` as the mat-vecs' launches: one timed round."""
+        """GPU seconds of one whole decode step at the stage's position (every op of the
+        program; it writes that row of the KV cache) with `choices` as the mat-vecs' launches:
+        one timed round."""
+        await self.checkpoint_now()
         ops = self.forward.programs["decode"].ops
         matmuls = [op for op in ops if op.kind == "matmul"]
         self.lowering.choices.clear()
         self.lowering.choices.update(choices)
         self._write_params(matmuls)
-        dispatches, _ = await self.forward.record("decode", ops, 1, 0)
+        dispatches, _ = await self.forward.record("decode", ops, 1, self.position,
+                                                  long_attention=not self.forward.single_pass_at(self.position))
         try:
             return await self.seconds_per_op(matmuls[:1], dispatches, rounds=1)   # one "op": the step
         finally:
@@ -262,7 +274,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                checkpoint: Callable[[], Awaitable[None]] | None = None,
                budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
                force: bool = False, int8: bool = True, pin_int8: str | None = None,
-               measure: bool = True) -> TuningReport:
+               measure: bool = True, position: int = 0) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
     `int8`: q4, q4k, q6k and q8 forms may also take pre-quantized int8 activations where measured faster.
@@ -273,9 +285,12 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     `measure=False`: nothing timed; the cached forms take their entries, the others the rule,
     and when any was left the report is "deferred", `later` holding what a retune passes back.
     The activations and outputs the stage writes are the plan's own decode regions: nothing
-    in them is live before the first step."""
+    in them is live between steps. Its whole-step timing runs decode steps at `position` (< the
+    cache's capacity), which write that row of every layer's KV cache: 0 at admission; a
+    retune on a live session passes the first row its conversation does not hold, so the
+    rows before it are kept (the next step overwrites that row)."""
     began = clock()
-    stage = _Stage(device, model, plan, buffers, checkpoint, clock)
+    stage = _Stage(device, model, plan, buffers, checkpoint, clock, position)
     forms = stage.forms()
     if pin_int8:
         return await _pinned_int8(stage, forms, began, pin_int8)
@@ -445,8 +460,7 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
         weights = stage.lowering.matvec_form(ops[0])[1]
         stage.fill_inputs(ops)                   # timed on random activations, as every shape is
         launched[key] = (_rule_choice(stage.device, weights, ops[0]), await stage.launches(ops, None))
-        if stage.checkpoint is not None:         # a compile a form: where a retune is stopped
-            await stage.checkpoint()
+        await stage.checkpoint_now()             # a compile a form: where a retune is stopped
         if not force and len(launched) == 1:
             dispatches = launched[key][1]
             one = dispatches[:len(dispatches) // len(ops)]
@@ -458,6 +472,7 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
     for key, ops in pending:
         dispatches = await stage.launches(ops, None)     # recorded again: params as the rule says
         out[key] = (launched[key][0], await stage.seconds_per_op(ops, dispatches))
+        await stage.checkpoint_now()
     return out
 
 
@@ -561,10 +576,11 @@ class _FormSearch:
     async def time_ready(self) -> None:
         """Time the shapes checked since the last burst (each recorded again: the launches
         share the ops' params slots, which a choice may change)."""
-        for choice in self.ready:
+        for choice in list(self.ready):
             dispatches = await self.stage.launches(self.ops, choice)
             self.times[choice] = await self.stage.seconds_per_op(self.ops, dispatches)
-        self.ready = []
+            self.ready.remove(choice)
+            await self.stage.checkpoint_now()
 
     @property
     def searched(self) -> bool:
@@ -625,6 +641,7 @@ async def _runoff(stage: _Stage, ops: list, finalists: list) -> dict:
     params slots, which a choice may change (_Stage._write_params)."""
     def contender(choice):
         async def one_round() -> float:
+            await stage.checkpoint_now()
             dispatches = await stage.launches(ops, choice)
             return await stage.seconds_per_op(ops, dispatches, rounds=1)
         return one_round
