@@ -69,6 +69,28 @@ def test_a_software_adapter_keeps_the_rule_and_says_why(native_gpu, model, run):
     assert choices == {} and report.cache_entries == {}
 
 
+@pytest.mark.parametrize("force", [False, True])
+def test_tuning_later_on_a_slow_adapter_defers_nothing(native_gpu, model, run, force):
+    """tune(measure=False) (admission's tune_later) on an adapter whose rule looks slow
+    (lavapipe; admission itself skips the stage on an adapter that says it is a fallback, so the
+    stage is called directly here): it looks once, as the measured stage would, and keeps the
+    rule for good; nothing is deferred, so no retune runs beside the page's requests. Forced
+    (no look), the forms are deferred as on a fast GPU."""
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=ALL, tuning="off"))
+        try:
+            return await tuning.tune(session.device, model, session.plan, session.buffers, measure=False,
+                                     force=force)
+        finally:
+            session.destroy()
+    report = run(go())
+    if force:
+        assert report.source == "deferred" and report.later is not None and not report.looks_us, report
+    else:
+        assert report.source == "rule" and "software" in report.reason and report.later is None, report
+        assert report.looks_us and report.choices == {} and report.cache_entries == {}
+
+
 def test_forced_tuning_measures_every_decode_matvec_form(measured, model):
     report, compiled = measured
     assert report.source == "measured", report.reason

@@ -133,6 +133,22 @@ def test_the_last_load_showed_each_phase_to_its_end(booted):
         assert not any(bars[p]["shown"] for p in ("upload", "compile", "self-test")), bars
 
 
+def test_the_page_admits_with_tuning_later_and_a_software_adapter_defers_nothing(booted):
+    """The page admits with tuning "later" (on a real GPU the unmeasured launch shapes are
+    measured once the engine is idle, not while the page waits); the software adapters of these
+    rows keep the host's rules at admission, so no retune runs beside the page's requests."""
+    if not booted.row.engine_on_gpu:
+        pytest.skip("the page answers on the CPU path in this row")
+    _ready(booted)
+    admission = _page(booted, """
+      const a = window.webslm.engine.admission;
+      return { mode: a?.tuning_mode ?? null, tuning: a?.tuning ?? null, admitted: a?.admitted ?? null };
+    """, timeout_s=30)
+    _record(booted, "tuning", admission)
+    assert admission["admitted"] and admission["mode"] == "later", admission
+    assert admission["tuning"]["source"] == "rule", admission
+
+
 def test_every_control_is_labelled_and_reachable_by_keyboard(booted):
     """Every input, select, textarea and button has an accessible name; nothing is taken out of
     the natural tab order or put before it (no positive tabindex); the prompt comes before Send,

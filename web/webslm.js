@@ -327,12 +327,15 @@ export class Engine extends EventTarget {
   // computes correctly, or the engine answers on the CPU path with the reason. An admitted GPU
   // is then timed against the CPU path and kept only if it is not slower (gpu: "force" keeps
   // it untimed): engine.choice has the numbers. Where an earlier visit found this GPU slower,
-  // the worker goes to the CPU path without admitting it (result.remembered).
+  // the worker goes to the CPU path without admitting it (result.remembered). Tuning "later":
+  // the launch shapes a real GPU has not measured before are measured once the engine is idle,
+  // not while the page waits (a software adapter keeps the host's rules at once).
   async #admit(mode = this.#gpu === "force" ? "force" : "measure") {
     let result;
     try {
       result = this.#gpu
-        ? await this.protocol.request("admit", { featureLevel: this.#featureLevel, fault: null, gpu: mode })
+        ? await this.protocol.request("admit", { featureLevel: this.#featureLevel, fault: null, gpu: mode,
+                                                 tuning: "later" })
         : { admitted: false, ...(await this.protocol.request("use-cpu")) };
     } catch (error) {
       throw fromWorker(error);

@@ -177,7 +177,7 @@ class EngineHost:
                            "gpu_bytes": session.plan.total_gpu_bytes, "stage_seconds": session.seconds,
                            "seconds": seconds, "engine_seconds": round(time.perf_counter() - engine_started, 3),
                            "tuning": session.tuning.summary() if session.tuning else None,
-                           "tuning_new_entries": len(new_entries),
+                           "tuning_mode": tuning, "tuning_new_entries": len(new_entries),
                            "receipt": session.receipt.as_dict(), "receipt_text": render_text(session.receipt),
                            "verdicts_text": kept_verdicts(), "engine": self.engine_summary()})
 

@@ -40,9 +40,11 @@ Where measuring cannot pay, the rule stands and the report says why: a software 
 rule's dispatch takes more than timing.SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
 A cache (form results keyed by adapter, shader bundle and form: tuning_cache.py) makes a
 second admission on the same device free. With `measure=False` (AdmissionPolicy.tune_later,
-the worker's admit tuning "later") admission takes only what the cache holds and the rule for the
-rest, and the executor measures those forms once the model is ready (GpuBackend.retune): a
-first visit is not kept waiting for the stage's compiles (2-7 s on the H200). The native engine keeps it in a JSON file, the
+the worker's admit tuning "later", the page's default) admission takes only what the cache holds
+and the rule for the rest, and the executor measures those forms once the model is ready
+(GpuBackend.retune, at the conversation's first free KV row): a first visit is not kept waiting
+for the stage's compiles (2-7 s on the H200). It still takes the first look at a rule: an
+adapter that looks slow keeps the rule at once and defers nothing. The native engine keeps it in a JSON file, the
 browser's worker in Cache Storage; the caller owns it (it is untrusted input: an entry that
 is not a valid choice is measured afresh).
 """
@@ -69,6 +71,8 @@ ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
 ROUNDS = 3                     # timed rounds per launch shape; the median is kept
 TRIP_SHARE_KEPT = 0.1          # a round less its round trip is never taken below this share of it (noise)
 MAX_REPEAT = 64                # the most copies of a form's dispatches one timed round holds
+SLOW_REASON = (f"a rule dispatch takes over {timing.SLOW_DISPATCH_SECONDS * 1e3:g} ms here (a software adapter): "
+               f"measuring cannot pay")
 BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
 NOISE = 0.10                   # a shape must beat the rule by this much: smaller wins were not real (docs/kernels.md)
 CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny absolute floor)
@@ -312,6 +316,16 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     if not pending:
         report.source = "cached"
     if not measure:
+        if pending and not force and await _slow_adapter(stage, pending[0][1]):
+            # Measuring would not pay later either (a software adapter keeps the rule), so
+            # nothing is deferred: no retune runs beside the page's requests.
+            await _prefill_attention(stage, report, cache, device_identity, bundle_hash, int8, force, measure=False)
+            stage.release()
+            report.source, report.reason = "rule", SLOW_REASON
+            report.seconds = clock() - began
+            report.looks_us = [round(seconds * 1e6, 1) for seconds in stage.looks]
+            report.compiled = dict(stage.forward._compiled)
+            return report
         return await _deferred(stage, report, pending, cache, began, device_identity=device_identity,
                          bundle_hash=bundle_hash, budget_seconds=budget_seconds, force=force, int8=int8)
     try:
@@ -319,8 +333,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         # budget goes to the forms that cost the step most.
         rules = await _rule_times(stage, pending, force)
         if rules is None:                         # a slow adapter: the rule stands for every form
-            report.source, report.reason = "rule", (f"a rule dispatch takes over {timing.SLOW_DISPATCH_SECONDS * 1e3:g} "
-                                                    f"ms here (a software adapter): measuring cannot pay")
+            report.source, report.reason = "rule", SLOW_REASON
             pending = []
         if checkpoint is not None:
             await checkpoint()
@@ -474,6 +487,16 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
         out[key] = (launched[key][0], await stage.seconds_per_op(ops, dispatches))
         await stage.checkpoint_now()
     return out
+
+
+async def _slow_adapter(stage: _Stage, ops: list) -> bool:
+    """Whether the rule of the form `ops` looks slow here (timing.looks_slow): a software
+    adapter, where measuring cannot pay. Its pipeline is compiled for the look; admission takes
+    it from the report (`compiled`)."""
+    stage.fill_inputs(ops)
+    dispatches = await stage.launches(ops, None)
+    one = dispatches[:len(dispatches) // len(ops)]
+    return await timing.looks_slow(functools.partial(_look, stage, ops[:1] * 4, one * 4))
 
 
 async def _look(stage: _Stage, ops: list, dispatches: list) -> float:
