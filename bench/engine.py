@@ -291,6 +291,7 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
             "dispatches_per_layer": backend.forward.programs["decode"].dispatches_per_layer(),
             "admission_s": round(admitted, 3), "build_s": round(built, 3),
             "admission_stages_s": dict(session.seconds),
+            "self_test_family_seconds": session.self_test.get("family_seconds"),
             "tuning": session.tuning.summary() if session.tuning else None,
             "tuned_later": deferred,
             "tuning_forms": session.tuning.forms if session.tuning else None,

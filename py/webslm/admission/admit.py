@@ -307,7 +307,9 @@ class _Admission:
         if untested:
             self._fail("self-test-incomplete", f"no self-test ran the planned kernel(s) {', '.join(untested)}")
         self_test = {"cases": report["cases"], "families": sorted(report["families"]),
-                     "size": report["size"], "kernels": report["kernels"]}
+                     "size": report["size"], "kernels": report["kernels"],
+                     # seconds each family took (they run concurrently): where the stage's time goes
+                     "family_seconds": {name: f["seconds"] for name, f in report["families"].items()}}
 
         await self._enter("scopes")
         captured = await self._pop_scopes() + self.errors
