@@ -102,6 +102,9 @@ class GoldenContext:
     model: object | None = None     # a webslm.Model: real weights to test on, when given
     only: frozenset[str] | None = None   # registry names to test (admission: the plan's); None: all
     _compiled: dict = dataclasses.field(default_factory=dict)
+    # The pipelines the plan compiled, (name, sorted override items) (admission's `compiled`):
+    # a family with many launch shapes of one kernel tests these shapes (gemm_cases._tiles)
+    planned: frozenset | None = None
 
     @property
     def quick(self) -> bool:
@@ -194,7 +197,8 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
     async def one(name: str) -> None:
         async with slots:
             started = time.perf_counter()
-            context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only, shared)
+            context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only, shared,
+                                    frozenset(compiled) if compiled else None)
             results = await FAMILIES[name](context)
             finished[name] = {"seconds": round(time.perf_counter() - started, 3),
                               "results": [r.as_dict() for r in results]}
