@@ -73,8 +73,9 @@ def _tiles(ctx: GoldenContext) -> list:
     """The tiles this run covers: every variant the device admits (full), or the ones the host
     may choose on it (quick), and of those at admission only the tiles the plan compiled
     (`ctx.planned`; all of them if it names none): admission vouches for this model's
-    pipelines, and on the H200 the other tiles' compiles were 2.3 s of SmolLM2's 3.9 s
-    admission (15 GEMM pipelines compiled for the self-test, 3 of them the plan's)."""
+    pipelines. With every candidate, SmolLM2's self-test compiled 15 GEMM pipelines, 3 of
+    them the plan's (counted on lavapipe), and on the H200 its GEMM family took 2.3 s of a
+    3.7-4.0 s admission (docs/RESULTS.md)."""
     limits, features = ctx.device.limits, ctx.device.features
     if not ctx.quick:
         return [t for t in TILES.values() if t.admitted(limits, features)]
