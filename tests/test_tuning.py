@@ -21,7 +21,7 @@ import pytest
 
 import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
-from webslm.backends.gpu import GpuBackend, timing, tuning, tuning_cache
+from webslm.backends.gpu import GpuBackend, timing, tuning, tuning_cache, tuning_stage
 from webslm.backends.scores import Want
 from webslm.cpu import CpuBackend
 from webslm.generate import prompt_ids
@@ -395,7 +395,7 @@ def test_int8_forms_stay_only_if_the_whole_step_is_faster_with_them(run, int8_st
 
 
 def test_a_whole_decode_step_is_timed_with_and_without_int8_forms(native_gpu, model, measured, run):
-    """_Stage.seconds_per_step records the decode program's every op with the given choices
+    """Stage.seconds_per_step records the decode program's every op with the given choices
     (the int8 ones with their quantizer launches) and times it on the device."""
     report, _ = measured
     choices = {key: matvec.Choice.from_dict(entry["choice"])
@@ -406,7 +406,7 @@ def test_a_whole_decode_step_is_timed_with_and_without_int8_forms(native_gpu, mo
         import time
         session = await admit(native_gpu, model, AdmissionPolicy(fusions=ALL, tuning="off"))
         try:
-            stage = tuning._Stage(session.device, model, session.plan, session.buffers, None, time.perf_counter)
+            stage = tuning_stage.Stage(session.device, model, session.plan, session.buffers, None, time.perf_counter)
             try:
                 return await stage.seconds_per_step(choices), await stage.seconds_per_step({}), stage
             finally:
@@ -438,7 +438,7 @@ def test_a_budget_spent_early_still_gives_every_form_its_first_look(native_gpu, 
     async def go():
         session = await admit(native_gpu, model, AdmissionPolicy(fusions=ALL, tuning="off"))
         try:
-            stage = tuning._Stage(session.device, model, session.plan, session.buffers, None, time.perf_counter)
+            stage = tuning_stage.Stage(session.device, model, session.plan, session.buffers, None, time.perf_counter)
             forms = stage.forms()
             served = {key for key, ops in forms.items()
                       if matvec_prequant.serves(session.device, stage.lowering.matvec_form(ops[0])[1])}
@@ -488,7 +488,7 @@ def test_a_timed_round_is_taken_less_its_round_trip(run):
             self.pending += len(batch)
 
     device = Device()
-    stage = object.__new__(tuning._Stage)
+    stage = object.__new__(tuning_stage.Stage)
     stage.device, stage.clock, stage.trip = device, lambda: device.now, 0.0
     stage._bind = lambda role, ref: types.SimpleNamespace(buffer="y", offset=0)
     ops = [types.SimpleNamespace(write=lambda role: "y")]
@@ -615,7 +615,7 @@ def test_the_stages_whole_step_writes_only_the_row_it_is_given(native_gpu, model
             await backend.prefill(ids, Want("argmax"))
             _, token = await _oracle_steps(backend, cpu, int(np.argmax(want)), 2)
             position = backend.position if row == "free" else 0
-            stage = tuning._Stage(backend.device, model, session.plan, session.buffers, None, time.perf_counter,
+            stage = tuning_stage.Stage(backend.device, model, session.plan, session.buffers, None, time.perf_counter,
                                   position)
             try:
                 await stage.seconds_per_step({})
@@ -666,7 +666,7 @@ def test_a_stop_asked_for_during_a_timed_burst_ends_the_stage_after_one_shape(na
     every form's rule; the second: the search's first round), the stage ends after timing one
     more shape, not after every form's shapes of that burst."""
     timed, settled = [], []
-    real_settle, real_time = tuning._Stage.settle, tuning._Stage.seconds_per_op
+    real_settle, real_time = tuning_stage.Stage.settle, tuning_stage.Stage.seconds_per_op
 
     async def settle(stage, *args, **kwargs):
         await real_settle(stage, *args, **kwargs)
@@ -677,8 +677,8 @@ def test_a_stop_asked_for_during_a_timed_burst_ends_the_stage_after_one_shape(na
         if len(settled) == burst:
             timed.append(seconds)
         return seconds
-    monkeypatch.setattr(tuning._Stage, "settle", settle)
-    monkeypatch.setattr(tuning._Stage, "seconds_per_op", seconds_per_op)
+    monkeypatch.setattr(tuning_stage.Stage, "settle", settle)
+    monkeypatch.setattr(tuning_stage.Stage, "seconds_per_op", seconds_per_op)
 
     class Stop(Exception):
         pass

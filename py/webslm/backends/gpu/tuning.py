@@ -6,7 +6,8 @@ Why measure: the best workgroup size and rows per workgroup of a mat-vec depend 
 (`matvec.TUNING`) was 1.37x off the per-shape best on the H200 and cannot be right on every
 laptop GPU too. So, once the weights are on the GPU and before the pipelines are compiled,
 each mat-vec *form* of the decode program (matvec.form_key: encoding, shape, input mode,
-ACCUMULATE; layers of one form share it) is run as the engine runs it:
+ACCUMULATE; layers of one form share it) is run as the engine runs it (tuning_stage.Stage:
+the program lowered with the choices tried, and its launches timed):
 
     every form:      the rule's launch timed (its pipeline is needed anyway)
     then, while the budget lasts, the forms that cost the step most first, in two phases
@@ -52,25 +53,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import statistics
 import time
-import types
 from typing import Awaitable, Callable, Mapping
 
 import numpy as np
 
 from ...kernels import attention, matvec, matvec_prequant
-from ...kernels.registry import KERNELS
-from ...program.lowering import Binding
-from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
 from . import timing, tuning_attention
 from .tuning_cache import cache_key
-from .forward import Forward
+from .tuning_stage import Stage
 
-ROUND_SECONDS = 1e-3           # GPU time per timed round (many dispatches)
-ROUNDS = 3                     # timed rounds per launch shape; the median is kept
-TRIP_SHARE_KEPT = 0.1          # a round less its round trip is never taken below this share of it (noise)
-MAX_REPEAT = 64                # the most copies of a form's dispatches one timed round holds
 SLOW_REASON = (f"a rule dispatch takes over {timing.SLOW_DISPATCH_SECONDS * 1e3:g} ms here (a software adapter): "
                f"measuring cannot pay")
 BUDGET_SECONDS = 4.0           # the stage's compiles and checks; forms not reached keep the rule
@@ -95,7 +87,7 @@ class TuningReport:
     seconds: float = 0.0
     cache_entries: dict[str, dict] = dataclasses.field(default_factory=dict)   # new, for the caller to keep
     step_us: dict[str, float] = dataclasses.field(default_factory=dict)        # _step_check's two steps
-    settles: list = dataclasses.field(default_factory=list)      # _Stage.settle: (seconds, first, last round, trip)
+    settles: list = dataclasses.field(default_factory=list)      # Stage.settle: (seconds, first, last round, trip)
     looks_us: list = dataclasses.field(default_factory=list)     # looks_slow's looks at the rule, us a dispatch
     compiled: dict = dataclasses.field(default_factory=dict, repr=False)  # (name, overrides) -> kernel, for reuse
     later: dict | None = None     # "deferred": tune()'s arguments for GpuBackend.retune to measure with
@@ -107,157 +99,6 @@ class TuningReport:
                 "changed": len(self.choices), "step_us": dict(self.step_us),
                 "settles": [list(s) for s in self.settles], "looks_us": list(self.looks_us),
                 "choices": {form: choice.as_dict() for form, choice in sorted(self.choices.items())}}
-
-
-SCRATCH_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DST
-
-
-class _Stage:
-    def __init__(self, device, model, plan, buffers, checkpoint, clock, position: int = 0):
-        session = types.SimpleNamespace(device=device, plan=plan, buffers=buffers, kernels={})
-        self.device, self.clock, self.checkpoint = device, clock, checkpoint
-        self.position = position                          # the cache row a whole step writes (tune())
-        self.forward = Forward(session, model)
-        self.lowering = self.forward.lowering
-        self.rng = np.random.default_rng(16)
-        self.scratch = None                               # (buffer, bytes): the check's output
-        self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round, trip)
-        self.looks: list[float] = []                      # looks_slow's looks (seconds a dispatch)
-        self.trip = 0.0                                   # the round trip timed rounds subtract (settle)
-        self.forward.set_params("decode", 1, position)    # the mat-vec params do not depend on it
-        device.write_buffer(*self.forward.tables["decode"].write())
-
-    async def checkpoint_now(self) -> None:
-        """Where tune()'s `checkpoint` may stop the stage (a retune an answer is waiting for):
-        before each compile, after each shape is timed, before each round of the runoffs and
-        of the step check. So an answer waits at most one timed round (~ROUND_SECONDS of GPU
-        time a round on a fast GPU), not a whole burst of every form's shapes."""
-        if self.checkpoint is not None:
-            await self.checkpoint()
-
-    def forms(self) -> dict[str, list]:
-        """form key -> the decode program's matmul ops of that form, in program order."""
-        out: dict[str, list] = {}
-        for op in self.forward.programs["decode"].ops:
-            if op.kind == "matmul":
-                out.setdefault(self.lowering.matvec_form(op)[0], []).append(op)
-        return out
-
-    def _bind(self, role: str, ref: str):
-        return self.forward.resolve("decode", Binding(role, ref))
-
-    def fill_inputs(self, ops, seed: int | None = None) -> None:
-        """Random activations where the form's ops read (never zeros: a broken launch that
-        skipped work would otherwise agree with the rule); with a seed, the same values each
-        time."""
-        rng = self.rng if seed is None else np.random.default_rng([16, seed])
-        for ref in sorted({op.read("x") for op in ops}):
-            binding = self._bind("x", ref)
-            self.device.write_buffer(binding.buffer, binding.offset,
-                                     rng.standard_normal(binding.size // 4).astype(np.float32))
-
-    async def launches(self, ops, choice: matvec.Choice | None) -> list:
-        key = self.lowering.matvec_form(ops[0])[0]
-        if choice is None:
-            self.lowering.choices.pop(key, None)
-        else:
-            self.lowering.choices[key] = choice
-        self._write_params(ops)
-        dispatches, _ = await self.forward.record("decode", ops, 1, 0)
-        return dispatches
-
-    def _write_params(self, ops) -> None:
-        """The ops' params slots as the lowering now says: a choice may change them (a q8
-        mat-vec on pre-quantized activations counts its units in 32s, not 16s)."""
-        table = self.forward.tables["decode"]
-        for op in ops:
-            table.set(self.forward.slot(op, "argmax"), self.lowering.lower(op, "decode", 1, 0)[0].params)
-        self.device.write_buffer(*table.write())
-
-    async def output(self, ops) -> np.ndarray:
-        """y of the form's first op, launched as the lowering now says (a pre-quantized choice:
-        its quantizer, then the mat-vec), the mat-vec's output redirected into a scratch buffer
-        that starts as a fixed y0 (ACCUMULATE adds to it; rows a launch skips keep it): the
-        plan's own output may not be writable from the host (the logits are not)."""
-        launches = self.lowering.lower(ops[0], "decode", 1, 0)
-        self._write_params(ops[:1])
-        y = self._bind("y", ops[0].write("y"))
-        if self.scratch is None or self.scratch[1] < y.size:
-            self.release()
-            self.scratch = (self.device.create_buffer(y.size, SCRATCH_USAGE, "tuning.y"), y.size)
-        scratch = self.scratch[0]
-        self.device.write_buffer(scratch, 0, np.linspace(-1.0, 1.0, y.size // 4, dtype=np.float32))
-        params = self.forward.tables["decode"].binding(self.forward.slot(ops[0], "argmax"))
-        dispatches = []
-        for i, launch in enumerate(launches):
-            kernel = await self.forward.kernel(launch.kernel, launch.overrides)
-            outputs = ([BufferBinding(scratch, 0, y.size)] if i == len(launches) - 1
-                       else [self.forward.resolve("decode", b) for b in launch.outputs])
-            pending = {"read-only-storage": [self.forward.resolve("decode", b) for b in launch.inputs],
-                       "storage": outputs}
-            entries = [params if kind == "uniform" else pending[kind].pop(0) for kind in KERNELS[launch.kernel].bindings]
-            group = self.device.create_bind_group(kernel.bind_group_layout, entries, "tuning check")
-            dispatches.append(Dispatch(kernel.pipeline, [group], launch.grid))
-        self.device.submit(dispatches)
-        return np.frombuffer(await self.device.read_buffer(scratch, 0, y.size), np.float32).copy()
-
-    def release(self) -> None:
-        if self.scratch is not None:
-            self.device.destroy_buffer(self.scratch[0])
-            self.scratch = None
-
-    async def seconds_per_step(self, choices: dict) -> float:
-        """GPU seconds of one whole decode step at the stage's position (every op of the
-        program; it writes that row of the KV cache) with `choices` as the mat-vecs' launches:
-        one timed round."""
-        await self.checkpoint_now()
-        ops = self.forward.programs["decode"].ops
-        matmuls = [op for op in ops if op.kind == "matmul"]
-        self.lowering.choices.clear()
-        self.lowering.choices.update(choices)
-        self._write_params(matmuls)
-        dispatches, _ = await self.forward.record("decode", ops, 1, self.position,
-                                                  long_attention=not self.forward.single_pass_at(self.position))
-        try:
-            return await self.seconds_per_op(matmuls[:1], dispatches, rounds=1)   # one "op": the step
-        finally:
-            self.lowering.choices.clear()
-
-    async def settle(self, ops, choice: matvec.Choice | None = None) -> None:
-        """Run `ops` (at `choice`) until the GPU's clocks settle (timing.settle): an idle GPU
-        runs slow, and the stage leaves it idle while it compiles; then measure the round trip
-        the timed rounds subtract (timing.round_trip). Records (seconds spent, first round,
-        last round, round trip) in `settles`."""
-        dispatches = await self.launches(ops, choice)
-        settled = await timing.settle(lambda: self.seconds_per_op(ops, dispatches, rounds=1), self.clock)
-        self.trip = await timing.round_trip(self.device, self._sync(ops), self.clock)
-        self.settles.append((*settled, self.trip))
-
-    def _sync(self, ops) -> tuple:
-        y = self._bind("y", ops[0].write("y"))
-        return y.buffer, y.offset, 4
-
-    async def seconds_per_op(self, ops, dispatches, rounds: int = ROUNDS) -> float:
-        """GPU seconds per op of the form (its dispatches: one, or a pre-quantized choice's two),
-        dependent as in a step; the median of `rounds` rounds of >= ROUND_SECONDS, each less
-        the round trip measured at the last settle (`trip`; 0 before the first)."""
-        sync = self._sync(ops)
-        per_op = max(1, len(dispatches) // len(ops))
-
-        async def timed(batch) -> float:
-            await self.device.read_buffer(*sync)          # the queue is idle before the clock starts
-            self.device.submit(batch)
-            started = self.clock()                        # encoding is done: the GPU has the work
-            await self.device.read_buffer(*sync)
-            elapsed = self.clock() - started
-            return max(elapsed - self.trip, TRIP_SHARE_KEPT * elapsed) / (len(batch) // per_op)
-
-        first = await timed(dispatches)                   # also the warm-up
-        if rounds == 0:
-            return first
-        repeat = min(MAX_REPEAT, max(1, int(ROUND_SECONDS / (first * len(dispatches) / per_op))))
-        batch = dispatches * repeat
-        return statistics.median([await timed(batch) for _ in range(rounds)])
 
 
 def _agrees(y: np.ndarray, reference: np.ndarray, relative: float = CHECK_RELATIVE) -> bool:
@@ -294,7 +135,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     retune on a live session passes the first row its conversation does not hold, so the
     rows before it are kept (the next step overwrites that row)."""
     began = clock()
-    stage = _Stage(device, model, plan, buffers, checkpoint, clock, position)
+    stage = Stage(device, model, plan, buffers, checkpoint, clock, position)
     forms = stage.forms()
     if pin_int8:
         return await _pinned_int8(stage, forms, began, pin_int8)
@@ -390,7 +231,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     return report
 
 
-async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping[str, dict], device_identity: str,
+async def _prefill_attention(stage: Stage, report: TuningReport, cache: Mapping[str, dict], device_identity: str,
                              bundle_hash: str, int8: bool, force: bool, measure: bool = True) -> None:
     """The prefill attention variant (tuning_attention.py), from the cache or (`measure`)
     measured; into the report's choices under attention.PREFILL_CHOICE when it is not the rule's."""
@@ -417,7 +258,7 @@ async def _prefill_attention(stage: _Stage, report: TuningReport, cache: Mapping
         report.choices[attention.PREFILL_CHOICE] = choice
 
 
-async def _deferred(stage: _Stage, report: TuningReport, pending: list, cache: Mapping[str, dict], began: float,
+async def _deferred(stage: Stage, report: TuningReport, pending: list, cache: Mapping[str, dict], began: float,
                     **arguments) -> TuningReport:
     """tune(measure=False): the cache's choices (the prefill attention's too), the rule for
     every form not cached; "deferred" when anything is left to measure."""
@@ -433,7 +274,7 @@ async def _deferred(stage: _Stage, report: TuningReport, pending: list, cache: M
     return report
 
 
-async def _pinned_int8(stage: _Stage, forms: dict[str, list], began: float, variant: str) -> TuningReport:
+async def _pinned_int8(stage: Stage, forms: dict[str, list], began: float, variant: str) -> TuningReport:
     """Every served form on the pre-quantized path (`variant`) at its second launch shape, if
     it agrees with the rule within the int8 tolerance (else the rule, counted as rejected)."""
     if variant not in matvec_prequant.VARIANTS:
@@ -464,7 +305,7 @@ async def _pinned_int8(stage: _Stage, forms: dict[str, list], began: float, vari
     return report
 
 
-async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tuple[matvec.Choice, float]] | None:
+async def _rule_times(stage: Stage, pending: list, force: bool) -> dict[str, tuple[matvec.Choice, float]] | None:
     """form -> (the rule's Choice, its seconds a dispatch): every rule compiled first, then
     timed in one burst after the clocks settle; None when a first look (4 dispatches and a
     round trip: cheap on any adapter) shows a slow adapter."""
@@ -489,7 +330,7 @@ async def _rule_times(stage: _Stage, pending: list, force: bool) -> dict[str, tu
     return out
 
 
-async def _slow_adapter(stage: _Stage, ops: list) -> bool:
+async def _slow_adapter(stage: Stage, ops: list) -> bool:
     """Whether the rule of the form `ops` looks slow here (timing.looks_slow): a software
     adapter, where measuring cannot pay. Its pipeline is compiled for the look; admission takes
     it from the report (`compiled`)."""
@@ -499,13 +340,13 @@ async def _slow_adapter(stage: _Stage, ops: list) -> bool:
     return await timing.looks_slow(functools.partial(_look, stage, ops[:1] * 4, one * 4))
 
 
-async def _look(stage: _Stage, ops: list, dispatches: list) -> float:
+async def _look(stage: Stage, ops: list, dispatches: list) -> float:
     """One look at a rule for timing.looks_slow: one submission's seconds a dispatch, kept in `looks`."""
     stage.looks.append(await stage.seconds_per_op(ops, dispatches, rounds=0))
     return stage.looks[-1]
 
 
-def _costliest(stage: _Stage, pending: list) -> list:
+def _costliest(stage: Stage, pending: list) -> list:
     """The ops of the form with the most weight bytes over its layers: what settle() runs (on
     the rule's launch) to wake the GPU's clocks before a timing burst."""
     def size(item):
@@ -517,7 +358,7 @@ def _costliest(stage: _Stage, pending: list) -> list:
 class _FormSearch:
     """One form's search, in rounds: each round's shapes are compiled and checked for every
     form first, then timed for every form in one burst on a GPU whose clocks have settled
-    (_Stage.settle). Measured on the H200: compiling between timings left the GPU idle most of
+    (Stage.settle). Measured on the H200: compiling between timings left the GPU idle most of
     the stage, its clocks low (a decode step timed there took 15.9 ms; 6.4 ms in the engine
     right after), and one form's rule measured 9.6 us in one admission and 20.8 in the next.
     And rounds, not each form's whole ladder in turn: the last order spent an 8B model's 4 s
@@ -536,7 +377,7 @@ class _FormSearch:
 
     ROUNDS = 3
 
-    def __init__(self, stage: _Stage, ops: list, rule: matvec.Choice, rule_seconds: float, int8: bool, seed: int):
+    def __init__(self, stage: Stage, ops: list, rule: matvec.Choice, rule_seconds: float, int8: bool, seed: int):
         self.stage, self.ops, self.rule, self.seed = stage, ops, rule, seed
         self.key, self.weights = stage.lowering.matvec_form(ops[0])
         self.int8 = int8 and matvec_prequant.serves(stage.device, self.weights)
@@ -658,10 +499,10 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
                          f"{step_exact * 1e6:.0f} us without")
 
 
-async def _runoff(stage: _Stage, ops: list, finalists: list) -> dict:
+async def _runoff(stage: Stage, ops: list, finalists: list) -> dict:
     """Seconds per op of each finalist (the first is the rule), timed in turn
     (timing.alternating). Each round records its finalist again: the launches share the ops'
-    params slots, which a choice may change (_Stage._write_params)."""
+    params slots, which a choice may change (Stage._write_params)."""
     def contender(choice):
         async def one_round() -> float:
             await stage.checkpoint_now()
