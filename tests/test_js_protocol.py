@@ -29,7 +29,7 @@ def test_admit_without_tuning_takes_the_default():
     assert got["ok"]["fields"] == {"featureLevel": "auto", "fault": None, "gpu": "force"}
 
 
-@pytest.mark.parametrize("tuning", ["auto", "later", "force", "off"])
+@pytest.mark.parametrize("tuning", ["auto", "later", "force", "later-force", "off"])
 def test_admit_with_a_tuning_mode_passes_it_on(tuning):
     assert validate({**ADMIT, "tuning": tuning})["ok"]["fields"]["tuning"] == tuning
 
@@ -37,7 +37,7 @@ def test_admit_with_a_tuning_mode_passes_it_on(tuning):
 @pytest.mark.parametrize("tuning", ["fast", None, 1, ""])
 def test_a_bad_tuning_mode_is_refused(tuning):
     got = validate({**ADMIT, "tuning": tuning})
-    assert got["code"] == "bad-field" and 'field "tuning" must be auto, later, force or off' in got["message"]
+    assert got["code"] == "bad-field" and 'field "tuning" must be auto, later, force, later-force, off' in got["message"]
 
 
 def test_required_fields_stay_required_and_unknown_ones_refused():

@@ -31,6 +31,9 @@ export const ERROR_CODES = Object.freeze({
 });
 
 const FEATURE_LEVELS = ["auto", "core", "compatibility"];  // auto: see py/webslm/webgpu/adapters.py choose_adapter
+// admit's tuning (py/webslm/worker/engine_host.py EngineHost.admit): "later-force" is "later"
+// that measures even on a software adapter, as "force" does (the tests' way to run it there)
+const TUNING_MODES = ["auto", "later", "force", "later-force", "off"];
 const isUint32 = (v) => Number.isInteger(v) && v >= 0 && v <= 0xffffffff;
 const isPlainObject = (v) => v !== null && typeof v === "object" && Object.getPrototypeOf(v) === Object.prototype;
 
@@ -79,7 +82,7 @@ export const REQUESTS = Object.freeze({
     featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
     fault: (v) => v === null || (typeof v === "string" && /^[a-z-]{1,40}$/.test(v)) || "must be null or a fault name",
     gpu: (v) => ["measure", "force", "remeasure"].includes(v) || "must be measure, force or remeasure",
-    tuning: optional((v) => ["auto", "later", "force", "off"].includes(v) || "must be auto, later, force or off"),
+    tuning: optional((v) => TUNING_MODES.includes(v) || `must be ${TUNING_MODES.join(", ")}`),
   },
   // chars: corpus size for the tokenizer check (webslm.semantic.corpus); needs a loaded model
   // messages and settings are checked in Python (py/webslm/worker/requests.py); here only their shape

@@ -31,6 +31,7 @@ from ..semantic.tool_stream import ToolStream
 from .requests import WorkerRequestFailed, cache_prompt, generation_plan
 
 CONFORMANCE_PROMPT = "What is the capital of France?"
+TUNING_MODES = ("auto", "later", "force", "later-force", "off")   # admit's tuning (worker/protocol.mjs)
 
 
 # Measured launch shapes and variants (backends/gpu/tuning.py), for this worker's lifetime and
@@ -112,12 +113,14 @@ class EngineHost:
         `verdicts_text`: the verdicts to keep, or null when they are unchanged. `tuning`:
         AdmissionPolicy.tuning ("auto": measured here, not on a software adapter; "later": with
         tune_later, the kept results now and the rest measured once the engine is idle,
-        tune_later(); "force": measured here, even on a software adapter; "off").
+        tune_later(), where a first look does not show a software adapter; "force": measured
+        here, even on a software adapter; "later-force": "later" even on a software adapter,
+        for the tests; "off").
         With a `fault` (the tests' named faults) the kept verdicts are neither used nor changed."""
         if choice not in ("measure", "force", "remeasure"):
             raise ValueError(f"choice must be measure, force or remeasure, not {choice!r}")
-        if tuning not in ("auto", "later", "force", "off"):
-            raise ValueError(f"tuning must be auto, later, force or off, not {tuning!r}")
+        if tuning not in TUNING_MODES:
+            raise ValueError(f"tuning must be one of {', '.join(TUNING_MODES)}, not {tuning!r}")
         from ..admission.admit import AdmissionFailure, AdmissionPolicy
         from ..admission.admit import admit as run_admission
         from ..admission.receipt import render_text
@@ -149,8 +152,10 @@ class EngineHost:
             on_stage(stage)
         started = time.perf_counter()
         try:
-            policy = AdmissionPolicy(feature_level=feature_level, tuning="auto" if tuning == "later" else tuning,
-                                     tune_later=tuning == "later")
+            later = tuning in ("later", "later-force")
+            policy = AdmissionPolicy(feature_level=feature_level,
+                                     tuning={"later": "auto", "later-force": "force"}.get(tuning, tuning),
+                                     tune_later=later)
             session = await run_admission(gpu, model, policy,
                                           faults=faults,
                                           user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,
