@@ -64,8 +64,6 @@ async def time_plan(device, shape, position: int, chunk, wg: int, gw: int, rng, 
     first = await compile_kernel(device, plan.chunk_pass.kernel, **plan.chunk_pass.overrides)
     prepared = runner.prepare(device, first, plan.chunk_pass.params, [q, k_cache, v_cache],
                               [(h * e, np.float32), *scratch], plan.chunk_pass.grid)
-    dispatches = [prepared.dispatch]
-    combine = None
     # the combine pass on the same buffers: with one chunk it returns at once (the floor)
     second_plan = plan.combine or attention.DispatchPlan(
         f"attention_combine_{shape.dtype}", {"WG": wg, "HD4": e // 4}, plan.chunk_pass.params,
@@ -77,7 +75,7 @@ async def time_plan(device, shape, position: int, chunk, wg: int, gw: int, rng, 
     row = {"position": position, "keys": position + 1, "chunk": plan.chunk, "n_chunks": plan.n_chunks,
            "WG": plan.chunk_pass.overrides["WG"], "GW": plan.chunk_pass.overrides["GW"],
            "workgroups": plan.chunk_pass.grid[0] * plan.chunk_pass.grid[1]}
-    row["chunk_us"] = await chain_us(device, dispatches, sync, repeats)
+    row["chunk_us"] = await chain_us(device, [prepared.dispatch], sync, repeats)
     if plan.combine is not None:
         row["combine_us"] = await chain_us(device, [combine], sync, repeats)
         row["both_us"] = await chain_us(device, [prepared.dispatch, combine], sync, repeats)

@@ -138,7 +138,7 @@ def test_the_page_admits_with_tuning_later_and_a_software_adapter_defers_nothing
     measured once the engine is idle, not while the page waits); the software adapters of these
     rows keep the host's rules at admission, so no retune runs beside the page's requests."""
     if not booted.row.engine_on_gpu:
-        pytest.skip("the page answers on the CPU path in this row")
+        pytest.skip("the page answers on the CPU path in this row: no GPU admission whose tuning to check")
     _ready(booted)
     admission = _page(booted, """
       const a = window.webslm.engine.admission;

@@ -152,10 +152,9 @@ class EngineHost:
             on_stage(stage)
         started = time.perf_counter()
         try:
-            later = tuning in ("later", "later-force")
             policy = AdmissionPolicy(feature_level=feature_level,
                                      tuning={"later": "auto", "later-force": "force"}.get(tuning, tuning),
-                                     tune_later=later)
+                                     tune_later=tuning in ("later", "later-force"))
             session = await run_admission(gpu, model, policy,
                                           faults=faults,
                                           user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,

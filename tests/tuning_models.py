@@ -1,0 +1,37 @@
+"""What the tuning tests share (tests/test_tuning.py, tests/test_tune_later.py): their bounds
+against the CPU oracle, the forced admission policy, one forced tuning run, and cache entries
+that put every form the pre-quantized path serves on it."""
+from __future__ import annotations
+
+import asyncio
+
+from webslm.admission.admit import AdmissionPolicy, admit
+from webslm.kernels import matvec, matvec_prequant
+from webslm.program.fusion import ALL
+
+LOGIT_TOLERANCE = 2e-3            # tests/test_gpu_engine_native.py's bound, the same model
+INT8_LOGIT_TOLERANCE = 6e-2       # int8 activations in every q4 mat-vec (matvec_prequant): measured 1.8-3.3e-2 here
+                                  # with one byte; the engine's two bytes: INT8_TWO_BYTE_LOGIT_TOLERANCE
+INT8_TWO_BYTE_LOGIT_TOLERANCE = 2e-3
+# Forced tuning with time for every form (lavapipe compiles each launch shape in ~0.1-1 s).
+FORCED = AdmissionPolicy(fusions=ALL, tuning="force", tuning_budget_s=600.0)
+
+
+def forced_tuning(gpu, model) -> tuple:
+    """One forced tuning run: (report, the session's compiled kernel keys)."""
+    async def go():
+        session = await admit(gpu, model, FORCED)
+        try:
+            return session.tuning, set(session.kernels)
+        finally:
+            session.destroy()
+    return asyncio.run(go())
+
+
+def prequantized_entries(report, variant: str = matvec_prequant.VARIANT) -> dict[str, dict]:
+    """The measured cache entries with every form the pre-quantized path serves (q4, q8, q4k,
+    q6k: matvec.PREQUANT_VARIANTS) on it (int8 activations, `variant`: two bytes or one)."""
+    def served(key: str) -> bool:
+        return key.split("|")[2].split("[")[0] in matvec.PREQUANT_VARIANTS
+    return {key: {**entry, "choice": {"variant": variant, "WG": 32, "ROWS": 4} if served(key) else entry["choice"]}
+            for key, entry in report.cache_entries.items()}
