@@ -147,15 +147,17 @@ def self_test_once(monkeypatch):
     run_all = golden.run_all
 
     async def once(device, size="full", model=None, seed=0, families=None, on_family=None, kernels=None,
-                   compiled=None):
+                   compiled=None, positions=None):
         if model is not None or families is not None or getattr(device, "faults", Faults()) != Faults():
             return await run_all(device, size, model=model, seed=seed, families=families, on_family=on_family,
-                                 kernels=kernels, compiled=compiled)
+                                 kernels=kernels, compiled=compiled, positions=positions)
+        # admission tests the plan's pipelines, up to its KV capacity
         key = (tuple(sorted(device.features)), tuple(sorted(dict(device.limits).items())), size, seed,
-               None if kernels is None else tuple(sorted(kernels)))      # admission tests the plan's kernels
+               None if kernels is None else tuple(sorted(kernels)),
+               None if compiled is None else tuple(sorted(compiled)), positions)
         if key not in _SELF_TEST_REPORTS:
             _SELF_TEST_REPORTS[key] = await run_all(device, size, seed=seed, on_family=on_family, kernels=kernels,
-                                                    compiled=compiled)
+                                                    compiled=compiled, positions=positions)
         elif on_family is not None:                       # the progress events of a real run
             total = len(_SELF_TEST_REPORTS[key]["families"])
             for done in range(1, total + 1):

@@ -297,6 +297,7 @@ class _Admission:
         # what admission vouches for is this model's step, and the rest only costs time.
         report = await golden.run_all(self.device, self.policy.self_test_size, kernels={name for name, _ in mandatory},
                                       compiled=kernels,
+                                      positions=self.plan.as_dict()["policy"]["context_capacity"],
                                       on_family=lambda done, total: self.on_progress("self-test", done, total))
         if not report["passed"]:
             first = report["failed"][0] if report["failed"] else {}
@@ -306,6 +307,9 @@ class _Admission:
         untested = sorted({name for name, _ in mandatory} - golden.tested_kernels(report))
         if untested:
             self._fail("self-test-incomplete", f"no self-test ran the planned kernel(s) {', '.join(untested)}")
+        if report["untested_pipelines"]:
+            self._fail("self-test-incomplete", f"no self-test ran the planned pipeline(s) "
+                                               f"{', '.join(report['untested_pipelines'][:3])}")
         self_test = {"cases": report["cases"], "families": sorted(report["families"]),
                      "size": report["size"], "kernels": report["kernels"],
                      # seconds each family took (they run concurrently): where the stage's time goes

@@ -426,10 +426,14 @@ def make_case(rng: np.random.Generator, shape: AttentionShape, n_tokens: int, st
     q = rng.standard_normal((n_tokens, h * e)).astype(np.float32)
     k = rng.standard_normal((kv, n, e))
     v = rng.standard_normal((kv, n, e))
-    if data == "huge":          # scores of order +-1e4: softmax must not overflow
-        q *= np.float32(1e4)
+    # The rule's rounding term grows as E^1.5 at a given score size (gamma(E + 1) scale
+    # sum |q k|): past E = 64 the large scores shrink as much, so that the bound still says
+    # something (at E = 256 and 1e4 it would be infinite: a case that cannot pass).
+    large = min(1.0, (64 / e) ** 1.5)
+    if data == "huge":          # scores of order +-1e4 (E <= 64): softmax must not overflow
+        q *= np.float32(1e4 * large)
     elif data == "close":       # scores ~1e3 that differ by ~10: large values, near-ties at the top
-        q *= np.float32(1e3)
+        q *= np.float32(1e3 * large)
         k = k[:, :1] + 1e-2 * k
     elif data == "identical":   # every key of a head equal: uniform weights, output = mean of V
         k[:] = k[:, :1]
@@ -513,45 +517,93 @@ def poison_before_window(shape: AttentionShape, cache: np.ndarray, first: int, v
     return out.reshape(-1)
 
 
+def at_planned_head_dims(ctx: GoldenContext, cases: list[tuple], prefill: bool = False) -> list[tuple]:
+    """Cases (label, H, K, E, keys or start, T, ...) as they are; at admission each at every
+    head_dim E the plan's attention pipelines were compiled for (HD4 = E / 4), the model's
+    own, and only those within the plan's KV capacity (`GoldenContext.positions`)."""
+    if ctx.planned is None:
+        return cases
+    dims = sorted({4 * dict(items)["HD4"] for name, items in ctx.planned
+                   if name.startswith("attention_") and "HD4" in dict(items)})
+    return [(*case[:3], e, *case[4:]) for case in cases for e in dims
+            if ctx.positions is None or (case[4] + case[5] if prefill else case[4]) <= ctx.positions]
+
+
+def decode_plans(ctx: GoldenContext, shape: AttentionShape, position: int, **kwargs) -> list[DecodePlan]:
+    """The plans a decode case runs: its own outside admission; at admission those of the plan's
+    chunk-pass pipelines for its head_dim (GoldenContext.launches: the workgroup size and heads
+    per workgroup are launch shape), each with a combine pass the plan compiled too, if any."""
+    plan = plan_decode(ctx.device.limits, shape, position, **kwargs)
+    if ctx.planned is None:
+        return [plan]
+    plans = []
+    for overrides in ctx.launches(plan.chunk_pass.kernel, plan.chunk_pass.overrides, ("WG", "GW")):
+        try:
+            planned = plan_decode(ctx.device.limits, shape, position, **{**kwargs, "workgroup": overrides["WG"],
+                                                                         "heads_per_workgroup": overrides["GW"]})
+        except KvShapeError:          # heads per workgroup past this case's group
+            continue
+        if planned.chunk_pass.overrides == overrides and (
+                planned.combine is None or ctx.planned_pipeline(planned.combine.kernel, planned.combine.overrides)):
+            plans.append(planned)
+    return plans
+
+
+def prefill_plans(ctx: GoldenContext, shape: AttentionShape, start: int, t: int, **kwargs) -> list[PrefillPlan]:
+    """The plans a prefill case runs: its own outside admission; at admission those of the
+    plan's pipelines of its variant and head_dim, at their workgroup size."""
+    plan = plan_prefill(ctx.device.limits, shape, start, t, **kwargs)
+    return [plan_prefill(ctx.device.limits, shape, start, t, **{**kwargs, "workgroup": overrides.get("WG")})
+            for overrides in ctx.launches(plan.dispatch.kernel, plan.dispatch.overrides)]
+
+
+async def _window_decode_case(ctx: GoldenContext, plan: DecodePlan, shape: AttentionShape, label: str, n: int,
+                              window: int) -> GoldenResult:
+    """One windowed decode case: the positions before the window poisoned (NaN) in the cache."""
+    h, kv, e = shape.n_heads, shape.n_kv_heads, shape.head_dim
+    kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
+               await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
+    q, k_cache, v_cache = make_case(ctx.rng, shape, 1, n - 1, "random")
+    exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, n), n - 1, default_scale(e),
+                               plan.summation_depth, plan.exp_chain, window=window)
+    first = window_keys(n - 1, window)[1]
+    k_cache, v_cache = (poison_before_window(shape, c, first, np.nan) for c in (k_cache, v_cache))
+    got = await run_decode(ctx.device, kernels, plan, shape, q, k_cache, v_cache)
+    return checked(compare_bound(
+        "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides)
+        + (f" + {plan.combine.kernel}" if plan.combine else ""),
+        f"{label}: H={h} K={kv} E={e} keys={n} window={window}, chunk {plan.chunk} x {plan.n_chunks}",
+        got, exact, bound, RULE), bound)
+
+
 async def golden_window(ctx: GoldenContext, dtype: str) -> list[GoldenResult]:
     """Decode and prefill attention with a sliding window against the windowed oracle."""
-    limits, results = ctx.device.limits, []
-    decode = QUICK_WINDOW_DECODE if ctx.quick else WINDOW_DECODE_CASES
+    results = []
+    decode = at_planned_head_dims(ctx, QUICK_WINDOW_DECODE if ctx.quick else WINDOW_DECODE_CASES)
     for label, h, kv, e, n, _, window, chunk in decode if ctx.variants(f"attention_decode_{dtype}") else []:
         shape = AttentionShape(h, kv, e, n + 2, dtype)
-        plan = plan_decode(limits, shape, n - 1, chunk=chunk, window=window)
-        kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
-                   await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
-        q, k_cache, v_cache = make_case(ctx.rng, shape, 1, n - 1, "random")
-        exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, n), n - 1, default_scale(e),
-                                   plan.summation_depth, plan.exp_chain, window=window)
-        first = window_keys(n - 1, window)[1]
-        k_cache, v_cache = (poison_before_window(shape, c, first, np.nan) for c in (k_cache, v_cache))
-        got = await run_decode(ctx.device, kernels, plan, shape, q, k_cache, v_cache)
-        results.append(checked(compare_bound(
-            "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides)
-            + (f" + {plan.combine.kernel}" if plan.combine else ""),
-            f"{label}: H={h} K={kv} E={e} keys={n} window={window}, chunk {plan.chunk} x {plan.n_chunks}",
-            got, exact, bound, RULE), bound))
-    prefill = [(case, variant) for case in (QUICK_WINDOW_PREFILL if ctx.quick else WINDOW_PREFILL_CASES)
+        for plan in decode_plans(ctx, shape, n - 1, chunk=chunk, window=window):
+            results.append(await _window_decode_case(ctx, plan, shape, label, n, window))
+    prefill = [(case, variant) for case in at_planned_head_dims(ctx, QUICK_WINDOW_PREFILL if ctx.quick
+                                                                else WINDOW_PREFILL_CASES, prefill=True)
                for variant in PREFILL_VARIANTS if variant == "tiles" or case[3] <= 4 * ROWS_KERNEL_MAX_HD4]
     for (label, h, kv, e, start, t, window), variant in prefill:
         if not ctx.variants(f"attention_prefill_{'rows_' if variant == 'rows' else ''}{dtype}"):
             continue
         shape = AttentionShape(h, kv, e, start + t + 3, dtype)
-        plan = plan_prefill(limits, shape, start, t, variant=variant, window=window)
-        kernel = await ctx.kernel(plan.dispatch.kernel, **plan.dispatch.overrides)
-        q, k_cache, v_cache = make_case(ctx.rng, shape, t, start, "random")
-        first = window_keys(start, window)[1]        # the first token's window: every token's starts later
-        k_cache = poison_before_window(shape, k_cache.astype(np.float32), first, 1e3 / np.sqrt(e))
-        k_cache = k_cache.astype(DTYPES[dtype])
-        got = await run_prefill(ctx.device, kernel, plan, shape, q, k_cache, v_cache)
-        exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, start + t), start, default_scale(e),
-                                   plan.summation_depth, plan.exp_chain, window=window)
-        results.append(checked(compare_bound(
-            "attention", variant_label(KERNELS[plan.dispatch.kernel], plan.dispatch.overrides),
-            f"{label}: H={h} K={kv} E={e} start={start} T={t} window={window}, tile {plan.tile}",
-            got, exact, bound, RULE), bound))
+        for plan in prefill_plans(ctx, shape, start, t, variant=variant, window=window):
+            kernel = await ctx.kernel(plan.dispatch.kernel, **plan.dispatch.overrides)
+            q, k_cache, v_cache = make_case(ctx.rng, shape, t, start, "random")
+            first = window_keys(start, window)[1]        # the first token's window: every token's starts later
+            k_cache = poison_before_window(shape, k_cache.astype(np.float32), first, 1e3 / np.sqrt(e))
+            k_cache = k_cache.astype(DTYPES[dtype])
+            got = await run_prefill(ctx.device, kernel, plan, shape, q, k_cache, v_cache)
+            exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, start + t), start, default_scale(e),
+                                       plan.summation_depth, plan.exp_chain, window=window)
+            results.append(checked(compare_bound(
+                "attention", variant_label(KERNELS[plan.dispatch.kernel], plan.dispatch.overrides),
+                f"{label}: H={h} K={kv} E={e} start={start} T={t} window={window}, tile {plan.tile}",
+                got, exact, bound, RULE), bound))
     return results
 
 
@@ -564,43 +616,44 @@ QUICK_PREFILL = [("prompt", 9, 3, 64, 20, 5, "random"),   # 25 keys: two tiles
                                  "attention_prefill_", "kv_append_"))
 async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
     results = await golden_append(ctx, "attention")
-    limits = ctx.device.limits
     for dtype in ("f32", "f16"):
-        decode_cases = (QUICK_DECODE if ctx.quick else DECODE_CASES) if ctx.variants(f"attention_decode_{dtype}") else []
+        decode_cases = at_planned_head_dims(ctx, QUICK_DECODE if ctx.quick else DECODE_CASES) \
+            if ctx.variants(f"attention_decode_{dtype}") else []
         for index, (label, h, kv, e, n, data, chunk) in enumerate(decode_cases):
             shape = AttentionShape(h, kv, e, n + 3 + index, dtype)    # capacity past the context
             workgroup = 64 if index % 3 == 1 and not ctx.quick else None   # the smallest size too
             heads = 8 if index % 2 == 0 and not ctx.quick else None          # GW = G (up to 8) too
-            plan = plan_decode(limits, shape, n - 1, chunk=chunk, workgroup=workgroup,
-                               heads_per_workgroup=heads)
-            kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
-                       await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
-            q, k_cache, v_cache = make_case(ctx.rng, shape, 1, n - 1, data)
-            got = await run_decode(ctx.device, kernels, plan, shape, q, k_cache, v_cache)
-            exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, n), n - 1,
-                                       default_scale(e), plan.summation_depth, plan.exp_chain)
-            results.append(checked(compare_bound(
-                "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides)
-                + (f" + {plan.combine.kernel}" if plan.combine else ""),
-                f"{label}: H={h} K={kv} E={e} keys={n} {data}, chunk {plan.chunk} x {plan.n_chunks}",
-                got, exact, bound, RULE), bound))
-        prefill = [(case, variant) for case in (QUICK_PREFILL if ctx.quick else PREFILL_CASES)
+            for plan in decode_plans(ctx, shape, n - 1, chunk=chunk, workgroup=workgroup,
+                                     heads_per_workgroup=heads):
+                kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
+                           await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
+                q, k_cache, v_cache = make_case(ctx.rng, shape, 1, n - 1, data)
+                got = await run_decode(ctx.device, kernels, plan, shape, q, k_cache, v_cache)
+                exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, n), n - 1,
+                                           default_scale(e), plan.summation_depth, plan.exp_chain)
+                results.append(checked(compare_bound(
+                    "attention", variant_label(KERNELS[plan.chunk_pass.kernel], plan.chunk_pass.overrides)
+                    + (f" + {plan.combine.kernel}" if plan.combine else ""),
+                    f"{label}: H={h} K={kv} E={e} keys={n} {data}, chunk {plan.chunk} x {plan.n_chunks}",
+                    got, exact, bound, RULE), bound))
+        prefill = [(case, variant) for case in at_planned_head_dims(ctx, QUICK_PREFILL if ctx.quick else PREFILL_CASES,
+                                                                    prefill=True)
                    for variant in PREFILL_VARIANTS if variant == "tiles" or case[3] <= 4 * ROWS_KERNEL_MAX_HD4]
         prefill = [(case, variant) for case, variant in prefill   # the variants this device runs and this run tests
                    if ctx.variants(f"attention_prefill_{'rows_' if variant == 'rows' else ''}{dtype}")]
         for index, ((label, h, kv, e, start, t, data), variant) in enumerate(prefill):
             shape = AttentionShape(h, kv, e, start + t + 5, dtype)
             workgroup = 64 if index % 3 == 1 and variant == "tiles" and not ctx.quick else None
-            plan = plan_prefill(limits, shape, start, t, workgroup=workgroup, variant=variant)
-            kernel = await ctx.kernel(plan.dispatch.kernel, **plan.dispatch.overrides)
-            q, k_cache, v_cache = make_case(ctx.rng, shape, t, start, data)
-            got = await run_prefill(ctx.device, kernel, plan, shape, q, k_cache, v_cache)
-            exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, start + t), start,
-                                       default_scale(e), plan.summation_depth, plan.exp_chain)
-            results.append(checked(compare_bound(
-                "attention", variant_label(KERNELS[plan.dispatch.kernel], plan.dispatch.overrides),
-                f"{label}: H={h} K={kv} E={e} start={start} T={t} {data}, tile {plan.tile}",
-                got, exact, bound, RULE), bound))
+            for plan in prefill_plans(ctx, shape, start, t, workgroup=workgroup, variant=variant):
+                kernel = await ctx.kernel(plan.dispatch.kernel, **plan.dispatch.overrides)
+                q, k_cache, v_cache = make_case(ctx.rng, shape, t, start, data)
+                got = await run_prefill(ctx.device, kernel, plan, shape, q, k_cache, v_cache)
+                exact, bound = error_bound(*oracle_inputs(shape, q, k_cache, v_cache, start + t), start,
+                                           default_scale(e), plan.summation_depth, plan.exp_chain)
+                results.append(checked(compare_bound(
+                    "attention", variant_label(KERNELS[plan.dispatch.kernel], plan.dispatch.overrides),
+                    f"{label}: H={h} K={kv} E={e} start={start} T={t} {data}, tile {plan.tile}",
+                    got, exact, bound, RULE), bound))
         results += await golden_window(ctx, dtype)
     return results
 

@@ -372,6 +372,42 @@ def _offsets(case: RopeDecodeCase) -> dict:
     return {"q_at": 5, "k_at": 5 + q_size + 37, "v_at": 5 + q_size + 37 + kv_size + 3}
 
 
+def _planned_cases(ctx: GoldenContext) -> list[RopeDecodeCase]:
+    """The cases as they are; at admission each at every (head_dim, convention) the plan's
+    fused pipelines were compiled for (HD4, ADJACENT), a partial rotary kept partial."""
+    cases = decode_rope_cases(ctx.quick)
+    if ctx.planned is None:
+        return cases
+    forms = sorted({(4 * dict(items)["HD4"], dict(items).get("ADJACENT", 0)) for name, items in ctx.planned
+                    if name.startswith("attention_decode_rope_")})
+    return [case._replace(name=f"{case.name}, at d{e}", head_dim=e, convention={v: k for k, v in CONVENTIONS.items()}[adjacent],
+                          rotary_dim=e if case.rotary_dim == case.head_dim else max(2, e * case.rotary_dim
+                                                                                    // case.head_dim // 2 * 2))
+            for e, adjacent in forms for case in cases]
+
+
+def _plans(ctx: GoldenContext, shape: AttentionShape, case: RopeDecodeCase, table_rows: int, **kwargs) -> list:
+    """The plans a case runs: its own outside admission; at admission those of the plan's
+    pipelines (workgroup size and heads per workgroup are launch shape), each with a combine
+    pass the plan compiled too, if it takes one."""
+    def planned(**launch):
+        return plan_decode_rope(ctx.device.limits, shape, case.position, case.rotary_dim, table_rows,
+                                case.convention, chunk=case.chunk, **kwargs, **launch)
+    plan = planned(workgroup=kwargs.pop("workgroup"), heads_per_workgroup=kwargs.pop("heads_per_workgroup"))
+    if ctx.planned is None:
+        return [plan]
+    plans = []
+    for overrides in ctx.launches(plan.chunk_pass.kernel, plan.chunk_pass.overrides, ("WG", "GW")):
+        try:
+            p = planned(workgroup=overrides["WG"], heads_per_workgroup=overrides["GW"])
+        except KvShapeError:             # heads per workgroup past this case's group
+            continue
+        if p.chunk_pass.overrides == overrides and (p.combine is None
+                                                    or ctx.planned_pipeline(p.combine.kernel, p.combine.overrides)):
+            plans.append(p)
+    return plans
+
+
 @golden("attention_rope", kernels=("attention_decode_rope_", COMBINE_KERNEL))
 async def golden_attention_rope(ctx: GoldenContext) -> list[GoldenResult]:
     """Each case on each variant the device runs, its convention as listed; the reference caches
@@ -380,33 +416,32 @@ async def golden_attention_rope(ctx: GoldenContext) -> list[GoldenResult]:
     limits = ctx.device.limits
     for spec in ctx.variants("attention_decode_rope_"):
         dtype = spec.name.rsplit("_", 1)[1]
-        for index, case in enumerate(decode_rope_cases(ctx.quick)):
+        for index, case in enumerate(_planned_cases(ctx)):
             shape = AttentionShape(case.heads, case.kv_heads, case.head_dim, case.capacity, dtype)
             table = rope_table(case.position + 1, case.rotary_dim, case.base)
             workgroup = case.workgroup or (64 if index % 3 == 1 and not ctx.quick else None)
             offsets = _offsets(case)
-            plan = plan_decode_rope(limits, shape, case.position, case.rotary_dim, table.shape[0], case.convention,
-                                    chunk=case.chunk, workgroup=workgroup,
-                                    heads_per_workgroup=case.heads_per_workgroup, **offsets)
-            kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
-                       await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
-            q, k, v, k_prior, v_prior = case_arrays(ctx.rng, case, shape.layout)
-            out, k_cache, v_cache = await run_decode_rope(ctx.device, kernels, plan, shape, q, k, v, table,
-                                                          k_prior, v_prior)
-            reference = plan_rope_kv_append(limits, shape.layout, 1, case.heads, case.rotary_dim, case.position,
-                                            table.shape[0], case.convention, **offsets)
-            append = await ctx.kernel(reference.kernel, **reference.overrides)
-            _, k_reference, v_reference, _ = await rope_kv_append(
-                ctx.device, q.reshape(1, case.heads, -1), k.reshape(1, case.kv_heads, -1),
-                v.reshape(1, case.kv_heads, -1), table, case.position, case.convention, shape.layout,
-                k_prior, v_prior, kernel=append, **offsets)
-            name = (f"{case.name} [{dtype} cache, {case.convention}, chunk {plan.chunk} x {plan.n_chunks}, "
-                    f"GW={plan.chunk_pass.overrides['GW']}]")
-            kernel = label(spec, plan.chunk_pass.overrides) + (f" + {plan.combine.kernel}" if plan.combine else "")
-            results += check_decode_rope(kernel, name, shape, plan, q, k, v, table,
-                                         case.convention, k_prior, v_prior, k_reference.view(DTYPES[dtype]),
-                                         v_reference.view(DTYPES[dtype]), out, k_cache.view(DTYPES[dtype]),
-                                         v_cache.view(DTYPES[dtype]))
+            for plan in _plans(ctx, shape, case, table.shape[0], workgroup=workgroup,
+                               heads_per_workgroup=case.heads_per_workgroup, **offsets):
+                kernels = (await ctx.kernel(plan.chunk_pass.kernel, **plan.chunk_pass.overrides),
+                           await ctx.kernel(plan.combine.kernel, **plan.combine.overrides) if plan.combine else None)
+                q, k, v, k_prior, v_prior = case_arrays(ctx.rng, case, shape.layout)
+                out, k_cache, v_cache = await run_decode_rope(ctx.device, kernels, plan, shape, q, k, v, table,
+                                                              k_prior, v_prior)
+                reference = plan_rope_kv_append(limits, shape.layout, 1, case.heads, case.rotary_dim, case.position,
+                                                table.shape[0], case.convention, **offsets)
+                append = await ctx.kernel(reference.kernel, **reference.overrides)
+                _, k_reference, v_reference, _ = await rope_kv_append(
+                    ctx.device, q.reshape(1, case.heads, -1), k.reshape(1, case.kv_heads, -1),
+                    v.reshape(1, case.kv_heads, -1), table, case.position, case.convention, shape.layout,
+                    k_prior, v_prior, kernel=append, **offsets)
+                name = (f"{case.name} [{dtype} cache, {case.convention}, chunk {plan.chunk} x {plan.n_chunks}, "
+                        f"GW={plan.chunk_pass.overrides['GW']}]")
+                kernel = label(spec, plan.chunk_pass.overrides) + (f" + {plan.combine.kernel}" if plan.combine else "")
+                results += check_decode_rope(kernel, name, shape, plan, q, k, v, table,
+                                             case.convention, k_prior, v_prior, k_reference.view(DTYPES[dtype]),
+                                             v_reference.view(DTYPES[dtype]), out, k_cache.view(DTYPES[dtype]),
+                                             v_cache.view(DTYPES[dtype]))
     return results
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from . import kquant
 from .gemm import TILES, OuterTile, RegisterTile, Tile, candidates, gemm, plan
 from .gemm_oracle import oracle, random_parts, wrong_results
-from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
+from .golden import GoldenContext, GoldenResult, compare_bound, golden, label, weight_format
 from .registry import KERNELS
 from .weights import Weights
 
@@ -94,8 +94,51 @@ def _compiled_as(tile, name: str, overrides: dict) -> bool:
             and tile.overrides().items() <= overrides.items())
 
 
+def planned_tiles(ctx: GoldenContext, split: bool) -> list[tuple]:
+    """At admission: (tile, weight format, overrides) of each GEMM pipeline the plan compiled,
+    split-K ones (KPARTS) or the others."""
+    out = []
+    for name, items in sorted(ctx.planned or ()):
+        overrides = dict(items)
+        fmt = weight_format(name, overrides)
+        if not name.startswith("gemm_") or fmt is None or ("KPARTS" in overrides) != split:
+            continue
+        tile = next((t for t in TILES.values() if _compiled_as(t, name, overrides)), None)
+        if tile is not None:
+            out.append((tile, fmt, overrides))
+    return out
+
+
+def tail_k(fmt: tuple) -> int:
+    """A K with a partial last block where the format has them (q4, q8, floats), else whole
+    blocks (q5: its block; the super-blocks: 256) and more than one."""
+    enc, block = fmt[0], fmt[1]
+    return 2 * 256 if enc in ("q4k", "q5k", "q6k") else 3 * block if enc == "q5" else 161
+
+
+def _planned_cases(ctx: GoldenContext):
+    """At admission: on each GEMM pipeline the plan compiled (its tile, weight format and
+    ACCUMULATE), random codes on a tail shape, extreme codes, and strided x and y."""
+    rng = ctx.rng
+    for tile, fmt, overrides in planned_tiles(ctx, split=False):
+        enc, block, zero, st = fmt
+        accumulate = bool(overrides.get("ACCUMULATE", 0))
+        m, n, k = 17, 65, tail_k(fmt)
+        # strided y with ACCUMULATE would need y0 strided too: that one is not strided
+        strided = (None, None) if accumulate else (-(-k // 4) * 4 + 8, n + 5)
+        for codes, (x_stride, y_stride) in (("random", (None, None)), ("max" if enc != "f32" else "random", strided)):
+            weights = random_parts(rng, enc, n, k, block or 32, zero or "min", st or "f16", codes)
+            y0 = (rng.standard_normal((m, n)) * 4).astype(np.float32) if accumulate else None
+            what = "random" if codes == "random" else f"{codes} codes" + (", strided" if x_stride else "")
+            yield Case(f"{what} {m}x{n}x{k} {_tag(fmt)} tile {tile.name}" + (" accumulate" if accumulate else ""),
+                       weights, _activations(rng, m, k), y0=y0, tile=tile, x_stride=x_stride, y_stride=y_stride)
+
+
 def _cases(ctx: GoldenContext):
     rng, quick = ctx.rng, ctx.quick
+    if ctx.planned is not None:
+        yield from _planned_cases(ctx)
+        return
     tiles = _tiles(ctx) if ctx.device is not None else list(TILES.values())
     # Every tile on the tail shapes, in the shipped encoding (the classic tiles on all six).
     for tile in tiles:
@@ -260,7 +303,7 @@ async def golden_gemm(ctx: GoldenContext) -> list[GoldenResult]:
         m, n = case.x.shape[0], case.weights.rows
         p = plan(ctx.device.limits, case.weights, m, case.x_stride, case.y_stride, case.y0 is not None,
                  case.tile, case.sections, ctx.device.features)
-        if not ctx.uses(p.kernel):
+        if not ctx.uses(p.kernel) or not ctx.planned_pipeline(p.kernel, p.overrides):
             continue
         y0 = case.y0
         if case.sections is not None and y0 is not None:

@@ -152,6 +152,9 @@ def _cases(ctx: GoldenContext):
     serves, ACCUMULATE, q|k|v sections, and extreme codes."""
     rng, quick = ctx.rng, ctx.quick
     limits, features = ctx.device.limits, ctx.device.features
+    if ctx.planned is not None:
+        yield from _planned_cases(ctx)
+        return
     tiles = [t for t in gemm.candidates(limits, features, encoding="q4") if isinstance(t, gemm.OuterTile)]
     if not tiles:
         return
@@ -186,6 +189,29 @@ def _cases(ctx: GoldenContext):
     yield (f"sections {m}x{widths}x{k} q4 parts 2", weights, x, None, 2, small, sections)
     y0 = (rng.standard_normal(bases[2] + m * widths[2]) * 4).astype(np.float32)
     yield (f"sections + accumulate {m}x{widths}x{k} q4 parts 4", weights, x, y0, 4, small, sections)
+
+
+def _planned_cases(ctx: GoldenContext):
+    """At admission: one case on each split the plan compiled (its tile, weight format, parts
+    and ACCUMULATE as its reduce was compiled), on a tail shape; nothing else is compiled."""
+    rng, limits, features = ctx.rng, ctx.device.limits, ctx.device.features
+    m, n = 19, 45
+    for tile, fmt, overrides in gemm_cases.planned_tiles(ctx, split=True):
+        enc, block, zero, scale_type = fmt
+        k = gemm_cases.tail_k(fmt)
+        weights = random_parts(rng, enc, n, k, block or 32, zero or "min", scale_type or "f16")
+        parts = overrides["KPARTS"]
+        for accumulate in (False, True):
+            try:
+                s = split(limits, gemm.plan(limits, weights, m, -(-k // 4) * 4, n, accumulate, tile, None, features),
+                          m, n, parts, accumulate)
+            except gemm.GemmError:
+                continue
+            if s.gemm.overrides == overrides and ctx.planned_pipeline(s.reduce_kernel, s.reduce_overrides):
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                y0 = (rng.standard_normal((m, n)) * 4).astype(np.float32) if accumulate else None
+                yield (f"{m}x{n}x{k} {'/'.join(str(v) for v in fmt if v)} parts {parts} tile {tile.name}"
+                       + (" accumulate" if accumulate else ""), weights, x, y0, parts, tile, None)
 
 
 @golden("gemm_split", kernels=("gemm_reduce",))

@@ -94,6 +94,26 @@ def label(spec: KernelSpec, overrides: dict[str, int]) -> str:
     return f"{spec.name}[{','.join(f'{k}={v}' for k, v in sorted(overrides.items()))}]"
 
 
+# The zero kind of each super-block encoding, as kquant.random_weights takes it.
+KQUANT_ZERO = {"q4k": "scaled-min", "q5k": "scaled-min", "q6k": "offset"}
+
+
+def weight_format(name: str, overrides: dict[str, int]) -> tuple | None:
+    """(encoding, block, zero, scale type) of the weights a compiled kernel reads, from its name
+    ("matvec_norm_q4_subgroup", "gemm_outer_q8") and overrides (BLOCK, ZERO_MIN, SCALE_F16);
+    None for a kernel that reads no weights."""
+    from .weights import ENCODINGS
+    encoding = next((word for word in reversed(name.split("_")) if word in ENCODINGS), None)
+    if encoding is None:
+        return None
+    if encoding in ("f16", "f32"):
+        return (encoding, None, None, None)
+    if encoding in KQUANT_ZERO:
+        return (encoding, 256, KQUANT_ZERO[encoding], "f16")
+    zero = None if encoding == "q8" else "min" if overrides.get("ZERO_MIN", 1) else "offset"
+    return (encoding, overrides.get("BLOCK", 32), zero, "f16" if overrides.get("SCALE_F16", 1) else "f32")
+
+
 @dataclasses.dataclass
 class GoldenContext:
     device: Device
@@ -103,8 +123,10 @@ class GoldenContext:
     only: frozenset[str] | None = None   # registry names to test (admission: the plan's); None: all
     _compiled: dict = dataclasses.field(default_factory=dict)
     # The pipelines the plan compiled, (name, sorted override items) (admission's `compiled`):
-    # a family with many launch shapes of one kernel tests these shapes (gemm_cases._tiles)
+    # a case then runs only on these (`launches`), and every one of them must be run
     planned: frozenset | None = None
+    _ran: set = dataclasses.field(default_factory=set)     # (name, sorted override items) run, shared
+    positions: int | None = None    # at admission, the plan's KV capacity: cases past it test nothing it runs
 
     @property
     def quick(self) -> bool:
@@ -120,16 +142,49 @@ class GoldenContext:
         return [spec for name, spec in sorted(KERNELS.items())
                 if name.startswith(prefix) and spec.runs_on(capabilities(self.device)) and self.uses(name)]
 
-    def workgroups(self, wanted: int = 256, bytes_per_lane: int = 0) -> list[int]:
+    def workgroups(self, wanted: int = 256, bytes_per_lane: int = 0, kernel: str | None = None) -> list[int]:
         """The WG values a layer-op golden test runs: the largest the device admits
-        (runner.fit_workgroup) in quick runs, else every allowlisted size up to it."""
+        (runner.fit_workgroup) in quick runs, else every allowlisted size up to it; at
+        admission (`planned`) those the plan compiled `kernel` with."""
+        if self.planned is not None and kernel is not None:
+            return sorted({dict(items)["WG"] for name, items in self.planned if name == kernel and "WG" in dict(items)})
         largest = runner.fit_workgroup(self.device.limits, wanted, bytes_per_lane)
         return [largest] if self.quick else [s for s in runner.LAYER_WORKGROUP_SIZES if s <= largest]
+
+    def launches(self, name: str, overrides: dict[str, int], launch: tuple[str, ...] = ("WG",)) -> list[dict]:
+        """The overrides to run a case of kernel `name` with. Outside admission: `overrides`,
+        as the family asks. At admission (`planned`): the plan's own pipelines of `name` that
+        agree with `overrides` on every key but the `launch` keys (how the work is cut into
+        workgroups, not what is computed), so that the case runs the very pipeline the step
+        will, and no other is compiled; none where the plan has no such pipeline (another
+        format, mode or size than this model's)."""
+        if self.planned is None:
+            return [overrides]
+        def meaning(items) -> dict:
+            return {k: v for k, v in dict(items).items() if k not in launch}
+        wanted = meaning(overrides)
+        return [dict(items) for planned_name, items in sorted(self.planned)
+                if planned_name == name and meaning(items) == wanted]
+
+    def planned_pipeline(self, name: str, overrides: dict[str, int]) -> bool:
+        """Whether a case on (name, overrides) runs at all: always outside admission; at
+        admission only on a pipeline the plan compiled (`launches` with no launch keys)."""
+        return bool(self.launches(name, overrides, launch=()))
+
+    def planned_formats(self, prefix: str) -> list[tuple] | None:
+        """At admission, the weight formats (`weight_format`) the plan's `prefix*` pipelines
+        read: what a family makes its cases of, so that each of them is tested. None outside
+        admission (the family's own list of formats)."""
+        if self.planned is None:
+            return None
+        formats = {weight_format(name, dict(items)) for name, items in self.planned if name.startswith(prefix)}
+        return sorted(formats - {None}, key=str)
 
     async def kernel(self, name: str, **overrides: int) -> CompiledKernel:
         """The kernel compiled once per run: families running together share the compile (a
         task while it is in flight, so a second asker waits for the first's)."""
         key = (name, tuple(sorted(overrides.items())))
+        self._ran.add(key)
         if key not in self._compiled:
             self._compiled[key] = asyncio.ensure_future(compile_kernel(self.device, name, **overrides))
         entry = self._compiled[key]
@@ -172,14 +227,17 @@ def tested_kernels(report: dict) -> set[str]:
 
 
 async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
-                  families: list[str] | None = None, on_family=None, kernels=None, compiled=None) -> dict:
+                  families: list[str] | None = None, on_family=None, kernels=None, compiled=None,
+                  positions: int | None = None) -> dict:
     """Every registered family (or the named ones) on one device; a JSON-able report.
     on_family(done, total) is called after each family. `kernels` (registry names): test only
     those, in the families that cover any of them (admission passes the plan's kernels).
     `compiled`: kernels already compiled, by (name, sorted overrides) (admission's): a case
     on one of those runs that very pipeline, and every family shares what the others compiled,
     so a kernel is compiled once per run (on a GPU whose driver caches nothing yet, the
-    compiles were most of admission's self-test time)."""
+    compiles were most of admission's self-test time), and every case runs on one of those
+    (GoldenContext.launches). `positions`: the plan's KV capacity, the longest context a
+    case needs to reach."""
     from . import FAMILY_MODULES  # noqa: F401  (importing the package registers every family)
     if size not in ("quick", "full"):
         raise ValueError(f"size must be 'quick' or 'full', not {size!r}")
@@ -192,13 +250,13 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
              if only is None or any(covers(name, kernel) for kernel in only)]
     if only is not None:
         report["kernels"] = sorted(only)
-    shared, slots, finished = dict(compiled or {}), asyncio.Semaphore(FAMILIES_AT_ONCE), {}
+    shared, slots, finished, ran = dict(compiled or {}), asyncio.Semaphore(FAMILIES_AT_ONCE), {}, set()
 
     async def one(name: str) -> None:
         async with slots:
             started = time.perf_counter()
             context = GoldenContext(device, np.random.default_rng([seed, len(name)]), size, model, only, shared,
-                                    frozenset(compiled) if compiled else None)
+                                    frozenset(compiled) if compiled else None, ran, positions)
             results = await FAMILIES[name](context)
             finished[name] = {"seconds": round(time.perf_counter() - started, 3),
                               "results": [r.as_dict() for r in results]}
@@ -210,4 +268,10 @@ async def run_all(device: Device, size: str = "full", model=None, seed: int = 0,
     report["cases"] = len(every)
     report["failed"] = [r for r in every if not r["passed"]]
     report["passed"] = bool(every) and not report["failed"]
+    if compiled:
+        # Every compiled pipeline a family covers must have run: the self-test vouches for the
+        # pipelines the step runs, not only for their kernels' names.
+        report["untested_pipelines"] = sorted(
+            label(KERNELS[name], dict(items)) for name, items in compiled
+            if (name, items) not in ran and any(covers(family, name) for family in names))
     return report

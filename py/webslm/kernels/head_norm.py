@@ -104,7 +104,7 @@ def _weights(rng, model, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
 @golden("head_norm", kernels=("head_norm",))
 async def golden_head_norm(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
-    for wg in ctx.workgroups(bytes_per_lane=4):
+    for wg in ctx.workgroups(bytes_per_lane=4, kernel="head_norm"):
         kernel = await ctx.kernel("head_norm", WG=wg)
         name = label(kernel.spec, {"WG": wg})
         for case, tokens, heads, kv_heads, head_dim, eps, scale, gap in head_norm_cases(ctx.rng, ctx.quick, ctx.model):

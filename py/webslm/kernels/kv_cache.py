@@ -201,18 +201,20 @@ async def golden_append(ctx: GoldenContext, family: str) -> list[GoldenResult]:
         dtype = spec.name.rsplit("_", 1)[1]
         for n_kv, head_dim, capacity, start, n_tokens in cases:
             layout = KvLayout(n_kv, capacity, head_dim, dtype)
-            plan = plan_append(ctx.device.limits, layout, start, n_tokens)
-            kernel = await ctx.kernel(plan.kernel, **plan.overrides)
-            width = n_kv * head_dim
-            k_new = adversarial_values(ctx.rng, n_tokens * width).reshape(n_tokens, width)
-            v_new = ctx.rng.standard_normal((n_tokens, width)).astype(np.float32)
-            bits = np.uint32 if dtype == "f32" else np.uint16     # prior content: random bit patterns
-            k_cache = ctx.rng.integers(0, 2 ** 31, layout.elements).astype(bits).view(DTYPES[dtype])
-            v_cache = ctx.rng.integers(0, 2 ** 31, layout.elements).astype(bits).view(DTYPES[dtype])
-            k_got, v_got = await run_append(ctx.device, kernel, plan, layout, k_new, v_new, k_cache, v_cache)
-            for what, got, cache, new in (("K", k_got, k_cache, k_new), ("V", v_got, v_cache, v_new)):
-                want = append_reference(layout, cache, new, start)
-                case = f"{what} {n_kv}x{capacity}x{head_dim} start={start} T={n_tokens}"
-                results.append(compare_exact(family, label(spec, plan.overrides), case,
-                                             got.view(bits), want.view(bits)))
+            asked = plan_append(ctx.device.limits, layout, start, n_tokens)
+            for overrides in ctx.launches(asked.kernel, asked.overrides):
+                plan = plan_append(ctx.device.limits, layout, start, n_tokens, overrides["WG"])
+                kernel = await ctx.kernel(plan.kernel, **plan.overrides)
+                width = n_kv * head_dim
+                k_new = adversarial_values(ctx.rng, n_tokens * width).reshape(n_tokens, width)
+                v_new = ctx.rng.standard_normal((n_tokens, width)).astype(np.float32)
+                bits = np.uint32 if dtype == "f32" else np.uint16     # prior content: random bit patterns
+                k_cache = ctx.rng.integers(0, 2 ** 31, layout.elements).astype(bits).view(DTYPES[dtype])
+                v_cache = ctx.rng.integers(0, 2 ** 31, layout.elements).astype(bits).view(DTYPES[dtype])
+                k_got, v_got = await run_append(ctx.device, kernel, plan, layout, k_new, v_new, k_cache, v_cache)
+                for what, got, cache, new in (("K", k_got, k_cache, k_new), ("V", v_got, v_cache, v_new)):
+                    want = append_reference(layout, cache, new, start)
+                    case = f"{what} {n_kv}x{capacity}x{head_dim} start={start} T={n_tokens}"
+                    results.append(compare_exact(family, label(spec, plan.overrides), case,
+                                                 got.view(bits), want.view(bits)))
     return results

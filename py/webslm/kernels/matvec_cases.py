@@ -56,33 +56,49 @@ def _extreme_codes(weights: Weights, rng, which: str) -> Weights:
     return dataclasses.replace(weights, parts={**weights.parts, "codes": arr.tobytes()})
 
 
+# Encoding options of the plain (not packed) encodings: (encoding, block, zero, scale type).
+OPTIONS = [("q4", 32, "min", "f16"), ("q4", 64, "offset", "f32"), ("q8", 32, None, "f16"), ("q8", 256, None, "f32"),
+           ("f16", None, None, None), ("f32", None, None, None)]
+
+
+def _formats(ctx: GoldenContext, options: list, packed: bool = False) -> list:
+    """The formats a case list takes: `options` outside admission; at admission those of the
+    plan's mat-vec pipelines (GoldenContext.planned_formats), plain or packed, whatever the
+    family's own list holds: each pipeline the step runs meets every kind of case."""
+    planned = ctx.planned_formats("matvec_")
+    if planned is None:
+        return options
+    return [f for f in planned if (f[0] in kquant.ENCODINGS) == packed]
+
+
 def _cases(ctx: GoldenContext):
     """(label, weights, x) triples: random shapes, every encoding option, adversarial data."""
     rng = ctx.rng
     shapes = [(1, 1), (7, 33), (33, 100), (64, 256)] if ctx.quick else \
         [(1, 1), (7, 33), (65, 257), (300, 1000), (129, 4099), (4, 8192)]
     for rows, cols in shapes:
-        for encoding, block, zero, scale_type in [("q4", 32, "min", "f16"), ("q4", 64, "offset", "f32"),
-                                                  ("q8", 32, None, "f16"), ("q8", 256, None, "f32"),
-                                                  ("f16", None, None, None), ("f32", None, None, None)]:
+        for encoding, block, zero, scale_type in _formats(ctx, OPTIONS):
             w = _random_weights(rng, rows, cols, "normal")
             x = rng.standard_normal((1 if rows > 1 else 3, cols)).astype(np.float32)
             yield (f"random {rows}x{cols} {encoding}/{block}/{zero}/{scale_type}",
                    Weights.quantized(w, encoding, block or 32, zero or "min", scale_type or "f16"), x)
     rows, cols = (9, 97) if ctx.quick else (40, 517)
+    adversarial = [("q4", None, "min", "f16"), ("q4", None, "offset", "f16"), ("q8", None, None, "f32"),
+                   ("f16", None, None, None)]
     for data in ("constant", "alternating", "huge", "tiny"):
-        for encoding, zero, scale_type in [("q4", "min", "f16"), ("q4", "offset", "f16"), ("q8", None, "f32"),
-                                           ("f16", None, None)]:
+        for encoding, block, zero, scale_type in _formats(ctx, adversarial):
             w = _random_weights(rng, rows, cols, data)
             x = rng.standard_normal((2, cols)).astype(np.float32)
             if data == "alternating":
                 x = np.abs(x)
-            yield (f"{data} {rows}x{cols} {encoding}/{zero}/{scale_type}",
-                   Weights.quantized(w, encoding, 128 if data == "tiny" else 32, zero or "min", scale_type or "f16"), x)
+            block = block or (128 if data == "tiny" else 32)
+            yield (f"{data} {rows}x{cols} {encoding}/{block}/{zero}/{scale_type}",
+                   Weights.quantized(w, encoding, block, zero or "min", scale_type or "f16"), x)
+    extreme = [("q4", 32, "min", "f16"), ("q4", 32, "offset", "f16"), ("q8", 32, None, "f16")]
     for which in ("max", "min", "mixed"):
-        for encoding, zero in [("q4", "min"), ("q4", "offset"), ("q8", None)]:
-            w = _extreme_codes(Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min"),
-                               rng, which)
+        for encoding, block, zero, scale_type in (f for f in _formats(ctx, extreme) if f[0] in ("q4", "q8")):
+            w = _extreme_codes(Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, block,
+                                                 zero or "min", scale_type), rng, which)
             yield f"{which} codes {rows}x{cols} {encoding}/{zero}", w, rng.standard_normal((1, cols)).astype(np.float32)
     yield from _packed_cases(ctx)
     if ctx.model is not None:
@@ -107,15 +123,16 @@ def _packed_cases(ctx: GoldenContext):
     extreme codes and scales (f16 +-65504, subnormals, zeros) with sub-scales at their ends."""
     rng = ctx.rng
     shapes = [(9, 256)] if ctx.quick else [(1, 256), (7, 512), (65, 768), (300, 1024), (4, 4096)]
+    forms = _formats(ctx, PACKED_FORMS, packed=True)
     for rows, cols in shapes:
-        for form in PACKED_FORMS:
+        for form in forms:
             m = 3 if rows == 1 else 1
             yield (f"random {rows}x{cols} {'/'.join(map(str, form))}", _packed(rng, form, rows, cols),
                    rng.standard_normal((m, cols)).astype(np.float32))
     rows, cols = (5, 256) if ctx.quick else (40, 512)
     for codes, scales in ([("mixed", "extreme")] if ctx.quick else
                           [("max", "normal"), ("min", "normal"), ("mixed", "extreme"), ("random", "extreme")]):
-        for form in PACKED_FORMS:
+        for form in forms:
             yield (f"{codes} codes {scales} scales {rows}x{cols} {'/'.join(map(str, form))}",
                    _packed(rng, form, rows, cols, codes=codes, scales=scales),
                    rng.standard_normal((2, cols)).astype(np.float32))
@@ -128,7 +145,7 @@ def _packed_fused_cases(ctx: GoldenContext):
     for rows, cols in [(9, 256)] if ctx.quick else [(7, 256), (65, 512)]:
         m = 2 if rows == 7 else 1
         # quick (browser rows, admission): every encoding and zero in every mode, one q5 "min"
-        for form in PACKED_FORMS[:2] + PACKED_FORMS[3:] if ctx.quick else PACKED_FORMS:
+        for form in _formats(ctx, PACKED_FORMS[:2] + PACKED_FORMS[3:] if ctx.quick else PACKED_FORMS, packed=True):
             w = _packed(rng, form, rows, cols, scales="extreme" if rows == 7 else "normal")
             what = f"random {rows}x{cols} {'/'.join(map(str, form))}"
             up_offset = cols + 4
@@ -142,6 +159,11 @@ def _packed_fused_cases(ctx: GoldenContext):
                 yield FusedCase(f"{what} norm +y0", w, "norm", x, _norm_weight(rng, cols), 1e-6, y0=y0)
                 yield FusedCase(f"{what} swiglu F'={up_offset}", w, "swiglu",
                                 gate_up_row(3 * n((m, cols)), n((m, cols)), up_offset), up_offset=up_offset)
+
+
+# The overrides that cut a mat-vec into workgroups (a tuning choice), not what it computes: at
+# admission a case runs on the plan's pipeline of its format, whatever shape was chosen.
+LAUNCH = ("WG", "ROWS")
 
 
 @golden("matvec", kernels=("matvec_",))
@@ -159,9 +181,18 @@ async def golden_matvec(ctx: GoldenContext) -> list[GoldenResult]:
             if name not in variants:
                 continue
             for workgroup, rows_per_group in (every_shape if case.startswith("random") else default):
-                _, overrides = choose_kernel(ctx.device, weights, workgroup, rows_per_group)
-                y = await matvec(ctx, weights, x, name, overrides)
-                results.append(compare_bound("matvec", label(KERNELS[name], overrides), case, y, exact, bound, rule))
+                _, asked = choose_kernel(ctx.device, weights, workgroup, rows_per_group)
+                for overrides in ctx.launches(name, asked, LAUNCH):
+                    y = await matvec(ctx, weights, x, name, overrides)
+                    results.append(compare_bound("matvec", label(KERNELS[name], overrides), case, y, exact, bound,
+                                                 rule))
+                # At admission a plain mat-vec the step runs with ACCUMULATE (the residual add
+                # of an output projection) takes these cases too, onto a random y0.
+                for overrides in ([] if ctx.planned is None else ctx.launches(name, {**asked, "ACCUMULATE": 1}, LAUNCH)):
+                    y0 = ctx.rng.standard_normal((x.shape[0], weights.rows)).astype(np.float32)
+                    y = await matvec(ctx, weights, x, name, overrides, y0=y0)
+                    results.append(compare_bound("matvec", label(KERNELS[name], overrides), f"{case} +y0", y,
+                                                 *fused_oracle(weights, x, y0=y0)))
     return results
 
 
@@ -198,11 +229,9 @@ def _fused_cases(ctx: GoldenContext):
     rng = ctx.rng
     n = rng.standard_normal
     shapes = [(33, 100)] if ctx.quick else [(1, 1), (7, 33), (65, 257), (300, 1000), (129, 4099)]
-    options = [("q4", 32, "min", "f16"), ("q4", 64, "offset", "f32"), ("q8", 32, None, "f16"),
-               ("q8", 256, None, "f32"), ("f16", None, None, None), ("f32", None, None, None)]
     for rows, cols in shapes:
         m = 2 if (rows, cols) == (7, 33) else 1
-        for encoding, block, zero, scale_type in options:
+        for encoding, block, zero, scale_type in _formats(ctx, OPTIONS):
             w = Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, block or 32, zero or "min",
                                   scale_type or "f16")
             what = f"random {rows}x{cols} {encoding}/{block}/{zero}/{scale_type}"
@@ -217,8 +246,8 @@ def _fused_cases(ctx: GoldenContext):
                 yield FusedCase(f"{what} norm +y0", w, "norm", x, _norm_weight(rng, cols), 1e-6, y0=y0)
                 yield FusedCase(f"{what} swiglu F'={up_offset}", w, "swiglu", h, up_offset=up_offset)
     rows, cols = (9, 97) if ctx.quick else (40, 517)
-    adversarial_options = [("q4", "min", "f16")] if ctx.quick else \
-        [("q4", "min", "f16"), ("q4", "offset", "f16"), ("q8", None, "f32"), ("f16", None, None)]
+    adversarial_options = _formats(ctx, [("q4", 32, "min", "f16")] if ctx.quick else [
+        ("q4", 32, "min", "f16"), ("q4", 32, "offset", "f16"), ("q8", 32, None, "f32"), ("f16", None, None, None)])
     spike = 1e-3 * n((1, cols))
     spike[0, -1] = 1e3                       # the only large value sits in the single-element tail
     extremes = np.array([88, -88, 100, -100, 1e30, -1e30, 87.5, -87.5, 0, -0.0, 1e-30, -1e-30,
@@ -237,8 +266,9 @@ def _fused_cases(ctx: GoldenContext):
         swiglu_inputs += [("gate ramp -120..120", gate_up_row(np.linspace(-120, 120, cols)[None, :], n((1, cols)),
                                                               up_offset)),
                           ("tiny 1e-30 gates", gate_up_row(1e-30 * n((1, cols)), 1e-5 * n((1, cols)), up_offset))]
-    for encoding, zero, scale_type in adversarial_options:
-        w = Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, 32, zero or "min", scale_type or "f16")
+    for encoding, block, zero, scale_type in adversarial_options:
+        w = Weights.quantized(_random_weights(rng, rows, cols, "normal"), encoding, block or 32, zero or "min",
+                              scale_type or "f16")
         what = f"{rows}x{cols} {encoding}/{zero}/{scale_type}"
         for label_, x, g in norm_inputs:
             yield FusedCase(f"{label_} {what} norm", w, "norm", np.asarray(x, np.float32), g, 1e-5)
@@ -304,8 +334,9 @@ async def golden_matvec_fused(ctx: GoldenContext) -> list[GoldenResult]:
             if name not in variants:
                 continue
             for workgroup, rows_per_group in shapes:
-                _, overrides = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input, accumulate)
-                y = await case.run(ctx, name, overrides)
-                results.append(compare_bound("matvec_fused", label(KERNELS[name], overrides), case.name, y,
-                                             exact, bound, rule))
+                _, asked = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input, accumulate)
+                for overrides in ctx.launches(name, asked, LAUNCH):
+                    y = await case.run(ctx, name, overrides)
+                    results.append(compare_bound("matvec_fused", label(KERNELS[name], overrides), case.name, y,
+                                                 exact, bound, rule))
     return results

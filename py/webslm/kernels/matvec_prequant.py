@@ -133,9 +133,10 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     units = x_units(weights)
     params = base.params.copy()
     params[3] = units                    # Params.units: units of 32 for both launches (q8: half its 16s)
-    size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES,
-                                    min(quantize_workgroup or (QUANTIZE_WG_NORM if input == "norm" else QUANTIZE_WG),
-                                        max(32, 1 << (units - 1).bit_length())))
+    # The default is no wider than the row's units; a size asked for is taken as it is (lanes
+    # past the units idle), so a self-test on a short row runs the step's own pipeline.
+    size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES, quantize_workgroup or min(
+        QUANTIZE_WG_NORM if input == "norm" else QUANTIZE_WG, max(32, 1 << (units - 1).bit_length())))
     if size is None:
         raise MatvecShapeError("workgroup", "no quantize_x workgroup size fits the device's limits")
     groups = -(-units // size)
@@ -157,6 +158,20 @@ def _inputs(weights: Weights, x: np.ndarray, input: str, norm_weight, up_offset)
         xs, stride = matvec.padded_activations(x)
     inputs = [xs] + ([matvec.padded_norm_weight(norm_weight, weights.cols)] if input == "norm" else [])
     return inputs, stride, up_offset
+
+
+def _launches(ctx: GoldenContext, case, residual: int, shapes: list) -> list[tuple]:
+    """(mat-vec WG, ROWS, quantize_x WG) to run a case with: `shapes` outside admission; at
+    admission each pairing of the plan's own mat-vec and quantizer pipelines for the case's
+    format, input mode and width (GoldenContext.launches), none if the plan has none."""
+    if ctx.planned is None:
+        return shapes
+    inputs, stride, up_offset = _inputs(case.weights, case.x, case.input, case.norm_weight, case.up_offset)
+    m = np.atleast_2d(case.x).shape[0]
+    p = plan(ctx.device, case.weights, m, stride, case.weights.rows, case.input, case.y0 is not None, case.eps,
+             up_offset, matvec._quads(case.weights.cols) if case.input == "norm" else None, residual=bool(residual))
+    return [(mv["WG"], mv["ROWS"], q["WG"]) for mv in ctx.launches(p.matvec.kernel, p.matvec.overrides, ("WG", "ROWS"))
+            for q in ctx.launches(p.quantize.kernel, p.quantize.overrides)]
 
 
 async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str = "plain",
@@ -299,11 +314,13 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
         name = matvec.kernel_name(encoding, subgroups, "int8", matvec.PREQUANT_VARIANTS[encoding])
         if not (ctx.uses(quantize_name(case.input)) and ctx.uses(name)):
             continue
-        for residual in ((index % 2,) if ctx.quick else (1, 0)):
+        # at admission both widths, of which `_launches` keeps those the plan compiled
+        for residual in ((0, 1) if ctx.planned is not None else (index % 2,) if ctx.quick else (1, 0)):
             exact, bound, rule = matvec.fused_oracle(case.weights, case.x, case.input, case.norm_weight, case.eps,
                                                      case.up_offset, case.y0, int8=1 + residual, int8_unit=UNIT)
-            for workgroup, rows, quantize in (shapes if case.name.startswith("random") and residual else shapes[:1]):
-                quantize = 32 if ctx.quick and index % 2 else quantize
+            for workgroup, rows, quantize in _launches(ctx, case, residual, shapes if case.name.startswith("random")
+                                                       and residual else shapes[:1]):
+                quantize = 32 if ctx.quick and index % 2 and ctx.planned is None else quantize
                 y = await run(ctx, case.weights, case.x, input=case.input, norm_weight=case.norm_weight,
                               eps=case.eps, up_offset=case.up_offset, y0=case.y0, workgroup=workgroup,
                               rows_per_group=rows, residual=bool(residual), quantize_workgroup=quantize)

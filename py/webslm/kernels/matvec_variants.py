@@ -22,13 +22,24 @@ import numpy as np
 
 from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
 from .matvec import UNIT_ELEMENTS, Weights, _quads, choose_kernel, fused_oracle, gate_up_row, kernel_name
-from .matvec_cases import FusedCase, _extreme_codes, _norm_weight, _random_weights
+from .matvec_cases import LAUNCH, FusedCase, _extreme_codes, _norm_weight, _random_weights
 from .registry import KERNELS
 
 # (encoding, variant, block, zero, scale type): every option each variant serves.
 OPTIONS = [("q4", "dot4", 32, "min", "f16"), ("q4", "dot4", 64, "offset", "f32"), ("q4", "dot4", 256, "min", "f32"),
            ("q8", "dot4", 32, None, "f16"), ("q8", "dot4", 256, None, "f32"), ("f16", "wide", None, None, None)]
 QUICK_OPTIONS = [("q4", "dot4", 32, "min", "f16"), ("q8", "dot4", 32, None, "f16"), ("f16", "wide", None, None, None)]
+
+
+def _options(ctx: GoldenContext, int8_unit: int | None) -> list[tuple]:
+    """The options the random cases take: QUICK_OPTIONS or OPTIONS; at admission the weight
+    formats of the plan's own mat-vec pipelines (of the pre-quantized path's when `int8_unit`
+    is given), each with the variant that serves it."""
+    planned = ctx.planned_formats("matvec_int8_" if int8_unit else "matvec_")
+    if planned is None:
+        return QUICK_OPTIONS if ctx.quick else OPTIONS
+    variant = {"q4": "dot4", "q8": "dot4", "f16": "wide"}
+    return [(f[0], variant[f[0]], *f[1:]) for f in planned if f[0] in variant]
 
 
 class VariantCase(NamedTuple):
@@ -60,7 +71,7 @@ def _random_cases(ctx: GoldenContext, int8_unit: int | None = None):
     not the encoding's unit (matvec_prequant: 32)."""
     rng, n = ctx.rng, ctx.rng.standard_normal
     shapes = [(33, 96)] if ctx.quick else [(1, 32), (7, 40), (7, 33), (65, 264), (65, 257), (300, 1000), (129, 4099)]
-    for option in (QUICK_OPTIONS if ctx.quick else OPTIONS):
+    for option in _options(ctx, int8_unit):
         encoding, variant, block, zero, scale_type = option
         for rows, cols in shapes:
             if (variant == "wide" and cols % 8) or (option not in QUICK_OPTIONS and (rows, cols) not in
@@ -202,11 +213,12 @@ async def golden_matvec_variants(ctx: GoldenContext) -> list[GoldenResult]:
                 if name not in available:
                     continue
                 for workgroup, rows_per_group in (shapes if not residual else default):
-                    _, overrides = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input,
-                                                 accumulate, item.variant)
+                    _, asked = choose_kernel(ctx.device, case.weights, workgroup, rows_per_group, case.input,
+                                             accumulate, item.variant)
                     if residual is not None:
-                        overrides["RESIDUAL"] = residual
-                    y = await case.run(ctx, name, overrides)
-                    results.append(compare_bound("matvec_variants", label(KERNELS[name], overrides), case.name, y,
-                                                 exact, bound, rule))
+                        asked["RESIDUAL"] = residual
+                    for overrides in ctx.launches(name, asked, LAUNCH):
+                        y = await case.run(ctx, name, overrides)
+                        results.append(compare_bound("matvec_variants", label(KERNELS[name], overrides), case.name,
+                                                     y, exact, bound, rule))
     return results

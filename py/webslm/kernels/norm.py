@@ -188,7 +188,7 @@ async def golden_norm(ctx: GoldenContext) -> list[GoldenResult]:
     cases = norm_cases(ctx.rng, ctx.quick, ctx.model)
     results = []
     for spec in ctx.variants("rms_norm"):
-        sizes = ctx.workgroups(bytes_per_lane=4)
+        sizes = ctx.workgroups(bytes_per_lane=4, kernel=spec.name)
         for wg in sizes:
             kernel = await ctx.kernel(spec.name, WG=wg)
             name = label(spec, {"WG": wg})

@@ -199,8 +199,8 @@ async def golden_rope(ctx: GoldenContext) -> list[GoldenResult]:
         table = tables[key]
         qk = case.qk.astype(np.float32)
         for convention, adjacent in CONVENTIONS.items():
-            for wg in sizes:
-                kernel = await ctx.kernel("rope", WG=wg, ADJACENT=adjacent)
+            for overrides in (o for wg in sizes for o in ctx.launches("rope", {"WG": wg, "ADJACENT": adjacent})):
+                kernel = await ctx.kernel("rope", **overrides)
                 got = await apply_rope(ctx.device, qk, table, case.start, convention,
                                        case.heads, case.head_dim, kernel)
                 results.append(check_rope(label(kernel.spec, kernel.overrides), case.name, qk, table,

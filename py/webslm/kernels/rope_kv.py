@@ -370,16 +370,17 @@ async def golden_rope_kv(ctx: GoldenContext) -> list[GoldenResult]:
                 offsets = {"q_at": 5, "k_at": k_at + 37, "v_at": v_at + 64}
             for convention, adjacent in CONVENTIONS.items():
                 for wg in sizes:
-                    plan = plan_rope_kv_append(ctx.device.limits, layout, case.tokens, case.heads, case.rotary_dim,
-                                               case.start, table.shape[0], convention, workgroup=wg, **offsets)
-                    kernel = await ctx.kernel(plan.kernel, **plan.overrides)
-                    qkv, k_cache, v_cache, plan = await rope_kv_append(
-                        ctx.device, q, k, v, table, case.start, convention, layout, k_prior, v_prior,
-                        kernel=kernel, **offsets)
-                    results += check_rope_kv(label(spec, plan.overrides), f"{case.name} [{dtype} cache]", layout,
-                                             q, k, v, table, case.start, convention, k_prior, v_prior,
-                                             pack_qkv(q, k, v, plan), plan, qkv, k_cache.view(DTYPES[dtype]),
-                                             v_cache.view(DTYPES[dtype]))
+                    asked = plan_rope_kv_append(ctx.device.limits, layout, case.tokens, case.heads, case.rotary_dim,
+                                                case.start, table.shape[0], convention, workgroup=wg, **offsets)
+                    for overrides in ctx.launches(asked.kernel, asked.overrides):
+                        kernel = await ctx.kernel(asked.kernel, **overrides)
+                        qkv, k_cache, v_cache, plan = await rope_kv_append(
+                            ctx.device, q, k, v, table, case.start, convention, layout, k_prior, v_prior,
+                            kernel=kernel, **offsets)
+                        results += check_rope_kv(label(spec, plan.overrides), f"{case.name} [{dtype} cache]", layout,
+                                                 q, k, v, table, case.start, convention, k_prior, v_prior,
+                                                 pack_qkv(q, k, v, plan), plan, qkv, k_cache.view(DTYPES[dtype]),
+                                                 v_cache.view(DTYPES[dtype]))
     return results
 
 
@@ -399,9 +400,12 @@ async def _golden_bias(ctx: GoldenContext, spec, dtype: str, case: RopeKvCase, t
     for convention in CONVENTIONS:
         k_prior = prior_cache(rng, layout, case.start, case.tokens)
         v_prior = prior_cache(rng, layout, case.start, case.tokens)
-        plan = plan_rope_kv_append(ctx.device.limits, layout, case.tokens, case.heads, case.rotary_dim, case.start,
-                                   table.shape[0], convention, bias=True)
-        kernel = await ctx.kernel(plan.kernel, **plan.overrides)
+        asked = plan_rope_kv_append(ctx.device.limits, layout, case.tokens, case.heads, case.rotary_dim, case.start,
+                                    table.shape[0], convention, bias=True)
+        launches = ctx.launches(asked.kernel, asked.overrides)
+        if not launches:
+            continue
+        kernel = await ctx.kernel(asked.kernel, **launches[0])
         qkv, k_cache, v_cache, plan = await rope_kv_append(ctx.device, q, k, v, table, case.start, convention,
                                                            layout, k_prior, v_prior, kernel=kernel, biases=biases)
         results += check_rope_kv(label(spec, plan.overrides), f"{case.name} + biases x{size:g} [{dtype} cache]",

@@ -62,7 +62,7 @@ async def golden_scale(ctx: GoldenContext) -> list[GoldenResult]:
                   ("many rows", 1e3 * rng.standard_normal((600, 1152)), float(np.sqrt(1152))),
                   ("scale below 1", rng.standard_normal((3, 8)), 0.1)]
     results = []
-    for wg in ctx.workgroups():
+    for wg in ctx.workgroups(kernel="scale_rows"):
         kernel = await ctx.kernel("scale_rows", WG=wg)
         for case, x, s in cases:
             x = np.asarray(x, np.float32)

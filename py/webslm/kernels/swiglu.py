@@ -181,14 +181,13 @@ def swiglu_cases(rng: np.random.Generator, quick_only: bool, model=None) -> list
 async def golden_swiglu(ctx: GoldenContext) -> list[GoldenResult]:
     """Both activations on the same cases (GeGLU's gates past |g| ~ 10 saturate like SiLU's)."""
     results = []
-    sizes = ctx.workgroups()
     for case, h in swiglu_cases(ctx.rng, ctx.quick, ctx.model):
         ffn = h.shape[1] // 2
         for activation, family in ACTIVATIONS.items():
             for spec in ctx.variants(family):
                 if spec.name.endswith("_vec4") and ffn % 4:
                     continue
-                for wg in sizes:
+                for wg in ctx.workgroups(kernel=spec.name):
                     kernel = await ctx.kernel(spec.name, WG=wg)
                     got = await swiglu(ctx.device, h, kernel, activation)
                     if activation == "silu":
