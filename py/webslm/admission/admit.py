@@ -56,7 +56,7 @@ STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "han
 TUNING_MODES = ("auto", "off", "force", "int8", "int8-1")
 PINNED_INT8 = {"int8": "xq2", "int8-1": "xq"}   # tuning mode -> the pre-quantized variant it pins
 TIER_ORDER = ("A", "B", "C")
-COMPILE_AT_ONCE = 8             # pipeline compiles in flight together in the compile stage
+COMPILE_AT_ONCE = 16            # pipeline compiles in flight together in the compile stage
 TIER_FEATURE = {"B": "shader-f16", "C": "subgroups"}
 
 
