@@ -6,7 +6,8 @@ Engine.tune_gpu) on wgpu-native (lavapipe here):
 - a retune takes measured choices mid-conversation and keeps the conversation (its whole-step
   timing writes only the first free KV row; a full cache is reset first);
 - a request waiting stops the stage after the shape being timed, and the retune runs again later;
-- kernels that fail their self-tests keep the rule for good.
+- every pipeline a retune adds is self-tested on that pipeline, and one failing keeps the rule
+  for good.
 Timings themselves are not asserted (lavapipe's numbers mean nothing for a GPU).
 """
 from __future__ import annotations
@@ -309,3 +310,37 @@ def test_an_answer_asked_for_stops_the_engines_retune_which_runs_again_later(nat
     assert kept == len(prompt) - 1, "the retune kept the conversation: only the last prompt token is read again"
     assert report.source == "measured" and not still
     assert any(e.get("event") == "tuning" and e["source"] == "measured" for e in events)
+
+
+def test_a_retune_s_new_launch_shapes_are_self_tested_on_those_pipelines(native_gpu, model, run, monkeypatch):
+    """adopt() self-tests every pipeline the new choices add, also another launch shape of a
+    kernel admission tested already (here every form at WG=64, ROWS=8: no rule's shape), each
+    on the very pipeline the session then runs; nothing the self-test left unrun."""
+    from webslm.admission.retune import adopt
+    from webslm.kernels import golden, matvec
+    runs = []
+    real = golden.run_all
+
+    async def recording(device, size="full", **kwargs):
+        runs.append((set(kwargs["compiled"]), await real(device, size, **kwargs)))
+        return runs[-1][1]
+
+    async def go():
+        session = await admit(native_gpu, model, LATER)
+        try:
+            stage = tuning_stage.Stage(session.device, model, session.plan, session.buffers, None, time.perf_counter)
+            choices = {key: matvec.Choice("", 64, 8) for key in stage.forms()}
+            stage.release()
+            before = set(session.kernels)
+            monkeypatch.setattr(golden, "run_all", recording)
+            await adopt(session, model, tuning.TuningReport(choices, {}, "measured"))
+            return before, set(session.kernels), session.choices
+        finally:
+            session.destroy()
+    before, after, choices = run(go())
+    (compiled, report), = runs
+    added = after - before
+    assert added and compiled == added, (sorted(added), sorted(compiled))
+    assert any(("ROWS", 8) in items and ("WG", 64) in items for _, items in added)
+    assert report["passed"] and report["untested_pipelines"] == [], report["failed"][:2]
+    assert choices and all(c.rows == 8 for c in choices.values())

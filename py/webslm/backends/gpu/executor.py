@@ -173,7 +173,8 @@ class GpuBackend:
             self.reset()
         try:
             report = await tuning.tune(self.device, model, session.plan, session.buffers, cache=cache,
-                                       checkpoint=checkpoint, position=self.position, **session.tuning.later)
+                                       checkpoint=checkpoint, position=self.position, kernels=session.kernels,
+                                       **session.tuning.later)
             self._check_alive()
             try:
                 await adopt(session, model, report)

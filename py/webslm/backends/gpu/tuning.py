@@ -119,7 +119,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                checkpoint: Callable[[], Awaitable[None]] | None = None,
                budget_seconds: float = BUDGET_SECONDS, clock: Callable[[], float] = time.perf_counter,
                force: bool = False, int8: bool = True, pin_int8: str | None = None,
-               measure: bool = True, position: int = 0) -> TuningReport:
+               measure: bool = True, position: int = 0, kernels: Mapping | None = None) -> TuningReport:
     """Measure the decode mat-vec forms of an admitted model's plan on `device` (its weights
     already in `buffers`); return the choices. `force` measures even on a slow adapter (tests).
     `int8`: q4, q4k, q6k and q8 forms may also take pre-quantized int8 activations where measured faster.
@@ -133,9 +133,10 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     in them is live between steps. Its whole-step timing runs decode steps at `position` (< the
     cache's capacity), which write that row of every layer's KV cache: 0 at admission; a
     retune on a live session passes the first row its conversation does not hold, so the
-    rows before it are kept (the next step overwrites that row)."""
+    rows before it are kept (the next step overwrites that row). `kernels`: pipelines compiled
+    already, by (name, sorted overrides) (a retune passes its session's: the rule's are there)."""
     began = clock()
-    stage = Stage(device, model, plan, buffers, checkpoint, clock, position)
+    stage = Stage(device, model, plan, buffers, checkpoint, clock, position, kernels)
     forms = stage.forms()
     if pin_int8:
         return await _pinned_int8(stage, forms, began, pin_int8)

@@ -32,8 +32,8 @@ SCRATCH_USAGE = BufferUsage.STORAGE | BufferUsage.COPY_SRC | BufferUsage.COPY_DS
 
 
 class Stage:
-    def __init__(self, device, model, plan, buffers, checkpoint, clock, position: int = 0):
-        session = types.SimpleNamespace(device=device, plan=plan, buffers=buffers, kernels={})
+    def __init__(self, device, model, plan, buffers, checkpoint, clock, position: int = 0, kernels=None):
+        session = types.SimpleNamespace(device=device, plan=plan, buffers=buffers, kernels=dict(kernels or {}))
         self.device, self.clock, self.checkpoint = device, clock, checkpoint
         self.position = position                          # the cache row a whole step writes (tune())
         self.forward = Forward(session, model)
