@@ -52,7 +52,7 @@ from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
 from .tracked import Faults, TrackedDevice
 
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
-          "allocate", "compile", "tune", "self-test", "scopes", "publish")
+          "allocate", "tune", "compile", "self-test", "scopes", "publish")
 TUNING_MODES = ("auto", "off", "force", "int8", "int8-1")
 PINNED_INT8 = {"int8": "xq2", "int8-1": "xq"}   # tuning mode -> the pre-quantized variant it pins
 TIER_ORDER = ("A", "B", "C")
@@ -153,10 +153,9 @@ async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolic
     """Run the transaction; return the published session or raise AdmissionFailure.
 
     on_stage(stage) is called as each stage begins; on_progress(stage, done, total) within
-    the long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled, with
-    the launch shapes known before tuning: the cache's or the rule's) and "self-test" (kernel
-    families checked); "tune" (which compiles what it tries, and what its choices add) reports
-    only its start.
+    the long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled) and
+    "self-test" (kernel families checked); "tune" (under a second where it measures, its
+    pipelines are then not compiled again) reports only its start.
     `tuning_cache` (untrusted, the caller's): earlier tuning results by tuning_cache.cache_key; the
     new ones are in the session's `tuning.cache_entries` for the caller to keep."""
     if policy.tuning not in TUNING_MODES:
@@ -261,25 +260,36 @@ class _Admission:
             kind = allocation_errors[0].kind
             self._fail("out-of-memory" if kind == "out-of-memory" else "allocation-failed",
                        f"creating the planned buffers failed ({kind} error)")
-        self._push_scopes()                              # compile, tune and self-test run in scopes too
-
-        await self._enter("compile")
-        # Every pipeline the plan runs with the launch shapes known before any timing (the
-        # tuning cache's, else the rule's), all at once; the tuning stage then finds its rules
-        # compiled (the look of tuning "later" compiles nothing alone).
-        kernels = await self._compile(pipeline_set, pipeline_set.pipelines(self.model, self.device, self.plan,
-                                                                          self._known_choices()), progress=True)
+        self._push_scopes()                              # tune, compile and self-test run in scopes too
 
         await self._enter("tune")
-        tuning = await self._tune(kernels)
-        mandatory = pipeline_set.pipelines(self.model, self.device, self.plan, tuning.choices)
-        kernels = {key: kernel for key, kernel in {**tuning.compiled, **kernels}.items()
-                   if key in {(name, tuple(sorted(overrides.items()))) for name, overrides in mandatory}}
-        kernels.update(await self._compile(pipeline_set, [(name, overrides) for name, overrides in mandatory
-                                                          if (name, tuple(sorted(overrides.items()))) not in kernels]))
+        tuning = await self._tune()
+
+        await self._enter("compile")
+        pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
         key_facts = self._pipeline_key_facts()
-        pipelines = {pipeline_key(KERNELS[name], dict(items), **key_facts).digest(): kernels[(name, items)]
-                     for name, items in kernels}       # PipelineKey digest -> compiled kernel
+        mandatory = pipeline_set.pipelines(self.model, self.device, self.plan, tuning.choices)
+        # COMPILE_AT_ONCE compiles in flight together: the browser's createComputePipelineAsync
+        # and the native device (worker threads) compile them in parallel, where one after
+        # another a first visit's cold driver cache cost 3-4.5 s on the H200.
+        slots, done = asyncio.Semaphore(COMPILE_AT_ONCE), 0
+
+        async def compile_one(name: str, overrides: dict):
+            nonlocal done
+            compiled = tuning.compiled.get((name, tuple(sorted(overrides.items()))))
+            if compiled is None:             # (the tuning stage compiled the mat-vecs it timed)
+                async with slots:
+                    compiled = await pipeline_set.compile(self.device, name, overrides)
+            done += 1
+            self.on_progress("compile", done, len(mandatory))
+            return compiled
+        try:
+            compiled_all = await asyncio.gather(*(compile_one(name, overrides) for name, overrides in mandatory))
+        except PipelineError as exc:
+            self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
+        for (name, overrides), compiled in zip(mandatory, compiled_all):
+            key = pipeline_key(KERNELS[name], overrides, **key_facts)
+            pipelines[key.digest()] = kernels[(name, tuple(sorted(overrides.items())))] = compiled
         await self._checkpoint()
 
         await self._enter("self-test")
@@ -397,47 +407,8 @@ class _Admission:
         except PlanRejected as exc:
             self._fail("limit-too-small", f"the model does not fit this adapter's limits: {exc.sentence}")
 
-    async def _compile(self, pipeline_set, wanted: list[tuple[str, dict]], progress: bool = False) -> dict:
-        """(name, sorted overrides) -> compiled kernel of each wanted pipeline, COMPILE_AT_ONCE
-        in flight together: the browser's createComputePipelineAsync and the native device
-        (worker threads) compile them in parallel, where one after another a first visit's cold
-        driver cache cost 3-4.5 s on the H200. `progress`: "compile" events as they finish."""
-        slots, done = asyncio.Semaphore(COMPILE_AT_ONCE), 0
-
-        async def compile_one(name: str, overrides: dict):
-            nonlocal done
-            async with slots:
-                compiled = await pipeline_set.compile(self.device, name, overrides)
-            done += 1
-            if progress:
-                self.on_progress("compile", done, len(wanted))
-            return compiled
-        try:
-            compiled = await asyncio.gather(*(compile_one(name, overrides) for name, overrides in wanted))
-        except PipelineError as exc:
-            self._fail("pipeline-failed", f"a mandatory pipeline did not compile: {exc}")
-        return {(name, tuple(sorted(overrides.items()))): kernel for (name, overrides), kernel in zip(wanted, compiled)}
-
-    def _identity(self) -> str:
-        """The adapter as the tuning cache keys it: description, vendor, architecture, features."""
-        summary = self.adapter.summary()
-        return "/".join([summary.description, summary.vendor, summary.architecture, *self.features])
-
-    def _known_choices(self) -> dict:
-        """The mat-vec launch shapes known before the tuning stage times anything: the tuning
-        cache's (as tune() takes them); none (the rule) where the stage will not read the cache:
-        tuning off or pinned, or a software adapter's rule."""
-        from ..backends.gpu import tuning
-        from ..shader_bundle import bundle_hash
-        if (self.policy.tuning in ("off", *PINNED_INT8)
-                or (self.adapter.summary().is_fallback and self.policy.tuning == "auto")):
-            return {}
-        return tuning.cached_choices(self.device, self.model, self.plan, self.tuning_cache, self._identity(),
-                                     bundle_hash(), self.policy.int8_activations)
-
-    async def _tune(self, kernels: dict):
-        """The tuning stage (backends/gpu/tuning.py): the rule where the policy says "off".
-        `kernels`: the pipelines compiled already, which the stage takes instead of compiling."""
+    async def _tune(self):
+        """The tuning stage (backends/gpu/tuning.py): the rule where the policy says "off"."""
         from ..backends.gpu import tuning
         from ..shader_bundle import bundle_hash
         if self.policy.tuning == "off":
@@ -445,12 +416,13 @@ class _Admission:
         summary = self.adapter.summary()
         if summary.is_fallback and self.policy.tuning == "auto":
             return tuning.TuningReport({}, {}, "rule", "a software (fallback) adapter: measuring cannot pay")
+        identity = "/".join([summary.description, summary.vendor, summary.architecture, *self.features])
         return await tuning.tune(self.device, self.model, self.plan, self.buffers, cache=self.tuning_cache,
-                                 device_identity=self._identity(), bundle_hash=bundle_hash(),
+                                 device_identity=identity, bundle_hash=bundle_hash(),
                                  checkpoint=self._checkpoint, force=self.policy.tuning == "force",
                                  budget_seconds=self.policy.tuning_budget_s, int8=self.policy.int8_activations,
                                  pin_int8=PINNED_INT8.get(self.policy.tuning),
-                                 measure=not self.policy.tune_later, kernels=kernels)
+                                 measure=not self.policy.tune_later)
 
     async def _allocate(self) -> None:
         from . import pipelines as pipeline_set

@@ -4,13 +4,12 @@ device, and the fastest kept (issue 16, "variant choice by measurement at admiss
 Why measure: the best workgroup size and rows per workgroup of a mat-vec depend on the GPU
 (how many cores, how many bytes it wants in flight) and on the shape; one length rule
 (`matvec.TUNING`) was 1.37x off the per-shape best on the H200 and cannot be right on every
-laptop GPU too. So, once the weights are on the GPU and the plan's pipelines compiled with the
-launch shapes known so far (the cache's, else the rule's: admission's compile stage), each
-mat-vec *form* of the decode program (matvec.form_key: encoding, shape, input mode,
+laptop GPU too. So, once the weights are on the GPU and before the pipelines are compiled,
+each mat-vec *form* of the decode program (matvec.form_key: encoding, shape, input mode,
 ACCUMULATE; layers of one form share it) is run as the engine runs it (tuning_stage.Stage:
 the program lowered with the choices tried, and its launches timed):
 
-    every form:      the rule's launch timed (its pipeline compiled already)
+    every form:      the rule's launch timed (its pipeline is needed anyway)
     then, while the budget lasts, the forms that cost the step most first, in two phases
     (_FormSearch): every form's likeliest win first, then the rest of every form's ladder:
                      ROWS in 1..16 at the rule's WG, then every sensible WG at the best
@@ -115,32 +114,6 @@ def _rule_choice(device, weights, op) -> matvec.Choice:
     return matvec.Choice(matvec.variant_of(name), overrides["WG"], overrides["ROWS"])
 
 
-def _cached_choice(entry) -> matvec.Choice | None:
-    """The choice a cache entry holds (untrusted: None where it is not a valid one, or where
-    the entry kept the rule)."""
-    try:
-        return matvec.Choice.from_dict(entry["choice"]) if entry else None
-    except (matvec.MatvecShapeError, TypeError, KeyError):
-        return None
-
-
-def cached_choices(device, model, plan, cache: Mapping[str, dict] | None, device_identity: str, bundle_hash: str,
-                   int8: bool = True) -> dict:
-    """The mat-vec choices `cache` holds for this plan's forms, as tune() takes them: what
-    admission compiles before the tuning stage has run."""
-    from ...plan.memory import plan_programs
-    from ...program.lowering import Lowering
-    lowering = Lowering(device, model, plan, None)
-    choices = {}
-    for op in plan_programs(model, plan)["decode"].ops:
-        if op.kind == "matmul":
-            key = lowering.matvec_form(op)[0]
-            choice = _cached_choice((cache or {}).get(cache_key(device_identity, bundle_hash, key, int8)))
-            if choice is not None:
-                choices[key] = choice
-    return choices
-
-
 async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None = None,
                device_identity: str = "", bundle_hash: str = "",
                checkpoint: Callable[[], Awaitable[None]] | None = None,
@@ -172,7 +145,10 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
     pending = []
     for key, ops in forms.items():
         cached = cache.get(cache_key(device_identity, bundle_hash, key, int8))
-        choice = _cached_choice(cached)
+        try:
+            choice = matvec.Choice.from_dict(cached["choice"]) if cached else None
+        except (matvec.MatvecShapeError, TypeError, KeyError):
+            choice = None
         if cached and (choice is not None or cached.get("choice") is None):
             report.forms[key] = {**{k: v for k, v in cached.items() if k != "choice"}, "cached": True}
             if choice is not None:
