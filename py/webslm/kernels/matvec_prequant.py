@@ -287,11 +287,12 @@ def _cases(ctx: GoldenContext):
     """Every FusedCase of the encodings this path serves: the dot4 variant's q4 and q8 cases
     (random shapes with odd tails, int8-exact and adversarial activations, extreme codes, real
     weights; exact activations in units of 32 as this path quantizes them), q4k's and q6k's."""
+    from .matvec_cases import both_accumulates
     from .matvec_variants import _adversarial_cases, _random_cases, _real_cases
     for item in (*_random_cases(ctx, UNIT), *_adversarial_cases(ctx, UNIT), *_real_cases(ctx, UNIT)):
         if item.variant == "dot4" and item.case.weights.encoding in matvec.PREQUANT_VARIANTS:
-            yield item.case
-    yield from _super_block_cases(ctx)
+            yield from both_accumulates(ctx, [item.case])
+    yield from both_accumulates(ctx, _super_block_cases(ctx))
 
 
 @golden("matvec_prequant", kernels=("quantize_x_", "matvec_int8_"))
@@ -316,10 +317,13 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
             continue
         # at admission both widths, of which `_launches` keeps those the plan compiled
         for residual in ((0, 1) if ctx.planned is not None else (index % 2,) if ctx.quick else (1, 0)):
-            exact, bound, rule = matvec.fused_oracle(case.weights, case.x, case.input, case.norm_weight, case.eps,
-                                                     case.up_offset, case.y0, int8=1 + residual, int8_unit=UNIT)
-            for workgroup, rows, quantize in _launches(ctx, case, residual, shapes if case.name.startswith("random")
-                                                       and residual else shapes[:1]):
+            launches = _launches(ctx, case, residual, shapes if case.name.startswith("random") and residual
+                                 else shapes[:1])
+            if launches:                      # (at admission most cases run on no planned pipeline)
+                exact, bound, rule = matvec.fused_oracle(case.weights, case.x, case.input, case.norm_weight,
+                                                         case.eps, case.up_offset, case.y0, int8=1 + residual,
+                                                         int8_unit=UNIT)
+            for workgroup, rows, quantize in launches:
                 quantize = 32 if ctx.quick and index % 2 and ctx.planned is None else quantize
                 y = await run(ctx, case.weights, case.x, input=case.input, norm_weight=case.norm_weight,
                               eps=case.eps, up_offset=case.up_offset, y0=case.y0, workgroup=workgroup,
