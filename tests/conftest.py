@@ -165,3 +165,11 @@ def self_test_once(monkeypatch):
         return copy.deepcopy(_SELF_TEST_REPORTS[key])
 
     monkeypatch.setattr(golden, "run_all", once)
+
+
+@pytest.fixture(scope="module")
+def measured(native_gpu, model):
+    """One forced tuning run of the module's `model` (tests/tuning_models.forced_tuning): the
+    tuning tests' (test_tuning.py, test_tune_later.py) report and compiled kernel keys."""
+    from tuning_models import forced_tuning
+    return forced_tuning(native_gpu, model)

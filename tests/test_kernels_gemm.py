@@ -96,9 +96,8 @@ def test_quick_suite_covers_every_tile_the_host_may_choose():
 
 
 def test_admissions_self_test_runs_the_tiles_its_plan_compiled():
-    """At admission (`planned`: the pipelines the plan compiled) the quick suite's tiles are the
-    plan's own, every one of them, each in a case of its own; a plan that names no GEMM tile the
-    host would choose keeps every candidate (the self-test never tests less than the plan runs)."""
+    """At admission (`planned`: the pipelines the plan compiled) the GEMM cases run the plan's own
+    tiles, every one of them and no other; a plan with no GEMM pipeline gets no GEMM case."""
     class FakeDevice:
         limits, features = ROOMY, frozenset({"shader-f16"})
     candidates = gemm.candidates(ROOMY, FakeDevice.features)
@@ -106,12 +105,13 @@ def test_admissions_self_test_runs_the_tiles_its_plan_compiled():
     planned = frozenset((tile.kernel("q4"), tuple(sorted({**tile.overrides(), "BLOCK": 32, "ACCUMULATE": 0}.items())))
                         for tile in chosen) | {("rms_norm_vec4", (("WG", 64),))}
     ctx = golden.GoldenContext(FakeDevice(), np.random.default_rng(0), "quick", planned=planned)
-    assert gemm_cases._tiles(ctx) == chosen
-    tested = {case.tile for case in gemm_cases._cases(ctx) if case.tile is not None}
-    assert set(chosen) <= tested
+    assert {tile for tile, _, _ in gemm_cases.planned_tiles(ctx, split=False)} == set(chosen)
+    cases = list(gemm_cases._cases(ctx))
+    assert {case.tile for case in cases} == set(chosen)
+    assert all("q4/32/min/f16" in case.name for case in cases)
     unplanned = golden.GoldenContext(FakeDevice(), np.random.default_rng(0), "quick",
                                      planned=frozenset({("rms_norm_vec4", (("WG", 64),))}))
-    assert gemm_cases._tiles(unplanned) == candidates
+    assert list(gemm_cases._cases(unplanned)) == []
 
 
 def test_the_comparison_rejects_wrong_results():

@@ -25,8 +25,7 @@ from webslm.cpu import CpuBackend
 from webslm.generate import prompt_ids
 from webslm.program.fusion import ALL
 
-from tuning_models import (INT8_TWO_BYTE_LOGIT_TOLERANCE, LOGIT_TOLERANCE, forced_tuning,
-                           prequantized_entries)
+from tuning_models import (INT8_TWO_BYTE_LOGIT_TOLERANCE, LOGIT_TOLERANCE, prequantized_entries)
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
 
@@ -34,12 +33,6 @@ pytestmark = pytest.mark.usefixtures("self_test_once")
 @pytest.fixture(scope="module")
 def model(stacked_slm_path):
     return webslm.open_model(stacked_slm_path)
-
-
-@pytest.fixture(scope="module")
-def measured(native_gpu, model):
-    """One forced tuning run: (report, the session's compiled kernel keys)."""
-    return forced_tuning(native_gpu, model)
 
 
 @pytest.mark.parametrize("force", [False, True])

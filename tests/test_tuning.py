@@ -29,7 +29,7 @@ from webslm.kernels import attention, matvec, matvec_prequant
 from webslm.program.fusion import ALL
 
 from tuning_models import (FORCED, INT8_LOGIT_TOLERANCE, INT8_TWO_BYTE_LOGIT_TOLERANCE,
-                           LOGIT_TOLERANCE, forced_tuning, prequantized_entries)
+                           LOGIT_TOLERANCE, prequantized_entries)
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -38,12 +38,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def model(stacked_slm_path):
     return webslm.open_model(stacked_slm_path)
-
-
-@pytest.fixture(scope="module")
-def measured(native_gpu, model):
-    """One forced tuning run: (report, the session's compiled kernel keys)."""
-    return forced_tuning(native_gpu, model)
 
 
 def test_a_software_adapter_keeps_the_rule_and_says_why(native_gpu, model, run):

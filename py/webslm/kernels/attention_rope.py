@@ -380,26 +380,29 @@ def _planned_cases(ctx: GoldenContext) -> list[RopeDecodeCase]:
         return cases
     forms = sorted({(4 * dict(items)["HD4"], dict(items).get("ADJACENT", 0)) for name, items in ctx.planned
                     if name.startswith("attention_decode_rope_")})
-    return [case._replace(name=f"{case.name}, at d{e}", head_dim=e, convention={v: k for k, v in CONVENTIONS.items()}[adjacent],
-                          rotary_dim=e if case.rotary_dim == case.head_dim else max(2, e * case.rotary_dim
-                                                                                    // case.head_dim // 2 * 2))
+    convention_of = {adjacent: convention for convention, adjacent in CONVENTIONS.items()}
+    return [case._replace(name=f"{case.name}, at d{e}", head_dim=e, convention=convention_of[adjacent],
+                          rotary_dim=e if case.rotary_dim == case.head_dim
+                          else max(2, e * case.rotary_dim // case.head_dim // 2 * 2))
             for e, adjacent in forms for case in cases]
 
 
-def _plans(ctx: GoldenContext, shape: AttentionShape, case: RopeDecodeCase, table_rows: int, **kwargs) -> list:
+def _plans(ctx: GoldenContext, shape: AttentionShape, case: RopeDecodeCase, table_rows: int,
+           workgroup: int | None, heads_per_workgroup: int | None, **offsets) -> list:
     """The plans a case runs: its own outside admission; at admission those of the plan's
     pipelines (workgroup size and heads per workgroup are launch shape), each with a combine
     pass the plan compiled too, if it takes one."""
-    def planned(**launch):
+    def planned(workgroup, heads_per_workgroup):
         return plan_decode_rope(ctx.device.limits, shape, case.position, case.rotary_dim, table_rows,
-                                case.convention, chunk=case.chunk, **kwargs, **launch)
-    plan = planned(workgroup=kwargs.pop("workgroup"), heads_per_workgroup=kwargs.pop("heads_per_workgroup"))
+                                case.convention, chunk=case.chunk, workgroup=workgroup,
+                                heads_per_workgroup=heads_per_workgroup, **offsets)
+    plan = planned(workgroup, heads_per_workgroup)
     if ctx.planned is None:
         return [plan]
     plans = []
     for overrides in ctx.launches(plan.chunk_pass.kernel, plan.chunk_pass.overrides, ("WG", "GW")):
         try:
-            p = planned(workgroup=overrides["WG"], heads_per_workgroup=overrides["GW"])
+            p = planned(overrides["WG"], overrides["GW"])
         except KvShapeError:             # heads per workgroup past this case's group
             continue
         if p.chunk_pass.overrides == overrides and (p.combine is None

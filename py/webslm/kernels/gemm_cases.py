@@ -70,21 +70,12 @@ def _random(rng, config, n: int, k: int, codes: str = "random", scale: float = 0
 
 
 def _tiles(ctx: GoldenContext) -> list:
-    """The tiles this run covers: every variant the device admits (full), or the ones the host
-    may choose on it (quick), and of those at admission only the tiles the plan compiled
-    (`ctx.planned`; all of them if it names none): admission vouches for this model's
-    pipelines. With every candidate, SmolLM2's self-test compiled 15 GEMM pipelines, 3 of
-    them the plan's (counted on lavapipe), and on the H200 its GEMM family took 2.3 s of a
-    3.7-4.0 s admission (docs/RESULTS.md)."""
+    """The tiles this run covers outside admission: every variant the device admits (full), or
+    the ones the host may choose on it (quick). (At admission: the plan's, `planned_tiles`.)"""
     limits, features = ctx.device.limits, ctx.device.features
     if not ctx.quick:
         return [t for t in TILES.values() if t.admitted(limits, features)]
-    tiles = candidates(limits, features)
-    if ctx.planned is not None:
-        planned = [tile for tile in tiles if any(_compiled_as(tile, name, dict(overrides))
-                                                 for name, overrides in ctx.planned)]
-        return planned or tiles
-    return tiles
+    return candidates(limits, features)
 
 
 def _compiled_as(tile, name: str, overrides: dict) -> bool:

@@ -402,16 +402,14 @@ async def _golden_bias(ctx: GoldenContext, spec, dtype: str, case: RopeKvCase, t
         v_prior = prior_cache(rng, layout, case.start, case.tokens)
         asked = plan_rope_kv_append(ctx.device.limits, layout, case.tokens, case.heads, case.rotary_dim, case.start,
                                     table.shape[0], convention, bias=True)
-        launches = ctx.launches(asked.kernel, asked.overrides)
-        if not launches:
-            continue
-        kernel = await ctx.kernel(asked.kernel, **launches[0])
-        qkv, k_cache, v_cache, plan = await rope_kv_append(ctx.device, q, k, v, table, case.start, convention,
-                                                           layout, k_prior, v_prior, kernel=kernel, biases=biases)
-        results += check_rope_kv(label(spec, plan.overrides), f"{case.name} + biases x{size:g} [{dtype} cache]",
-                                 layout, *biased, table, case.start, convention, k_prior, v_prior,
-                                 pack_qkv(q, k, v, plan), plan, qkv, k_cache.view(DTYPES[dtype]),
-                                 v_cache.view(DTYPES[dtype]))
+        for overrides in ctx.launches(asked.kernel, asked.overrides):
+            kernel = await ctx.kernel(asked.kernel, **overrides)
+            qkv, k_cache, v_cache, plan = await rope_kv_append(ctx.device, q, k, v, table, case.start, convention,
+                                                               layout, k_prior, v_prior, kernel=kernel, biases=biases)
+            results += check_rope_kv(label(spec, plan.overrides), f"{case.name} + biases x{size:g} [{dtype} cache]",
+                                     layout, *biased, table, case.start, convention, k_prior, v_prior,
+                                     pack_qkv(q, k, v, plan), plan, qkv, k_cache.view(DTYPES[dtype]),
+                                     v_cache.view(DTYPES[dtype]))
     return results
 
 
