@@ -20,6 +20,8 @@ Shapes (`SHAPES`):
     kquant    2 layers, hidden 256, ffn 512, 4 heads / 2 KV heads, head_dim 64, vocab 384, context
               64: the smallest test shape whose rows hold whole 256-element super-blocks
     qwen2     stacked with q/k/v projection biases (Qwen2-style; f32, normal with std 0.5)
+    wide_heads  2 layers, hidden 256, ffn 512, 1 head / 1 KV head, head_dim 256 (Gemma 3's), vocab
+              384, context 8192: attention at Gemma's head_dim in a model small enough for lavapipe
     gemma3_270m  Gemma 3 270M: 18 layers (sliding window 512, every 6th global), hidden 640, ffn 2048,
               4 heads / 1 KV head, head_dim 256, vocab 262144, context 32768, family gemma3
 
@@ -118,6 +120,9 @@ SHAPES = {
                 "ffn": 256, "vocab": 384, "context_length": 320, "rope_base": 10000.0,
                 "notes": ["a tiny shape for tests that the planner stacks: every q/k/v and gate/up part "
                           "is a whole number of 256-byte units and the decode outputs lie back to back"]},
+    "wide_heads": {"n_layers": 2, "n_heads": 1, "n_kv_heads": 1, "head_dim": 256, "hidden": 256,
+                   "ffn": 512, "vocab": 384, "context_length": 8192, "rope_base": 10000.0,
+                   "notes": ["a small test shape with Gemma 3's head_dim 256"]},
 }
 # Gemma 3 270M's shape (family gemma3: sliding window 512 with every 6th layer global, local
 # RoPE base 1e4, GeGLU, q/k norms, post norms, 262k-row tied embedding); norm_weight_offset 0,

@@ -74,6 +74,12 @@ def stacked_slm_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def wide_heads_slm_path(tmp_path_factory):
+    """A small model with Gemma 3's head_dim 256 (--shape wide_heads)."""
+    return synthetic_slm(tmp_path_factory, "wide_heads")
+
+
+@pytest.fixture(scope="session")
 def qwen2_slm_path(tmp_path_factory):
     """The stacked shape with Qwen2's q/k/v biases (--shape qwen2). A fixture, not an import of
     synthetic_slm: `pytest tests tests_browser` resolves `conftest` to tests_browser's."""

@@ -21,7 +21,9 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
                      with tune_later, the cache only, the rest measured after (retune.py)
     compile       11  every mandatory pipeline compiled asynchronously from trusted WGSL
     self-test     12-13  the kernel golden suite (size "quick") against the numpy oracle, on the
-                         kernels the plan runs; one no case ran fails admission
+                         kernels the plan runs, attention up to the plan's KV capacity; one no
+                         case ran fails admission; a failure on an adapter that stops long
+                         shader loops early (kernels/probe.py loop_limit) is "loop-limit"
     scopes        14  the error scopes popped: any captured or uncaptured error rejects
     publish       15  atomic: epoch current, device alive, every resource present
                   16  the privacy-minimized receipt (admission/receipt.py)
@@ -301,9 +303,15 @@ class _Admission:
                                       on_family=lambda done, total: self.on_progress("self-test", done, total))
         if not report["passed"]:
             first = report["failed"][0] if report["failed"] else {}
-            self._fail("self-test-failed", f"{len(report['failed'])} of {report['cases']} kernel self-tests "
-                                           f"disagree with the CPU oracle (first: {first.get('kernel')} on "
-                                           f"{first.get('case')})")
+            failed = (f"{len(report['failed'])} of {report['cases']} kernel self-tests disagree with the CPU "
+                      f"oracle (first: {first.get('kernel')} on {first.get('case')})")
+            limit = await self._loop_limit(report["failed"])
+            if limit is not None:
+                capacity = self.plan.as_dict()["policy"]["context_capacity"]
+                self._fail("loop-limit", f"this adapter stops a shader's loops after {limit} iterations (a "
+                                         f"software renderer's limit), and {failed}: a KV capacity below "
+                                         f"{capacity} positions may pass (AdmissionPolicy.context)")
+            self._fail("self-test-failed", failed)
         untested = sorted({name for name, _ in mandatory} - golden.tested_kernels(report))
         if untested:
             self._fail("self-test-incomplete", f"no self-test ran the planned kernel(s) {', '.join(untested)}")
@@ -390,6 +398,22 @@ class _Admission:
             if error is not None:
                 captured.append(error)
         return captured
+
+    async def _loop_limit(self, failed: list[dict]) -> int | None:
+        """Why the self-test failed, when it is this: the iterations the adapter lets a shader's
+        loops run (kernels/probe.py loop_limit), asked only when every failed case is one at the
+        plan's KV capacity (the longest loops); None otherwise, when the adapter runs every
+        loop, or when the probe cannot say."""
+        from ..kernels.attention_cases import AT_CAPACITY
+        from ..kernels.probe import loop_limit
+        if not failed or not all(str(case.get("case", "")).startswith(AT_CAPACITY) for case in failed):
+            return None
+        from ..kernels.registry import KernelError
+        from ..kernels.runner import KernelRunError
+        try:
+            return await loop_limit(self.device)
+        except (KernelError, KernelRunError, PipelineError):   # the probe only words the failure
+            return None
 
     def _fail(self, code: str, sentence: str):
         raise AdmissionFailure(self.stage, code, sentence)

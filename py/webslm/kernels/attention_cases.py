@@ -87,6 +87,24 @@ def at_planned_head_dims(ctx: GoldenContext, cases: list[tuple], prefill: bool =
             if ctx.positions is None or (case[4] + case[5] if prefill else case[4]) <= ctx.positions]
 
 
+AT_CAPACITY = "at the KV capacity"     # the label of at_capacity's cases (admission reads it)
+
+
+def at_capacity(ctx: GoldenContext, prefill: bool = False) -> list[tuple]:
+    """With a KV capacity given (admission: `GoldenContext.positions`), one case whose last
+    token sits at the plan's last position: the longest walk over the keys a step of this
+    plan can make. Prefill attention loops over every key tile in one invocation, so an
+    adapter that stops long loops early fails here first (llvmpipe past 65535 iterations: at
+    head_dim 256 from key 2404 on; kernels/probe.py `loop_limit`), and admission refuses the
+    capacity instead of answering wrongly at long prompts. Decode attention's chunks keep its
+    loops short; it runs at the capacity too, which costs little."""
+    if ctx.positions is None:
+        return []
+    if prefill:
+        return [(AT_CAPACITY, 4, 1, 64, ctx.positions - 1, 1, "random")]
+    return [(AT_CAPACITY, 4, 1, 64, ctx.positions, "random", None)]
+
+
 def decode_plans(ctx: GoldenContext, shape: AttentionShape, position: int, **kwargs) -> list[DecodePlan]:
     """The plans a decode case runs: its own outside admission; at admission those of the plan's
     chunk-pass pipelines for its head_dim (GoldenContext.launches: the workgroup size and heads
@@ -175,7 +193,7 @@ QUICK_PREFILL = [("prompt", 9, 3, 64, 20, 5, "random"),   # 25 keys: two tiles
 async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
     results = await golden_append(ctx, "attention")
     for dtype in ("f32", "f16"):
-        decode_cases = at_planned_head_dims(ctx, QUICK_DECODE if ctx.quick else DECODE_CASES) \
+        decode_cases = at_planned_head_dims(ctx, (QUICK_DECODE if ctx.quick else DECODE_CASES) + at_capacity(ctx)) \
             if ctx.variants(f"attention_decode_{dtype}") else []
         for index, (label, h, kv, e, n, data, chunk) in enumerate(decode_cases):
             shape = AttentionShape(h, kv, e, n + 3 + index, dtype)    # capacity past the context
@@ -194,8 +212,8 @@ async def golden_attention(ctx: GoldenContext) -> list[GoldenResult]:
                     + (f" + {plan.combine.kernel}" if plan.combine else ""),
                     f"{label}: H={h} K={kv} E={e} keys={n} {data}, chunk {plan.chunk} x {plan.n_chunks}",
                     got, exact, bound, RULE), bound))
-        prefill = [(case, variant) for case in at_planned_head_dims(ctx, QUICK_PREFILL if ctx.quick else PREFILL_CASES,
-                                                                    prefill=True)
+        prefill = [(case, variant) for case in at_planned_head_dims(
+                       ctx, (QUICK_PREFILL if ctx.quick else PREFILL_CASES) + at_capacity(ctx, prefill=True), prefill=True)
                    for variant in PREFILL_VARIANTS if variant == "tiles" or case[3] <= 4 * ROWS_KERNEL_MAX_HD4]
         prefill = [(case, variant) for case, variant in prefill   # the variants this device runs and this run tests
                    if ctx.variants(f"attention_prefill_{'rows_' if variant == 'rows' else ''}{dtype}")]

@@ -1,9 +1,11 @@
-"""Reference kernels: the GPU probe's mat-vec and the benchmarks' copy.
+"""Reference kernels: the GPU probe's mat-vec, the benchmarks' copy, and the loop probe.
 
 probe_matvec_f32 (shaders/probe_matvec_f32.wgsl) is y = W x in f32, one row per workgroup,
 the simplest correct mat-vec. gpu_smoke runs it on every adapter before anything else, and
 its check (the gamma(n) bound) is the model for the golden tests. copy_vec4
-(shaders/copy.wgsl) is the bandwidth roofline bench/kernels.py divides by."""
+(shaders/copy.wgsl) is the bandwidth roofline bench/kernels.py divides by. loop_probe
+(shaders/loop_probe.wgsl) finds an adapter that stops long shader loops early (`loop_limit`):
+admission asks it why a self-test failed."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +14,7 @@ import numpy as np
 
 from ..webgpu.interface import Device
 from .golden import F32_TINY, gamma
-from .registry import CompiledKernel, KernelSpec, register
+from .registry import CompiledKernel, KernelSpec, compile_kernel, register
 from .runner import params_words, run_once, workgroup_grid
 
 register(KernelSpec(
@@ -27,7 +29,43 @@ register(KernelSpec(
     entry_point="main",
     bindings=("uniform", "read-only-storage", "storage"),
     overrides={"WG": (64, 128, 256)},
+), KernelSpec(
+    name="loop_probe",     # loop_limit below
+    sources=("loop_probe.wgsl",),
+    entry_point="main",
+    bindings=("uniform", "storage"),
+    overrides={},
 ))
+
+LOOP_PROBE_STEPS = (512, 256)      # outer x inner = 131072: twice the most llvmpipe runs
+LOOP_PROBE_SEED = 12345
+
+
+def _generator_after(steps: int, seed: int = LOOP_PROBE_SEED) -> int:
+    """The probe's generator state after `steps` steps (x -> 1664525 x + 1013904223 mod 2^32),
+    by composing the affine map with itself: O(log steps)."""
+    a, c, mult, add = 1664525, 1013904223, 1, 0      # (mult, add): the map for the steps so far
+    while steps:
+        if steps & 1:
+            mult, add = (mult * a) % 2**32, (add * a + c) % 2**32
+        a, c = (a * a) % 2**32, (c * a + c) % 2**32
+        steps >>= 1
+    return (mult * seed + add) % 2**32
+
+
+async def loop_limit(device: Device) -> int | None:
+    """None when one invocation ran all LOOP_PROBE_STEPS iterations of a nested loop (and
+    the generator's value agrees); otherwise the iterations it ran: the adapter stops shader
+    loops early (llvmpipe: at 65535 in all, counting every loop of the invocation), so a
+    kernel whose invocations loop longer computes garbage there, silently."""
+    kernel = await compile_kernel(device, "loop_probe")
+    outer, inner = LOOP_PROBE_STEPS
+    params = np.array([outer, inner, LOOP_PROBE_SEED, 0], dtype=np.uint32)
+    (count,) = await run_once(device, kernel, params, [], [(2, np.uint32)], (1, 1, 1))
+    ran, state = int(count[0]), int(count[1])
+    if ran == outer * inner and state == _generator_after(outer * inner):
+        return None
+    return ran
 
 
 async def probe_matvec(device: Device, kernel: CompiledKernel, w: np.ndarray, x: np.ndarray) -> np.ndarray:
