@@ -13,7 +13,7 @@ reduction (subgroups where present), input "plain" unless --inputs says more.
 
 Each candidate is first checked: one dispatch (its wall time is `cold_us`, the first use after
 compiling), y read back and compared on 256 rows (first, last, random) with
-matvec.fused_oracle's bound on activations the int8 variants quantize exactly, so the bound is
+matvec_oracle.fused_oracle's bound on activations the int8 variants quantize exactly, so the bound is
 tight for every variant. A candidate that fails is recorded and not timed.
 
 Timing: rounds of dispatches cycling through copies of the weights that together pass
@@ -52,7 +52,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from webslm.kernels import matvec as mv, runner  # noqa: E402
+from webslm.kernels import matvec as mv, matvec_oracle as mvo, runner  # noqa: E402
 from webslm.kernels.golden import compare_bound  # noqa: E402
 from webslm.kernels.matvec_variants import exact_int8_activations  # noqa: E402
 from webslm.kernels.registry import KERNEL_FEATURES, compile_kernel  # noqa: E402
@@ -226,7 +226,7 @@ async def sweep_one(device, args, fmt: str, shape: str, rows_n: int, cols: int, 
     sample = np.unique(np.concatenate([np.arange(min(64, rows_n)), np.arange(max(0, rows_n - 64), rows_n),
                                        rng.integers(0, rows_n, CHECK_ROWS)]))
     sub = rows_subset(weights, sample)
-    oracles = {int8: mv.fused_oracle(sub, x if input != "swiglu" else xs, input, norm_weight, eps, up_offset,
+    oracles = {int8: mvo.fused_oracle(sub, x if input != "swiglu" else xs, input, norm_weight, eps, up_offset,
                                      int8=int8) for int8 in ((0, 1, 2) if encoding in ("q4", "q8") else (0,))}
 
     parts = [upload_copies(device, part, copies, name) for name, part in zip(mv.PART_NAMES[encoding],

@@ -11,6 +11,7 @@ import pytest
 import webslm
 from webslm.cpu import layers
 from webslm.kernels import golden, matvec as mv, rope_kv
+from webslm.kernels import matvec_oracle as mvo
 from webslm.kernels.kv_cache import KvLayout, KvShapeError, append_reference
 from webslm.kernels.registry import KERNELS
 from webslm.kernels.rope import rope_table
@@ -106,7 +107,7 @@ def test_norm_rule_catches_wrong_results(encoding):
     wd = w.dequantize().astype(np.float64)
     x = (2 * rng.standard_normal((1, 37))).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(37)).astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(w, x, "norm", g, 1e-5)
+    exact, bound, rule = mvo.fused_oracle(w, x, "norm", g, 1e-5)
 
     def normed(x, g, eps=1e-5, k=37):
         x64 = x.astype(np.float64)
@@ -120,7 +121,7 @@ def test_norm_rule_catches_wrong_results(encoding):
     assert not _verdict(exact, bound, rule, normed(x[:, :-1], g[:-1], k=37) @ wd[:, :-1].T)   # tail dropped
     assert not _verdict(exact, bound, rule, np.roll(exact, 1, axis=1))         # rows shifted
     tiny = (1e-20 * rng.standard_normal((1, 37))).astype(np.float32)           # eps dominates
-    exact, bound, rule = mv.fused_oracle(w, tiny, "norm", g, 1e-5)
+    exact, bound, rule = mvo.fused_oracle(w, tiny, "norm", g, 1e-5)
     assert _verdict(exact, bound, rule, exact)
     assert not _verdict(exact, bound, rule, normed(tiny, g, eps=1e-6) @ wd.T)   # the wrong eps
     unwritten = exact.astype(np.float32).copy()
@@ -136,7 +137,7 @@ def test_swiglu_rule_catches_wrong_results(encoding):
     gate, up = (3 * rng.standard_normal((1, 37))).astype(np.float32), rng.standard_normal((1, 37)).astype(np.float32)
     h = mv.gate_up_row(gate, up, 40)
     assert np.isnan(h[:, 37:40]).all() and np.isnan(h[:, 77:]).all()
-    exact, bound, rule = mv.fused_oracle(w, h, "swiglu", up_offset=40)
+    exact, bound, rule = mvo.fused_oracle(w, h, "swiglu", up_offset=40)
     silu = lambda g: g / (1 + np.exp(-g.astype(np.float64)))                  # noqa: E731
     assert _verdict(exact, bound, rule, exact.astype(np.float32))
     assert _verdict(exact, bound, rule, (silu(gate) * up) @ wd.T)
@@ -151,7 +152,7 @@ def test_accumulate_rule_catches_wrong_results():
     w = _weights(rng)
     x = rng.standard_normal((1, 37)).astype(np.float32)
     y0 = (10 * rng.standard_normal((1, 6))).astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(w, x, "plain", y0=y0)
+    exact, bound, rule = mvo.fused_oracle(w, x, "plain", y0=y0)
     wx = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
     assert "ACCUMULATE" in rule
     assert _verdict(exact, bound, rule, (wx + y0).astype(np.float32))
@@ -160,8 +161,8 @@ def test_accumulate_rule_catches_wrong_results():
     assert not _verdict(exact, bound, rule, y0 - wx)          # subtracted
     # a y0 that cancels W x: the bound is the product's plus a rounding of y0, not y0's size
     y0 = -wx.astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(w, x, "plain", y0=y0)
-    assert np.all(bound < 2 * mv.fused_oracle(w, x)[1] + 1e-6 * np.abs(y0))
+    exact, bound, rule = mvo.fused_oracle(w, x, "plain", y0=y0)
+    assert np.all(bound < 2 * mvo.fused_oracle(w, x)[1] + 1e-6 * np.abs(y0))
     assert not _verdict(exact, bound, rule, np.full_like(exact, 0.05))
 
 
@@ -172,13 +173,13 @@ def test_norm_kernel_on_the_gpu_against_the_cpu_layers(native_device, run):
     x = (3 * rng.standard_normal((1, 64))).astype(np.float32)
     g = (1 + 0.1 * rng.standard_normal(64)).astype(np.float32)
     y = run(mv.matvec(native_device, w, x, input="norm", norm_weight=g, eps=1e-5))
-    exact, bound, rule = mv.fused_oracle(w, x, "norm", g, 1e-5)
+    exact, bound, rule = mvo.fused_oracle(w, x, "norm", g, 1e-5)
     assert _verdict(exact, bound, rule, y)
     cpu = layers.rms_norm(x, g, 1e-5) @ w.dequantize().T
     assert np.allclose(y, cpu, rtol=1e-4, atol=1e-4)
     y0 = rng.standard_normal((1, 40)).astype(np.float32)
     y_acc = run(mv.matvec(native_device, w, x, input="norm", norm_weight=g, eps=1e-5, y0=y0))
-    exact, bound, rule = mv.fused_oracle(w, x, "norm", g, 1e-5, y0=y0)
+    exact, bound, rule = mvo.fused_oracle(w, x, "norm", g, 1e-5, y0=y0)
     assert _verdict(exact, bound, rule, y_acc)
 
 

@@ -19,6 +19,7 @@ from webslm.kernels import embed as em
 from webslm.kernels import gemm as gm
 from webslm.kernels import golden, kquant, matvec_cases
 from webslm.kernels import matvec as mv
+from webslm.kernels import matvec_oracle as mvo
 from webslm.kernels.registry import KERNELS
 from webslm.kernels.weights import Weights
 
@@ -78,7 +79,7 @@ def test_the_bound_catches_wrong_results(encoding):
     wrong = {"no zero part": x @ t.code.T, "rows shifted": np.roll(x @ t.w.T, 1, axis=1),
              "last block lost": x[:, :256] @ t.w[:, :256].T,
              "neighbour's scale": x @ (t.w * np.roll(np.abs(t.code) + 1, 32, axis=1) / (np.abs(t.code) + 1)).T}
-    for name, oracle in (("matvec", mv.oracle), ("gemm", lambda w_, x_: gm.oracle(w_, x_))):
+    for name, oracle in (("matvec", mvo.oracle), ("gemm", lambda w_, x_: gm.oracle(w_, x_))):
         exact, bound, rule = oracle(w, x)
         assert golden.compare_bound(name, "k", "c", exact.astype(np.float32), exact, bound, rule).passed
         for what, y in wrong.items():
@@ -140,13 +141,13 @@ def test_real_gemma_weights(native_device, run, gemma, name, rows):
         if not KERNELS[kernel].runs_on(native_device.features):
             continue
         _, overrides = mv.choose_kernel(native_device, w)
-        exact, bound, rule = mv.oracle(w, x)
+        exact, bound, rule = mvo.oracle(w, x)
         results.append(golden.compare_bound("matvec", kernel, name, run(mv.matvec(native_device, w, x, kernel, overrides)),
                                             exact, bound, rule))
         g = (1 + 0.1 * rng.standard_normal(w.cols)).astype(np.float32)
         kernel = mv.kernel_name(w.encoding, subgroups, "norm")
         _, overrides = mv.choose_kernel(native_device, w, input="norm")
-        exact, bound, rule = mv.fused_oracle(w, 3 * x, "norm", g, 1e-6)
+        exact, bound, rule = mvo.fused_oracle(w, 3 * x, "norm", g, 1e-6)
         y = run(mv.matvec(native_device, w, 3 * x, kernel, overrides, input="norm", norm_weight=g, eps=1e-6))
         results.append(golden.compare_bound("matvec", kernel, name + " norm", y, exact, bound, rule))
     xs = rng.standard_normal((19, w.cols)).astype(np.float32)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from webslm.kernels import golden, matvec as mv
+from webslm.kernels import matvec_oracle as mvo
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLM = ROOT / ".assets/site/models/smollm2-135m-instruct-q4.slm"
@@ -43,7 +44,7 @@ def _case(rng, rows=6, cols=33, encoding="q4", zero="min"):
 @pytest.mark.parametrize("encoding, zero", [("q4", "min"), ("q4", "offset"), ("q8", None), ("f16", None)])
 def test_the_bound_catches_wrong_results(encoding, zero):
     weights, x = _case(np.random.default_rng(5), encoding=encoding, zero=zero or "min")
-    exact, bound, rule = mv.oracle(weights, x)
+    exact, bound, rule = mvo.oracle(weights, x)
     w = weights.dequantize().astype(np.float64)
 
     def verdict(y):
@@ -72,7 +73,7 @@ def test_padding_is_nan_so_an_unmasked_kernel_cannot_pass(native_device, run):
     assert stride == 8 and np.isnan(xs[:, 5:]).all()
     weights, x = _case(np.random.default_rng(7), rows=5, cols=37)
     y = run(mv.matvec(native_device, weights, x))
-    exact, bound, rule = mv.oracle(weights, x)
+    exact, bound, rule = mvo.oracle(weights, x)
     assert golden.compare_bound("matvec", "k", "c", y, exact, bound, rule).passed
 
 

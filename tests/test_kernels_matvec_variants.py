@@ -9,6 +9,7 @@ import pytest
 
 import webslm
 from webslm.kernels import golden, matvec as mv
+from webslm.kernels import matvec_oracle as mvo
 from webslm.kernels.matvec_variants import exact_int8_activations
 from webslm.kernels.registry import KernelError, compile_kernel
 
@@ -67,9 +68,9 @@ def test_the_int8_bound_catches_wrong_results(encoding, zero):
     mat-vec's: one activation off by one step of its unit's scale, the bytes of a word in the
     wrong order, a dropped tail or shifted rows all fail it."""
     weights, x = _q(encoding, zero or "min")
-    exact, bound, rule = mv.fused_oracle(weights, x, int8=1)
+    exact, bound, rule = mvo.fused_oracle(weights, x, int8=1)
     assert "int8" in rule
-    assert np.array_equal(mv.int8_error(x, 0.0, mv.UNIT_ELEMENTS[encoding]), np.zeros_like(x))
+    assert np.array_equal(mvo.int8_error(x, 0.0, mv.UNIT_ELEMENTS[encoding]), np.zeros_like(x))
     w = weights.dequantize().astype(np.float64)
 
     def verdict(y):
@@ -93,13 +94,13 @@ def test_int8_rounding_is_bounded_on_random_activations():
     a result that rounds every activation to its byte (as the kernel does) stays inside it."""
     weights, _ = _q("q4", "min", rows=8, cols=96)
     x = np.random.default_rng(7).standard_normal((1, 96)).astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(weights, x, int8=1)
-    plain = mv.fused_oracle(weights, x)[1]
-    residual = mv.fused_oracle(weights, x, int8=2)[1]
+    exact, bound, rule = mvo.fused_oracle(weights, x, int8=1)
+    plain = mvo.fused_oracle(weights, x)[1]
+    residual = mvo.fused_oracle(weights, x, int8=2)[1]
     assert np.all(bound > 10 * plain)                                       # the rounding dominates
     assert np.all(residual < bound / 30)                                    # 64 times finer, and then f32
     units = x.reshape(1, -1, 32)
-    d = mv.int8_scale(np.abs(units).max(axis=2))[..., None]
+    d = mvo.int8_scale(np.abs(units).max(axis=2))[..., None]
     rounded = (np.round(units / d) * d).reshape(1, -1)
     assert np.abs(rounded - x).max() <= d.max() / 2
     assert golden.compare_bound("m", "k", "c", rounded @ weights.dequantize().astype(np.float64).T,
@@ -108,16 +109,16 @@ def test_int8_rounding_is_bounded_on_random_activations():
 
 def test_int8_scale_follows_the_wgsl():
     amax = np.array([0.0, 1.0, 127 / 64, 1.99, 2.0, 1e-38, 3e38], np.float32)
-    d = mv.int8_scale(amax)
+    d = mvo.int8_scale(amax)
     assert list(d[:5]) == [2.0 ** -120, 2.0 ** -6, 2.0 ** -6, 2.0 ** -5, 2.0 ** -5]
     assert d[5] == 2.0 ** -120 and np.all(np.abs(amax / d) <= 127)
     # the error bound: exact multiples 0, anything else one step; inexact inputs a whole binade
     t = np.array([[64 * 2.0 ** -6, 0.5, 3 * 2.0 ** -6, 1e-3]], np.float32)
-    assert list(mv.int8_error(t, 0.0, 4)[0]) == [0.0, 0.0, 0.0, 2.0 ** -6]
-    assert np.all(mv.int8_error(t, 1e-7, 4) == 2.0 ** -5)
+    assert list(mvo.int8_error(t, 0.0, 4)[0]) == [0.0, 0.0, 0.0, 2.0 ** -6]
+    assert np.all(mvo.int8_error(t, 1e-7, 4) == 2.0 ** -5)
     # with the residual byte: steps of d / 64
     t[0, 2] += np.float32(2.0 ** -12)
-    assert list(mv.int8_error(t, 0.0, 4, residual=True)[0]) == [0.0, 0.0, 0.0, 2.0 ** -12]
+    assert list(mvo.int8_error(t, 0.0, 4, residual=True)[0]) == [0.0, 0.0, 0.0, 2.0 ** -12]
 
 
 def test_variants_need_their_conditions(native_device, run):
@@ -214,7 +215,7 @@ def test_the_pre_quantized_bench_hook_times_the_right_product(native_device, run
     rng = np.random.default_rng(3)                      # the same draws as prepare_bench
     weights = mv.random_weights_fast(rng, name.split("/")[0], 40, 512)
     x = rng.standard_normal((1, 512)).astype(np.float32)
-    exact, bound, rule = mv.fused_oracle(weights, x, int8=1 if name.endswith("BYTES=1") else 2, int8_unit=32)
+    exact, bound, rule = mvo.fused_oracle(weights, x, int8=1 if name.endswith("BYTES=1") else 2, int8_unit=32)
     assert golden.compare_bound("matvec_prequant", name, "bench", y.reshape(1, -1), exact, bound, rule).passed
     assert prepared.bytes_moved > weights.nbytes and prepared.flops == 2 * 40 * 512
 

@@ -1,7 +1,7 @@
 """Golden tests of the decode mat-vec (matvec.py): family "matvec" (the plain input on every
 encoding, both reductions and, full size, several workgroup shapes) and family
 "matvec_fused" (the "norm" and "swiglu" inputs and ACCUMULATE), each case compared with
-matvec.oracle / matvec.fused_oracle under the rules docs/kernels.md states.
+matvec_oracle.oracle / fused_oracle under the rules docs/kernels.md states.
 
 The cases: random shapes with odd tails on every encoding option; adversarial weights
 (constant, alternating signs, huge, tiny) and activations (near-zero and huge norms, a spike
@@ -18,7 +18,8 @@ import numpy as np
 
 from . import kquant
 from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
-from .matvec import _quads, choose_kernel, fused_oracle, gate_up_row, kernel_name, matvec, oracle
+from .matvec import _quads, choose_kernel, gate_up_row, kernel_name, matvec
+from .matvec_oracle import fused_oracle, oracle
 from .registry import KERNELS
 from .weights import Weights
 

@@ -33,7 +33,7 @@ Two byte widths (Choice variants, `VARIANTS`):
 
 Numerics: for q4 exactly those of the dot4 variant with the same RESIDUAL (the same
 quantize_unit, the same scale rule, the norm's 1/rms applied to the row sums after); for every
-encoding `matvec.fused_oracle(..., int8=1 + RESIDUAL, int8_unit=32)` bounds it: int8
+encoding `matvec_oracle.fused_oracle(..., int8=1 + RESIDUAL, int8_unit=32)` bounds it: int8
 activations, a stated error, not the exact f32 mat-vec. The engine takes it only where
 admission's tuning stage measured it faster on the device and checked its output against the
 exact kernel's (backends/gpu/tuning.py).
@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..webgpu.interface import Device
-from . import kquant, matvec, runner
+from . import kquant, matvec, matvec_oracle, runner
 from .golden import GoldenContext, GoldenResult, compare_bound, golden
 from .matvec import INPUT_BINDINGS, MatvecPlan, MatvecShapeError, Weights
 from .registry import KernelSpec, capabilities, compile_kernel, register
@@ -297,7 +297,7 @@ def _cases(ctx: GoldenContext):
 
 @golden("matvec_prequant", kernels=("quantize_x_", "matvec_int8_"))
 async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
-    """Each case through the two launches, against `matvec.fused_oracle(int8=1 + RESIDUAL,
+    """Each case through the two launches, against `matvec_oracle.fused_oracle(int8=1 + RESIDUAL,
     int8_unit=32)`: for q4 the bound of the one-launch dot4 variant with the same RESIDUAL,
     whose numerics this path has. Full runs take every case with one and with two bytes an
     activation and also try other launch shapes of the mat-vec on the random cases; quick runs
@@ -320,7 +320,7 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
             launches = _launches(ctx, case, residual, shapes if case.name.startswith("random") and residual
                                  else shapes[:1])
             if launches:                      # (at admission most cases run on no planned pipeline)
-                exact, bound, rule = matvec.fused_oracle(case.weights, case.x, case.input, case.norm_weight,
+                exact, bound, rule = matvec_oracle.fused_oracle(case.weights, case.x, case.input, case.norm_weight,
                                                          case.eps, case.up_offset, case.y0, int8=1 + residual,
                                                          int8_unit=UNIT)
             for workgroup, rows, quantize in launches:

@@ -4,9 +4,9 @@ activations and packed dot products) and f16_wide (16-byte loads), each in every
 
 The kernels share matvec_main.wgsl and the input files with the plain mat-vec, so the cases
 are the plain family's kinds (random shapes with odd tails, adversarial activations, extreme
-codes, real weights) run through `matvec.fused_oracle`; for the dot4 variants (each case with
+codes, real weights) run through `matvec_oracle.fused_oracle`; for the dot4 variants (each case with
 RESIDUAL 0 and 1) with `int8` 1 or 2, whose bound adds the activation's rounding to bytes
-(`matvec.int8_error`).
+(`matvec_oracle.int8_error`).
 
 That rounding makes the bound on random activations loose (about sum |s c| |x| / 64), too
 loose to notice a dropped column. So most dot4 cases also run on activations the kernel
@@ -21,7 +21,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .golden import GoldenContext, GoldenResult, compare_bound, golden, label
-from .matvec import UNIT_ELEMENTS, Weights, _quads, choose_kernel, fused_oracle, gate_up_row, kernel_name
+from .matvec import UNIT_ELEMENTS, Weights, _quads, choose_kernel, gate_up_row, kernel_name
+from .matvec_oracle import fused_oracle
 from .matvec_cases import LAUNCH, FusedCase, _extreme_codes, _norm_weight, _random_weights, both_accumulates
 from .registry import KERNELS
 

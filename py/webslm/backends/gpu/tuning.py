@@ -30,7 +30,7 @@ says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
 (kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on activations
 as two int8 bytes each, variant "xq2"), timed as its two dispatches per op, checked with
 INT8_CHECK_RELATIVE, and kept only where it beats the best exact choice by NOISE: a stated
-error (matvec.fused_oracle int8=2), taken only where it pays. Not llama.cpp's one byte
+error (matvec_oracle.fused_oracle int8=2), taken only where it pays. Not llama.cpp's one byte
 ("xq"): on real weights that changed greedy tokens (matvec_prequant's docstring). The last
 word is the whole step's (_step_check): timed with the int8 forms and without, side by side,
 they stay only if the step is STEP_GAIN faster with them. At the dispatch floor (SmolLM2's
