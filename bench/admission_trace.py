@@ -3,7 +3,7 @@ the submissions and the reads, counted and timed (summed, and end to end as the 
 their intervals, since compiles overlap).
 
     PYTHONPATH=py python bench/admission_trace.py --model FILE.slm [--tuning later|auto]
-        [--compile-at-once N] [--out FILE.json]
+        [--compile-at-once N] [--admissions N] [--out FILE.json]
 
 One admission in a fresh process (a browser's first visit: run with
 `__GL_SHADER_DISK_CACHE=0` on NVIDIA for a cold driver cache). "later" is the page's default
@@ -80,6 +80,7 @@ def union(spans: list[tuple[float, float]]) -> float:
 
 async def trace(path: str, tuning: str) -> dict:
     model = webslm.open_model(path)
+    EVENTS.clear()
     began = time.perf_counter()
     session = await admission.admit(native.NativeGpu(), model, admission.AdmissionPolicy(
         tuning="auto", tune_later=tuning == "later"))
@@ -93,7 +94,11 @@ async def trace(path: str, tuning: str) -> dict:
             "self_test_family_seconds": session.self_test["family_seconds"],
             "per_stage": {stage: {kind: {"n": len(v), "sum_s": round(sum(e - s for s, e in v), 3),
                                          "union_s": round(union(v), 3)} for kind, v in kinds.items()}
-                          for stage, kinds in spans.items()}}
+                          for stage, kinds in spans.items()},
+            # the tune stage's calls one by one (ms from the stage's first call): the first look
+            "tune_events": [(kind, round((start - tune[0]) * 1e3, 1), round((end - start) * 1e3, 1))
+                            for kind, stage, start, end in EVENTS if stage == "tune"
+                            for tune in [[s for _, st, s, _ in EVENTS if st == "tune"]]]}
 
 
 async def prefill_attention(cases: list[str]) -> None:
@@ -124,6 +129,8 @@ def main() -> None:
     parser.add_argument("--model")
     parser.add_argument("--tuning", choices=("later", "auto"), default="later")
     parser.add_argument("--compile-at-once", type=int, help="pipeline compiles in flight (admission's default)")
+    parser.add_argument("--admissions", type=int, default=1,
+                        help="admissions in turn in the one process (the first pays its one-time costs)")
     parser.add_argument("--out")
     parser.add_argument("--prefill-attention", nargs="+", metavar="H,K,E,START,T,DTYPE")
     args = parser.parse_args()
@@ -135,7 +142,10 @@ def main() -> None:
     if args.compile_at_once:
         admission.COMPILE_AT_ONCE = args.compile_at_once
     instrument()
-    report = asyncio.run(trace(args.model, args.tuning))
+    async def admissions():
+        return [await trace(args.model, args.tuning) for _ in range(args.admissions)]
+    report = asyncio.run(admissions())
+    report = report[0] if len(report) == 1 else report
     print(json.dumps(report, indent=1))
     if args.out:
         with open(args.out, "w") as f:

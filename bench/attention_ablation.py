@@ -1,0 +1,149 @@
+"""Where decode attention's fixed latency goes: the chunk pass cut short after each phase, and
+with one kind of work taken out at a time, each timed as a step runs it (attention_sweep's
+chain of dependent dispatches; these variants exist only here, never in the engine).
+
+    PYTHONPATH=py python bench/attention_ablation.py [--quick] [--out FILE]
+
+The variants are the registry's decode_chunk source (f16 cache) edited as text:
+  full               the kernel as the engine runs it
+  stop after N       returns (uniformly) after phase N (1 queries into workgroup memory,
+                     2 scores and their max, 3 weights, 4 weighted V sums), lane 0 first
+                     writing a value made of that phase's result, so the work stays live
+  no K loads, no V loads, no q loads   the cache (or query) read replaced by a value made
+                     of the index: the same arithmetic, no memory access
+  no exp, no atomics the weights s - m; the max not taken (m = 0)
+  no barriers        every workgroupBarrier() of the entry point removed (wrong sums; time only)
+Each row is us a dependent dispatch, the empty submit's round trip subtracted; "floor" is a
+dispatch on the same grid that reads its params and returns.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import pathlib
+import platform
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "py"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from attention_sweep import chain_us  # noqa: E402
+from kernels import open_device  # noqa: E402
+from webslm.kernels import attention, runner  # noqa: E402
+from webslm.kernels.registry import KERNELS, CompiledKernel  # noqa: E402
+from webslm.webgpu.native import NativeGpu  # noqa: E402
+
+MODELS = {"smollm2": (9, 3, 64), "llama1b": (32, 8, 64), "llama8b": (32, 8, 128)}
+KERNEL = "attention_decode_f16"
+
+BARRIER = "    workgroupBarrier();\n"
+PHASE_ENDS = {     # the statement each phase ends with in decode_chunk, and what lane 0 keeps of it
+    1: ("    workgroupBarrier();\n\n    score_rows(", "qv[0]"),
+    2: ("    score_rows(lane, w, w.n_here);          // phase 2: scores and their max\n    workgroupBarrier();\n",
+        "vec4<f32>(scores[0])"),
+    3: ("    weigh_scores(lane, w.n_here);           // phase 3: exp(s - m)\n    workgroupBarrier();\n",
+        "vec4<f32>(scores[0])"),
+    4: ("    sum_values(lane, w, w.n_here, pairs, slices);   // phase 4: weighted V sums per slice\n"
+        "    workgroupBarrier();\n", "qv[0]"),
+}
+
+
+def _stop_after(source: str, phase: int) -> str:
+    marker, kept = PHASE_ENDS[phase]
+    at = source.index(marker) + len(marker)
+    if phase == 1:
+        at = source.index(marker) + len("    workgroupBarrier();\n")
+    cut = (f"    if (params.n_groups > 0u) {{\n        if (lane == 0u) {{ out[wid] = {kept}; }}\n"
+           f"        return;\n    }}\n")
+    return source[:at] + cut + source[at:]
+
+
+def _replace(source: str, old: str, new: str) -> str:
+    if old not in source:
+        raise SystemExit(f"ablation: {old!r} is no longer in {KERNEL}'s source; update the script")
+    return source.replace(old, new)
+
+
+def variants(source: str) -> dict[str, str]:
+    entry = source.index("fn decode_chunk(")
+    head, body = source[:entry], source[entry:]
+    body_end = body.index("\n}\n") + 3
+    decode, rest = body[:body_end], body[body_end:]
+    out = {"full": source}
+    for phase in (1, 2, 3, 4):
+        out[f"stop after {phase}"] = head + _stop_after(decode, phase) + rest
+    out["no K loads"] = _replace(source, "return vec4<f32>(k_cache[at]);", "return vec4<f32>(f32(at) * 1e-6);")
+    out["no V loads"] = _replace(source, "return vec4<f32>(v_cache[at]);", "return vec4<f32>(f32(at) * 1e-6);")
+    out["no q loads"] = _replace(source, "value = q[(w.head0 + g) * e4 + i % e4] * params.scale;",
+                                 "value = vec4<f32>(f32(i) * params.scale);")
+    out["no K, V, q loads"] = _replace(_replace(out["no K loads"], "return vec4<f32>(v_cache[at]);",
+                                                "return vec4<f32>(f32(at) * 1e-6);"),
+                                       "value = q[(w.head0 + g) * e4 + i % e4] * params.scale;",
+                                       "value = vec4<f32>(f32(i) * params.scale);")
+    out["no exp"] = _replace(source, "= exp(scores[g * params.chunk + j] - m);", "= scores[g * params.chunk + j] - m;")
+    out["no atomics"] = _replace(_replace(source, "atomicMax(&max_code[g], order_code(thread_max[g]));",
+                                          "scores[g] += 0.0 * thread_max[g];"),
+                                 "from_order_code(atomicLoad(&max_code[g]))", "0.0")
+    out["no barriers"] = head + decode.replace(BARRIER, "") + rest
+    return out
+
+
+async def compile_source(device, code: str, overrides: dict) -> CompiledKernel:
+    spec = KERNELS[KERNEL]
+    overrides = spec.check_overrides(overrides)
+    module = device.create_shader_module(code, label="ablation")
+    layout = device.create_bind_group_layout(spec.bindings, label="ablation bindings")
+    pipeline = await device.create_compute_pipeline(device.create_pipeline_layout([layout]), module,
+                                                    spec.entry_point, constants=overrides, label="ablation")
+    return CompiledKernel(spec, overrides, layout, pipeline)
+
+
+async def time_model(device, name: str, heads, keys: int, codes: dict, rng, repeats: int) -> list[dict]:
+    h, kv, e = heads
+    shape = attention.AttentionShape(h, kv, e, max(keys, 2), "f16")
+    plan = attention.plan_decode(device.limits, shape, keys - 1, chunk=max(keys, 1))    # one chunk
+    k_cache = rng.standard_normal(shape.layout.elements).astype(np.float16)
+    v_cache = rng.standard_normal(shape.layout.elements).astype(np.float16)
+    q = rng.standard_normal(h * e).astype(np.float32)
+    scratch = [(max(4, plan.scratch_acc), np.float32), (max(2, plan.scratch_ml), np.float32)]
+    rows = []
+    for variant, code in codes.items():
+        kernel = await compile_source(device, code, plan.chunk_pass.overrides)
+        prepared = runner.prepare(device, kernel, plan.chunk_pass.params, [q, k_cache, v_cache],
+                                  [(h * e, np.float32), *scratch], plan.chunk_pass.grid)
+        us = await chain_us(device, [prepared.dispatch], prepared.outputs[0][0], repeats)
+        rows.append({"model": name, "keys": keys, "variant": variant, "us": round(us, 3),
+                     "WG": plan.chunk_pass.overrides["WG"], "GW": plan.chunk_pass.overrides["GW"],
+                     "workgroups": plan.chunk_pass.grid[0] * plan.chunk_pass.grid[1]})
+        print(f"{name:8} keys {keys:4} WG {rows[-1]['WG']:3} groups {rows[-1]['workgroups']:3} "
+              f"{variant:18} {us:7.2f} us", flush=True)
+        prepared.release(device)
+    return rows
+
+
+async def main(args) -> dict:
+    adapter, device = await open_device(NativeGpu())
+    source = KERNELS[KERNEL].source(getattr(device, "implicit_wgsl_enables", frozenset()))
+    codes = variants(source)
+    rng = np.random.default_rng(0)
+    rows = []
+    for name, heads in MODELS.items():
+        for keys in ((1, 128) if args.quick else (1, 128, 512)):
+            rows += await time_model(device, name, heads, keys, codes, rng, 20 if args.quick else 200)
+    report = {"adapter": adapter.summary().description, "host": platform.platform(),
+              "date": time.strftime("%Y-%m-%d"), "kernel": KERNEL, "rows": rows}
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="two contexts, few repeats (software adapters)")
+    parser.add_argument("--out")
+    asyncio.run(main(parser.parse_args()))
