@@ -205,7 +205,7 @@ def test_choose_reports_what_it_measured(model, run):
                               "cpu_step_ms": 500.0, "gpu_steps_timed": 1, "gpu_step_finished": True,
                               "ratio": 4.0, "skipped": None,
                               "fallback_adapter": True, "cpu_method": "injected", "cost_ms": 2000.0,
-                              "remembered_on": None}
+                              "remembered_on": None, "gpu_method": None}
 
 
 # -- the CPU estimate --------------------------------------------------------------------------

@@ -201,6 +201,7 @@ class Host:
     `refuse`), the executor a TimedFakeGpu taking `gpu_step_s` a step, the CPU 0.2 s."""
     def __init__(self, host, monkeypatch):
         self.host, self.admissions, self.gpu_step_s, self.refuse = host, [], 18.0, False
+        self.floor_s = None           # admission's speed stage: its lower bound (None: it passes)
         clock = Clock()
         session = types.SimpleNamespace(
             tier="C", features=("subgroups",), feature_level="core", self_test={"cases": 3}, seconds={},
@@ -212,6 +213,10 @@ class Host:
             if self.refuse:
                 failure = AdmissionFailure("self-test", "self-test-failed", "a kernel disagreed")
                 failure.receipt = session.receipt
+                raise failure
+            if self.floor_s is not None and policy.max_step_seconds is not None and self.floor_s > policy.max_step_seconds:
+                failure = AdmissionFailure("speed", "gpu-slower", "a decode step here takes at least ...")
+                failure.receipt, failure.step_floor_s = session.receipt, self.floor_s
                 raise failure
             return session
 
@@ -233,9 +238,7 @@ class Host:
 
 def _measured(clock):
     """choice.by_measurement with the CPU step injected (0.2 s) and the fake's clock."""
-    async def gpu_choice(backend, model, fallback_adapter):
-        return await choice_module.choose(backend, model, cpu_taking(0.2), fallback_adapter=fallback_adapter, clock=clock)
-    return gpu_choice
+    return choice_module.Measurement(cpu_taking(0.2), clock)
 
 
 @pytest.fixture
@@ -258,6 +261,24 @@ def test_the_host_keeps_a_measured_cpu_verdict_and_the_next_load_skips_admission
     assert engine["cpu_reason"]["code"] == second["code"] == "gpu-slower-remembered"
     assert engine["cpu_reason"]["sentence"].startswith("on an earlier visit (") and "90x slower" in second["sentence"]
     assert engine["choice"]["remembered_on"] == kept[host.key]["day"] and engine["choice"]["gpu_steps_timed"] == 0
+
+
+def test_a_floor_past_the_cpu_step_is_kept_like_a_timed_step(host, run):
+    """Admission is handed the CPU step (0.2 s) to beat; its speed stage bounds the GPU step at
+    9 s and stops: the engine answers on the CPU with that Choice (a lower bound, "more than"),
+    the verdict keeps it, and the next load skips admission as after a timed step."""
+    host.floor_s = 9.0
+    first = host.admit(run)
+    assert len(host.admissions) == 1 and host.admissions[0].max_step_seconds == 0.2
+    assert first["admitted"] is False and (first["stage"], first["code"]) == ("speed", "gpu-slower")
+    engine = first["engine"]
+    assert engine["backend"] == "cpu" and engine["cpu_reason"]["stage"] == "speed"
+    assert engine["choice"]["gpu_step_ms"] == 9000.0 and engine["choice"]["gpu_step_finished"] is False
+    assert "more than 45x slower" in engine["cpu_reason"]["sentence"], engine["cpu_reason"]
+    kept = verdict.parse(first["verdicts_text"])
+    assert kept[host.key]["gpu_step_ms"] == 9000.0 and kept[host.key]["gpu_step_finished"] is False
+    second = host.admit(run, verdicts=first["verdicts_text"])
+    assert len(host.admissions) == 1 and second["remembered"] is True
 
 
 def test_force_admits_whatever_is_kept_and_leaves_it(host, run):

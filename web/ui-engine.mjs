@@ -136,6 +136,9 @@ export function showAdmission(result) {
     } else if (choice?.gpu_step_ms) {
       text += ` Kept: ${choiceText(choice)}.`;
     }
+  } else if (result.code === "gpu-slower" && result.engine?.choice?.gpu_step_ms) {
+    // admission's speed stage: the step cannot beat the CPU's, so nothing more was compiled
+    text = `Not used: ${choiceText(result.engine.choice)}, found in ${result.seconds.toFixed(1)} s before compiling the rest, so the CPU answers.`;
   } else {
     const where = [result.code, result.stage && `at ${result.stage}`].filter(Boolean).join(" ");
     text = `The GPU was not admitted${where ? ` (${where})` : ""}: ${sentence(result.sentence || "no reason given")} The CPU answers.`;

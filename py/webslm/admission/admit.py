@@ -16,6 +16,10 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
     allocate      9-10  error scopes pushed; every planned buffer created, weights uploaded in
                      the plan's bounded chunks (no probing loops); the scopes popped and checked here,
                      then pushed again around tuning, compilation and the self-tests
+    speed         (ours) on a software (fallback) adapter, given a step to beat (the engine's CPU
+                     estimate, max_step_seconds): a lower bound of the decode step measured on one
+                     pipeline (backends/gpu/step_floor.py); past the limit, "gpu-slower" before the
+                     other pipelines are compiled (SwiftShader: 31.5 s of compiles)
     tune          (ours) the decode mat-vecs timed in a few launch shapes on the uploaded
                      weights, the fastest kept (backends/gpu/tuning.py); cached per adapter;
                      with tune_later, the cache only, the rest measured after (retune.py)
@@ -54,7 +58,7 @@ from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
 from .tracked import Faults, TrackedDevice
 
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
-          "allocate", "tune", "compile", "self-test", "scopes", "publish")
+          "allocate", "speed", "tune", "compile", "self-test", "scopes", "publish")
 TUNING_MODES = ("auto", "off", "force", "int8", "int8-1")
 PINNED_INT8 = {"int8": "xq2", "int8-1": "xq"}   # tuning mode -> the pre-quantized variant it pins
 TIER_ORDER = ("A", "B", "C")
@@ -70,6 +74,7 @@ class AdmissionFailure(CodedError):
         self.stage = stage
         self.receipt = None          # the failure receipt, attached before it is raised
         self.leaked_buffers = 0      # buffers still alive after cleanup (must be 0)
+        self.step_floor_s = None     # "gpu-slower" at the speed stage: the GPU step's lower bound
 
 
 class Cancel:
@@ -102,6 +107,9 @@ class AdmissionPolicy:
     tune_later: bool = False                # measure once the model is ready (GpuBackend.retune), not
                                             # here: the cache's results and the rule until then
                                             # (admission/retune.py; the worker's admit tuning "later")
+    max_step_seconds: float | None = None   # the engine's CPU decode step (engine/choice.py): on a
+                                            # software adapter whose step cannot beat it, "gpu-slower"
+                                            # at the speed stage, before compiling the step
     int8_activations: bool = True           # tuning may give q4 mat-vecs int8 activations where measured
                                             # faster (llama.cpp's mat-vec numerics); False: all exact
 
@@ -122,6 +130,7 @@ class AdmittedGpuSession:
     epoch: int
     kernels: dict = dataclasses.field(default_factory=dict)   # (name, sorted overrides) -> the same kernels
     tuning: Any = None             # backends/gpu/tuning.TuningReport: the measured mat-vec choices
+    step_floor_s: float | None = None   # the speed stage's lower bound of a decode step, where it ran
 
     @property
     def choices(self) -> dict:
@@ -181,6 +190,7 @@ class _Admission:
         self.scopes_pushed = 0
         self.seconds: dict[str, float] = {}
         self.stage_started: float | None = None
+        self.step_floor_s: float | None = None    # the speed stage's lower bound, where it ran
         self.tier, self.features, self.plan = None, (), None
         self.device_limits: dict[str, int] = {}   # what the device was created with (for the receipt)
         self.tuning_cache: dict | None = None
@@ -264,8 +274,12 @@ class _Admission:
                        f"creating the planned buffers failed ({kind} error)")
         self._push_scopes()                              # tune, compile and self-test run in scopes too
 
+        await self._enter("speed")
+        early = await self._speed()
+
         await self._enter("tune")
         tuning = await self._tune()
+        compiled_before = {**early, **tuning.compiled}     # (the speed and tuning stages compiled these)
 
         await self._enter("compile")
         pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
@@ -278,8 +292,8 @@ class _Admission:
 
         async def compile_one(name: str, overrides: dict):
             nonlocal done
-            compiled = tuning.compiled.get((name, tuple(sorted(overrides.items()))))
-            if compiled is None:             # (the tuning stage compiled the mat-vecs it timed)
+            compiled = compiled_before.get((name, tuple(sorted(overrides.items()))))
+            if compiled is None:
                 async with slots:
                     compiled = await pipeline_set.compile(self.device, name, overrides)
             done += 1
@@ -338,7 +352,7 @@ class _Admission:
             device=self.device, tier=self.tier, features=self.features,
             feature_level=self.adapter.feature_level, plan=self.plan, buffers=self.buffers,
             pipelines=pipelines, self_test=self_test, receipt=self._receipt("admitted", None),
-            seconds=self.seconds, epoch=epoch, kernels=kernels, tuning=tuning)
+            seconds=self.seconds, epoch=epoch, kernels=kernels, tuning=tuning, step_floor_s=self.step_floor_s)
         tuning.compiled = {}             # the session holds the kernels it uses; drop the rest
         self.device = None          # ownership moves to the session: nothing to release
         return session
@@ -430,6 +444,25 @@ class _Admission:
             return plan_memory(self.model.manifest, limits, PlanPolicy(**settings))
         except PlanRejected as exc:
             self._fail("limit-too-small", f"the model does not fit this adapter's limits: {exc.sentence}")
+
+    async def _speed(self) -> dict:
+        """The speed stage: on a software adapter with a step to beat, the step's lower bound
+        (step_floor) against policy.max_step_seconds; the pipelines it compiled. A bound past
+        it fails admission ("gpu-slower"; the failure carries `step_floor_s`)."""
+        limit = self.policy.max_step_seconds
+        if limit is None or not self.adapter.summary().is_fallback:
+            return {}
+        from ..backends.gpu.step_floor import step_floor
+        floor = await step_floor(self.device, self.model, self.plan, self.buffers)
+        self.step_floor_s = floor.seconds
+        if floor.seconds > limit:
+            failure = AdmissionFailure(self.stage, "gpu-slower", (
+                f"a decode step here takes at least {floor.seconds:.2f} s (the software adapter's "
+                f"{floor.form} mat-vec alone, {floor.layers} times), more than the CPU path's "
+                f"{limit:.2f} s: the step's other pipelines were not compiled"))
+            failure.step_floor_s = floor.seconds
+            raise failure
+        return floor.compiled
 
     async def _tune(self):
         """The tuning stage (backends/gpu/tuning.py): the rule where the policy says "off"."""

@@ -26,6 +26,14 @@ Rule: the GPU is kept when gpu_step <= cpu_step. Otherwise the GPU is released a
 engine answers on the CPU path, its cpu_reason saying why in words a user reads ("the GPU
 here is a software renderer, more than 10x slower than the CPU path ...").
 
+Before admission compiles the step (a first visit's main cost on a software adapter: SwiftShader
+spent 31.5 s there), the CPU estimate is taken first and handed to admission as the step to
+beat (AdmissionPolicy.max_step_seconds): on an adapter that says it is a fallback, admission's
+speed stage times the costliest mat-vec form on one pipeline, a lower bound of the GPU step
+(backends/gpu/step_floor.py), and stops with "gpu-slower" when even that is slower. The engine
+then records that Choice (`Measurement.from_floor`: its GPU figure a lower bound, like a step
+given up on) and the page keeps it like any measured verdict.
+
 Skipped when it cannot matter: nothing is timed when there is no admitted GPU to keep
 (no WebGPU, admission failed) or when the caller forced the GPU (the page's ?gpu=force,
 createEngine({gpu: "force"}), Engine(gpu_choice=None)); the GPU step is not waited for past
@@ -99,8 +107,9 @@ class Choice:
     skipped: str | None = None           # what was not timed, and why
     fallback_adapter: bool = False
     cpu_method: str | None = None
-    cost_s: float = 0.0                  # what choosing took (both measurements)
+    cost_s: float | None = 0.0           # what choosing took (both measurements); None: inside admission
     remembered_on: str | None = None     # the UTC day of an earlier visit's verdict (verdict.py); None: measured now
+    gpu_method: str | None = None        # how gpu_step_s was had, when not by timing decode steps (FLOOR_METHOD)
 
     @property
     def ratio(self) -> float | None:
@@ -131,7 +140,7 @@ class Choice:
                 "gpu_step_finished": self.gpu_step_finished,
                 "ratio": None if ratio is None else round(ratio, 3), "skipped": self.skipped,
                 "fallback_adapter": self.fallback_adapter, "cpu_method": self.cpu_method,
-                "cost_ms": ms(self.cost_s), "remembered_on": self.remembered_on}
+                "cost_ms": ms(self.cost_s), "remembered_on": self.remembered_on, "gpu_method": self.gpu_method}
 
 
 FORCED = Choice("gpu", skipped="the GPU was forced: nothing timed")
@@ -174,12 +183,39 @@ async def choose(backend, model, cpu_step: Callable[[object], CpuStep] = estimat
                   fallback_adapter=fallback_adapter, cpu_method=cpu.method, cost_s=clock() - began)
 
 
+FLOOR_METHOD = ("a lower bound before compiling the step: its costliest mat-vec, one layer timed, "
+                "times the layers (admission's speed stage)")
+
+
+class Measurement:
+    """Engine's gpu_choice: choose() with these seams (tests inject both), the CPU step
+    estimated once per model, so that admission can be given it first (`cpu`,
+    AdmissionPolicy.max_step_seconds) and the choice after it reuses it."""
+
+    def __init__(self, cpu_step: Callable[[object], CpuStep] = estimate_cpu_step,
+                 clock: Callable[[], float] = time.perf_counter):
+        self._estimate, self.clock = cpu_step, clock
+        self._steps: dict[int, CpuStep] = {}            # id(model) -> its estimate
+
+    def cpu(self, model) -> CpuStep:
+        if id(model) not in self._steps:
+            self._steps[id(model)] = self._estimate(model)
+        return self._steps[id(model)]
+
+    async def __call__(self, backend, model, fallback_adapter: bool) -> Choice:
+        return await choose(backend, model, self.cpu, fallback_adapter=fallback_adapter, clock=self.clock)
+
+    def from_floor(self, model, floor_s: float, fallback_adapter: bool = True) -> Choice:
+        """The CPU path, chosen before the GPU step was built: admission's speed stage measured
+        at least floor_s for it, more than the CPU step."""
+        cpu = self.cpu(model)
+        return Choice("cpu", floor_s, cpu.seconds, 0, False, fallback_adapter=fallback_adapter,
+                      cpu_method=cpu.method, cost_s=None, gpu_method=FLOOR_METHOD)
+
+
 def by_measurement(cpu_step: Callable[[object], CpuStep] = estimate_cpu_step,
-                   clock: Callable[[], float] = time.perf_counter):
-    """Engine's gpu_choice: choose() with these seams (tests inject both)."""
-    async def gpu_choice(backend, model, fallback_adapter: bool) -> Choice:
-        return await choose(backend, model, cpu_step, fallback_adapter=fallback_adapter, clock=clock)
-    return gpu_choice
+                   clock: Callable[[], float] = time.perf_counter) -> Measurement:
+    return Measurement(cpu_step, clock)
 
 
 def _times(ratio: float) -> str:

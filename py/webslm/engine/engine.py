@@ -79,7 +79,7 @@ TOP_K_CANDIDATES = 64
 
 # Admission stages after which an adapter and a device exist (admission/admit.py STAGES):
 # from the first of them on, the engine is Preparing rather than Probing.
-PREPARING_STAGES = ("handlers", "allocate", "tune", "compile", "self-test", "scopes", "publish")
+PREPARING_STAGES = ("handlers", "allocate", "speed", "tune", "compile", "self-test", "scopes", "publish")
 
 # Offered to the ledger with a result that must be dropped; the ledger checks its shape only.
 _NO_HASH = "0" * 64
@@ -216,13 +216,21 @@ class Engine(DeviceLoss, TuneLater):
             if stage in PREPARING_STAGES and self.state is S.PROBING:
                 self._go(S.PREPARING, "adapter/device admitted")
         try:
-            backend, receipt = await self._build_gpu_backend(self.gpu, self.model, self.policy, on_stage)
+            backend, receipt = await self._build_gpu_backend(self.gpu, self.model, self._admission_policy(),
+                                                             on_stage)
             self.receipt = receipt
             if self.state is S.PROBING:
                 self._go(S.PREPARING, "adapter/device admitted")
             choice = await self._choose(backend, receipt)
         except AdmissionFailure as failure:
             self.receipt = failure.receipt.as_dict() if failure.receipt is not None else None
+            if failure.step_floor_s is not None and hasattr(self._gpu_choice, "from_floor"):
+                # admission's speed stage: the GPU step cannot beat the CPU's (nothing was built)
+                self.choice = self._gpu_choice.from_floor(self.model, failure.step_floor_s)
+                self._event({"event": "choice", **self.choice.as_dict()})
+                self._settle_on_cpu("GPU slower than the CPU path", stage=failure.stage, code="gpu-slower",
+                                    sentence=self.choice.sentence(), **_step_ms(self.choice))
+                return self.state
             self._settle_on_cpu("admission failure", stage=failure.stage, code=failure.code,
                                 sentence=failure.sentence)
         except BackendLost as lost:
@@ -246,6 +254,16 @@ class Engine(DeviceLoss, TuneLater):
                 backend.on_lost(lambda lost, gpu=backend: self._gpu_died(gpu, lost))
             self._go(S.GPU_READY, "all allocations, pipelines, tests pass")
         return self.state
+
+    def _admission_policy(self):
+        """The policy admission runs with: the engine's, and when the GPU will be timed against
+        the CPU path, the CPU step to beat (choice.Measurement.cpu, estimated now and reused by
+        the choice): on a software adapter admission stops before compiling a step that cannot."""
+        if not hasattr(self._gpu_choice, "cpu"):
+            return self.policy
+        from ..admission.admit import AdmissionPolicy
+        step = self._gpu_choice.cpu(self.model)
+        return dataclasses.replace(self.policy or AdmissionPolicy(), max_step_seconds=step.seconds)
 
     async def _choose(self, backend, receipt) -> Choice | None:
         """gpu_choice on the built executor (None without one). If it fails the executor is

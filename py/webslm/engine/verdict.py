@@ -121,12 +121,13 @@ def remembered(text: object, key: str | None, now: str | None = None) -> Choice 
 
 def updated(text: object, key: str, choice: Choice | None, forget: bool = False,
             now: str | None = None) -> str | None:
-    """The store's text after a load: a measured `choice` (its GPU step timed) replaces the
-    record for `key` with its own when it kept the CPU, and removes it when it kept the GPU;
-    forget removes it whatever the choice. None when the store is left as it was."""
+    """The store's text after a load: a measured `choice` (its GPU step timed, or bounded from
+    below by admission's speed stage) replaces the record for `key` with its own when it kept
+    the CPU, and removes it when it kept the GPU; forget removes it whatever the choice. None
+    when the store is left as it was."""
     records = parse(text)
     before = dict(records)
-    if choice is not None and choice.gpu_steps_timed > 0:
+    if choice is not None and choice.gpu_step_s is not None and choice.remembered_on is None:
         records.pop(key, None)
         if choice.backend == "cpu":
             records[key] = {"backend": "cpu", "gpu_step_ms": _coarse(choice.gpu_step_s),

@@ -126,6 +126,7 @@ class EngineHost:
         from ..admission.receipt import render_text
         from ..admission.tracked import Faults
         from ..engine import verdict
+        from ..engine.choice import by_measurement
         faults = Faults.named(fault)           # ValueError for an unknown name: a "failed" reply
         await self.drop_engine()               # the GPU the current engine holds is given back first
         gpu = self.offered_gpu()
@@ -151,17 +152,21 @@ class EngineHost:
             stages.append(stage)
             on_stage(stage)
         started = time.perf_counter()
+        # Timed against the CPU path: its step estimated first, so that admission on a software
+        # adapter stops before compiling a step that cannot beat it (engine/choice.py).
+        measurement = by_measurement() if measured else None
         try:
             policy = AdmissionPolicy(feature_level=feature_level,
                                      tuning={"later": "auto", "later-force": "force"}.get(tuning, tuning),
-                                     tune_later=tuning in ("later", "later-force"))
+                                     tune_later=tuning in ("later", "later-force"),
+                                     max_step_seconds=measurement.cpu(model).seconds if measurement else None)
             session = await run_admission(gpu, model, policy,
                                           faults=faults,
                                           user_agent=user_agent, on_stage=stage_seen, on_progress=on_progress,
                                           tuning_cache=_TUNING_CACHE)
         except AdmissionFailure as failure:
             seconds = round(time.perf_counter() - started, 3)
-            await self.start_engine(gpu, failure=failure)
+            await self.start_engine(gpu, failure=failure, measurement=measurement)
             return json.dumps({"admitted": False, "stage": failure.stage, "code": failure.code,
                                "sentence": failure.sentence, "leaked_buffers": failure.leaked_buffers,
                                "stages": stages, "seconds": seconds,
@@ -174,7 +179,7 @@ class EngineHost:
         engine_started = time.perf_counter()
         if measured:
             on_stage("speed")                  # the page shows it; admission's own stages end at publish
-        await self.start_engine(gpu, session=session, measure=measured)
+        await self.start_engine(gpu, session=session, measure=measured, measurement=measurement)
         return json.dumps({"admitted": True, "tier": session.tier, "features": list(session.features),
                            "feature_level": session.feature_level, "stages": stages,
                            "self_test_cases": session.self_test["cases"], "plan_hash": session.plan.hash,
@@ -222,7 +227,8 @@ class EngineHost:
         return json.dumps({"engine": self.engine_summary()})
 
     # -- the engine's lifetime -------------------------------------------------------------------
-    async def start_engine(self, gpu, session=None, failure=None, measure: bool = False, remembered=None) -> None:
+    async def start_engine(self, gpu, session=None, failure=None, measure: bool = False, remembered=None,
+                           measurement=None) -> None:
         """The engine for this model, given one of: an admitted `session` (the engine runs on
         the executor built on it, through Engine's build_gpu_backend seam: admission is not
         repeated; if the build fails, on the CPU path with that reason), or an AdmissionFailure
@@ -230,7 +236,9 @@ class EngineHost:
         browser has no navigator.gpu: then the engine's own reason is the entry point's.
         measure: the engine times the GPU against the CPU path and keeps the faster.
         remembered: an earlier visit's verdict (engine/verdict.py): the engine goes to the CPU
-        path without building anything on the GPU."""
+        path without building anything on the GPU. measurement: the choice.Measurement admission
+        was given the CPU step by (its estimate is reused; a "gpu-slower" failure of admission's
+        speed stage becomes the engine's Choice)."""
         from ..engine import Engine
         from ..engine.choice import by_measurement
         if self.engine is not None:          # admit() dropped it before admitting; a second
@@ -253,7 +261,8 @@ class EngineHost:
         # No navigator.gpu: an engine without a GPU (its reason is the entry point's, as
         # admission's was); otherwise the seam hands over the admitted session or the failure.
         self.engine = Engine(model, gpu=gpu, on_event=self._event, build_gpu_backend=build,
-                             cpu_backend=self.cpu_backend, gpu_choice=by_measurement() if measure else None,
+                             cpu_backend=self.cpu_backend,
+                             gpu_choice=measurement or by_measurement() if measure or measurement else None,
                              remembered=remembered)
         await self.engine.load()
         self.forced = not measure and self.engine.backend_kind == "gpu"

@@ -1,0 +1,132 @@
+"""Admission's speed stage: on a software adapter, a GPU that cannot beat the CPU path's step is
+let go before the step's pipelines are compiled (backends/gpu/step_floor.py, engine/choice.py).
+
+lavapipe is this machine's native adapter and says it is a fallback, as SwiftShader does in
+Chromium (where the compile stage took 31.5 s of a first visit). The CPU step is injected
+(choice.Measurement's seam), so the rule's outcome does not depend on this machine's speed;
+the floor itself is measured on the device.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import webslm
+from webslm.admission import pipelines as pipeline_set
+from webslm.admission.admit import STAGES, AdmissionFailure, AdmissionPolicy, admit
+from webslm.engine import Engine, verdict
+from webslm.engine.choice import FLOOR_METHOD, CpuStep, by_measurement, time_gpu_step
+from webslm.engine.states import State
+from webslm.webgpu import native
+
+pytestmark = pytest.mark.usefixtures("self_test_once")
+
+
+@pytest.fixture(scope="module")
+def model(stacked_slm_path):
+    return webslm.open_model(stacked_slm_path)
+
+
+def _fallback(gpu) -> bool:
+    async def ask():
+        adapter = await gpu.request_adapter("core")
+        return adapter is not None and adapter.summary().is_fallback
+    return asyncio.run(ask())
+
+
+@pytest.fixture
+def software_gpu(native_gpu):
+    if not _fallback(native_gpu):
+        pytest.skip("the native adapter is not a software (fallback) one: the speed stage does not run")
+    return native_gpu
+
+
+def _counting_compiles(monkeypatch) -> list:
+    calls = []
+    real = pipeline_set.compile
+
+    async def counted(device, name, overrides):
+        calls.append((name, tuple(sorted(overrides.items()))))
+        return await real(device, name, overrides)
+    monkeypatch.setattr(pipeline_set, "compile", counted)
+    return calls
+
+
+def test_a_step_that_cannot_beat_the_cpu_fails_at_the_speed_stage_with_nothing_compiled(
+        software_gpu, model, monkeypatch):
+    """max_step_seconds below any GPU step: admission stops at "speed" with "gpu-slower", its
+    lower bound attached, nothing leaked, and the compile stage never ran."""
+    compiles, stages = _counting_compiles(monkeypatch), []
+    with pytest.raises(AdmissionFailure) as caught:
+        asyncio.run(admit(software_gpu, model, AdmissionPolicy(max_step_seconds=1e-9), on_stage=stages.append))
+    failure = caught.value
+    assert (failure.stage, failure.code) == ("speed", "gpu-slower"), failure
+    assert failure.step_floor_s > 1e-9 and failure.leaked_buffers == 0
+    assert "at least" in failure.sentence and "not compiled" in failure.sentence
+    assert stages[-1] == "speed" and "compile" not in stages and compiles == []
+    assert failure.receipt.as_dict()["failure_stage"] == "speed"
+
+
+def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_real_step(
+        software_gpu, model, monkeypatch):
+    """With a step to beat that the floor stays under, admission goes on through every stage;
+    the pipeline the speed stage compiled is not compiled again; and the floor is a lower
+    bound of the built executor's decode step, timed the way the engine's choice times it."""
+    compiles, stages = _counting_compiles(monkeypatch), []
+
+    async def go():
+        session = await admit(software_gpu, model, AdmissionPolicy(max_step_seconds=1e6), on_stage=stages.append)
+        from webslm.backends.gpu import GpuBackend
+        backend = await GpuBackend.build(session, model)
+        try:
+            steps = [(await time_gpu_step(backend))[0] for _ in range(3)]
+            return session.step_floor_s, min(steps), set(session.kernels)
+        finally:
+            backend.release()
+    floor, step, planned = asyncio.run(go())
+    assert stages == list(STAGES)
+    assert floor is not None and 0 < floor <= step, (floor, step)
+    # the compile stage compiled every planned pipeline but the one the speed stage had
+    assert len(compiles) == len(set(compiles)) == len(planned) - 1, (compiles, planned)
+
+
+def test_the_engine_records_the_floor_as_its_choice_and_the_verdict_keeps_it(software_gpu, model):
+    """Engine.load with a measured choice whose CPU step is faster than any GPU: the CPU path
+    answers, the reason is admission's speed stage, the Choice's GPU figure is the floor (a
+    lower bound: "more than"), and the kept verdict stores it like a timed step."""
+    cpu_calls = []
+
+    def cpu_step(m):
+        cpu_calls.append(m)
+        return CpuStep(1e-9, 1e-9, 0.0, "injected")
+    engine = Engine(model, gpu=software_gpu, gpu_choice=by_measurement(cpu_step))
+    assert asyncio.run(engine.load()) is State.CPU_READY
+    reason, choice = engine.cpu_reason, engine.choice
+    assert (reason["code"], reason["stage"]) == ("gpu-slower", "speed"), reason
+    assert choice.backend == "cpu" and choice.gpu_method == FLOOR_METHOD and not choice.gpu_step_finished
+    assert choice.gpu_steps_timed == 0 and choice.gpu_step_s > 1e-9 and "more than" in reason["sentence"]
+    assert len(cpu_calls) == 1                                   # estimated once, before admission
+    key = "a" * 64
+    kept = verdict.updated(None, key, choice, now="2026-12-04")
+    assert kept is not None and verdict.parse(kept)[key]["gpu_step_finished"] is False
+    asyncio.run(engine.unload())
+
+
+def test_a_hardware_adapter_skips_the_speed_stage(native_gpu, model, monkeypatch):
+    """An adapter that does not say it is a fallback is never judged by the floor: its real
+    step is timed after admission, as before."""
+    monkeypatch.setattr(native.NativeAdapter, "summary", _not_fallback(native.NativeAdapter.summary))
+    session = asyncio.run(admit(native_gpu, model, AdmissionPolicy(max_step_seconds=1e-9)))
+    try:
+        assert session.step_floor_s is None
+    finally:
+        session.destroy()
+
+
+def _not_fallback(summary):
+    import dataclasses
+
+    def patched(self):
+        return dataclasses.replace(summary(self), is_fallback=False)
+    return patched
