@@ -11,7 +11,10 @@ Per model, in one process:
   `--steps` decode steps timed after a one-token prompt, median; `estimate_over_real` is the
   estimate divided by that median;
 - the GPU's warm decode step, median of `--steps` (argmax readback), against the step the
-  choice timed.
+  choice timed;
+- on a fallback adapter, admission's speed-stage floor (backends/gpu/step_floor.py: a lower
+  bound of the GPU step, measured before compiling the step; admitted with an infinite step to
+  beat, so it never stops admission here) against that warm step.
 Nothing here asserts: the figures are side by side in the JSON.
 """
 from __future__ import annotations
@@ -66,7 +69,7 @@ async def bench_model(path: str, args) -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
-    session = await admit(NativeGpu(), model, AdmissionPolicy())
+    session = await admit(NativeGpu(), model, AdmissionPolicy(max_step_seconds=float("inf")))
     admitted = time.perf_counter() - started
     started = time.perf_counter()
     backend = await GpuBackend.build(session, model)
@@ -87,6 +90,7 @@ async def bench_model(path: str, args) -> dict:
         "cpu_estimate_head_ms": round(1000 * estimate.head_s, 3),
         "cpu_real": real, "estimate_over_real": round(1000 * estimate.seconds / real["step_median_ms"], 3),
         "gpu_warm": warm,
+        "step_floor_ms": None if session.step_floor_s is None else round(1000 * session.step_floor_s, 3),
     }
 
 

@@ -55,6 +55,11 @@ def visit(row, url: str) -> dict:
         "boot_s": round(engine["worker"]["boot"]["total_ms"] / 1000, 2),
         "model_s": engine["model"]["total_seconds"],
         "admission_s": admission.get("seconds"),
+        "admission_stage_s": admission.get("stage_seconds"),      # admitted only: where it went
+        "engine_choice_s": admission.get("engine_seconds"),       # the GPU-or-CPU timing after it
+        "admission_outcome": (None if not admission else "admitted" if admission.get("admitted")
+                              else f"{admission.get('code')} at {admission.get('stage')}"),
+        "choice": engine.get("choice"),                           # the GPU-or-CPU numbers
         "page_ready_s": round(row.eval("window.webslm.timings.page_ready_s"), 2),
         "page_ready_wall_s": round(ready_wall, 2),
         "page_first_token_s": round(t["page_time_to_first_token_s"], 2),
