@@ -201,7 +201,7 @@ class Host:
     `refuse`), the executor a TimedFakeGpu taking `gpu_step_s` a step, the CPU 0.2 s."""
     def __init__(self, host, monkeypatch):
         self.host, self.admissions, self.gpu_step_s, self.refuse = host, [], 18.0, False
-        self.floor_s = None           # admission's speed stage: its lower bound (None: it passes)
+        self.floor_s = None           # admission's step-floor stage: its lower bound (None: it passes)
         clock = Clock()
         session = types.SimpleNamespace(
             tier="C", features=("subgroups",), feature_level="core", self_test={"cases": 3}, seconds={},
@@ -215,7 +215,7 @@ class Host:
                 failure.receipt = session.receipt
                 raise failure
             if self.floor_s is not None and policy.max_step_seconds is not None and self.floor_s > policy.max_step_seconds:
-                failure = AdmissionFailure("speed", "gpu-slower", "a decode step here takes at least ...")
+                failure = AdmissionFailure("step-floor", "gpu-slower", "a decode step here takes at least ...")
                 failure.receipt, failure.step_floor_s = session.receipt, self.floor_s
                 raise failure
             return session
@@ -264,15 +264,15 @@ def test_the_host_keeps_a_measured_cpu_verdict_and_the_next_load_skips_admission
 
 
 def test_a_floor_past_the_cpu_step_is_kept_like_a_timed_step(host, run):
-    """Admission is handed the CPU step (0.2 s) to beat; its speed stage bounds the GPU step at
+    """Admission is handed the CPU step (0.2 s) to beat; its step-floor stage bounds the GPU step at
     9 s and stops: the engine answers on the CPU with that Choice (a lower bound, "more than"),
     the verdict keeps it, and the next load skips admission as after a timed step."""
     host.floor_s = 9.0
     first = host.admit(run)
     assert len(host.admissions) == 1 and host.admissions[0].max_step_seconds == 0.2
-    assert first["admitted"] is False and (first["stage"], first["code"]) == ("speed", "gpu-slower")
+    assert first["admitted"] is False and (first["stage"], first["code"]) == ("step-floor", "gpu-slower")
     engine = first["engine"]
-    assert engine["backend"] == "cpu" and engine["cpu_reason"]["stage"] == "speed"
+    assert engine["backend"] == "cpu" and engine["cpu_reason"]["stage"] == "step-floor"
     assert engine["choice"]["gpu_step_ms"] == 9000.0 and engine["choice"]["gpu_step_finished"] is False
     assert "more than 45x slower" in engine["cpu_reason"]["sentence"], engine["cpu_reason"]
     kept = verdict.parse(first["verdicts_text"])

@@ -1,7 +1,7 @@
 """The page as a first visit gets it, in one row each (the row does not change what they check):
 
 - Chromium (SwiftShader, a software adapter): by default the page estimates the CPU path's
-  decode step and hands it to admission, whose speed stage times the step's costliest mat-vec
+  decode step and hands it to admission, whose step-floor stage times the step's costliest mat-vec
   on SwiftShader (py/webslm/backends/gpu/step_floor.py): even that lower bound is many times
   slower, so admission stops before compiling the step (its compile stage took 31.5 s of a
   first visit before) and the CPU answers; the badge, its tooltip, the note and the admission
@@ -56,16 +56,16 @@ def test_by_default_swiftshader_is_bounded_before_compiling_and_the_cpu_answers_
     admission = booted.row.eval("window.webslm.admission")
     choice, reason = engine["choice"], engine["cpuReason"]
     print(f"\n{booted.row.name}: {json.dumps(choice)}")
-    # admission stopped at its speed stage: nothing past it ran (no compile, no self-test)
+    # admission stopped at its step-floor stage: nothing past it ran (no compile, no self-test)
     assert admission["admitted"] is False and admission["code"] == "gpu-slower", admission
-    assert admission["stage"] == "speed" and admission["stages"][-1] == "speed", admission
+    assert admission["stage"] == "step-floor" and admission["stages"][-1] == "step-floor", admission
     assert admission["leaked_buffers"] == 0 and "not compiled" in admission["sentence"], admission
     assert engine["backend"] == "cpu" and engine["state"] == "CPUReady", engine
     assert engine["tier"] is None and engine["features"] == []
     assert choice["backend"] == "cpu" and choice["fallback_adapter"] is True, choice
     assert choice["gpu_step_ms"] > choice["cpu_step_ms"] > 0 and choice["skipped"] is None, choice
     assert choice["gpu_steps_timed"] == 0 and choice["gpu_step_finished"] is False and choice["gpu_method"], choice
-    assert reason["code"] == "gpu-slower" and reason["stage"] == "speed", reason
+    assert reason["code"] == "gpu-slower" and reason["stage"] == "step-floor", reason
     assert reason["sentence"].startswith("the GPU here is a software renderer, more than "), reason
     assert "slower than the CPU path" in reason["sentence"] and "?gpu=force" in reason["advice"], reason
     # what the user sees: the badge says CPU, its tooltip and the note say why, the admission line the numbers

@@ -137,7 +137,7 @@ export function showAdmission(result) {
       text += ` Kept: ${choiceText(choice)}.`;
     }
   } else if (result.code === "gpu-slower" && result.engine?.choice?.gpu_step_ms) {
-    // admission's speed stage: the step cannot beat the CPU's, so nothing more was compiled
+    // admission's step-floor stage: the step cannot beat the CPU's, so nothing more was compiled
     text = `Not used: ${choiceText(result.engine.choice)}, found in ${result.seconds.toFixed(1)} s before compiling the rest, so the CPU answers.`;
   } else {
     const where = [result.code, result.stage && `at ${result.stage}`].filter(Boolean).join(" ");

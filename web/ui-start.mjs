@@ -11,7 +11,8 @@ const $ = (id) => document.getElementById(id);
 
 // The steps of a start, by key: a progress phase, or an admission stage that takes time
 // without progress events of its own ("gpu": the short stages before the upload; "checks":
-// the GPU's error scopes after the self-tests; "speed": the engine choice's timing).
+// the GPU's error scopes after the self-tests; "speed": the engine choice's timing; "floor":
+// admission's step-floor stage on a software adapter, which may end the GPU's part).
 const STEP_NAMES = {
   boot: "Starting Python in a worker",
   download: "Downloading the model",
@@ -22,9 +23,10 @@ const STEP_NAMES = {
   "self-test": "Testing the GPU's kernels against the CPU",
   checks: "Checking the GPU for errors",
   speed: "Timing a decode step on the GPU and on the CPU",
+  floor: "Timing the GPU's costliest kernel against the CPU",
 };
 const READING = { cache: "Reading the model from the cache", file: "Reading the model file" };
-const STAGE_STEPS = { allocate: "upload", tune: "compile", compile: "compile", "self-test": "self-test", scopes: "checks", publish: "checks", speed: "speed" };
+const STAGE_STEPS = { allocate: "upload", tune: "compile", compile: "compile", "self-test": "self-test", scopes: "checks", publish: "checks", speed: "speed", "step-floor": "floor" };
 // where the bar stands when a step starts (the progress events move it on within the step)
 const STEP_START = { gpu: 0.72, checks: 0.99, speed: 0.99 };
 

@@ -16,7 +16,7 @@ stage is an `AdmissionFailure(stage, code)` and leaves nothing allocated:
     allocate      9-10  error scopes pushed; every planned buffer created, weights uploaded in
                      the plan's bounded chunks (no probing loops); the scopes popped and checked here,
                      then pushed again around tuning, compilation and the self-tests
-    speed         (ours) on a software (fallback) adapter, given a step to beat (the engine's CPU
+    step-floor    (ours) on a software (fallback) adapter, given a step to beat (the engine's CPU
                      estimate, max_step_seconds): a lower bound of the decode step measured on one
                      pipeline (backends/gpu/step_floor.py); past the limit, "gpu-slower" before the
                      other pipelines are compiled (SwiftShader: 31.5 s of compiles)
@@ -58,7 +58,7 @@ from ..webgpu.interface import DeviceRequestError, Gpu, PipelineError
 from .tracked import Faults, TrackedDevice
 
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
-          "allocate", "speed", "tune", "compile", "self-test", "scopes", "publish")
+          "allocate", "step-floor", "tune", "compile", "self-test", "scopes", "publish")
 TUNING_MODES = ("auto", "off", "force", "int8", "int8-1")
 PINNED_INT8 = {"int8": "xq2", "int8-1": "xq"}   # tuning mode -> the pre-quantized variant it pins
 TIER_ORDER = ("A", "B", "C")
@@ -74,7 +74,7 @@ class AdmissionFailure(CodedError):
         self.stage = stage
         self.receipt = None          # the failure receipt, attached before it is raised
         self.leaked_buffers = 0      # buffers still alive after cleanup (must be 0)
-        self.step_floor_s = None     # "gpu-slower" at the speed stage: the GPU step's lower bound
+        self.step_floor_s = None     # "gpu-slower" at the step-floor stage: the GPU step's lower bound
 
 
 class Cancel:
@@ -109,7 +109,7 @@ class AdmissionPolicy:
                                             # (admission/retune.py; the worker's admit tuning "later")
     max_step_seconds: float | None = None   # the engine's CPU decode step (engine/choice.py): on a
                                             # software adapter whose step cannot beat it, "gpu-slower"
-                                            # at the speed stage, before compiling the step
+                                            # at the step-floor stage, before compiling
     int8_activations: bool = True           # tuning may give q4 mat-vecs int8 activations where measured
                                             # faster (llama.cpp's mat-vec numerics); False: all exact
 
@@ -130,7 +130,7 @@ class AdmittedGpuSession:
     epoch: int
     kernels: dict = dataclasses.field(default_factory=dict)   # (name, sorted overrides) -> the same kernels
     tuning: Any = None             # backends/gpu/tuning.TuningReport: the measured mat-vec choices
-    step_floor_s: float | None = None   # the speed stage's lower bound of a decode step, where it ran
+    step_floor_s: float | None = None   # the step-floor stage's lower bound of a decode step
 
     @property
     def choices(self) -> dict:
@@ -190,7 +190,7 @@ class _Admission:
         self.scopes_pushed = 0
         self.seconds: dict[str, float] = {}
         self.stage_started: float | None = None
-        self.step_floor_s: float | None = None    # the speed stage's lower bound, where it ran
+        self.step_floor_s: float | None = None    # the step-floor stage's lower bound, where it ran
         self.tier, self.features, self.plan = None, (), None
         self.device_limits: dict[str, int] = {}   # what the device was created with (for the receipt)
         self.tuning_cache: dict | None = None
@@ -274,12 +274,12 @@ class _Admission:
                        f"creating the planned buffers failed ({kind} error)")
         self._push_scopes()                              # tune, compile and self-test run in scopes too
 
-        await self._enter("speed")
-        early = await self._speed()
+        await self._enter("step-floor")
+        early = await self._step_floor()
 
         await self._enter("tune")
         tuning = await self._tune()
-        compiled_before = {**early, **tuning.compiled}     # (the speed and tuning stages compiled these)
+        compiled_before = {**early, **tuning.compiled}     # (the step-floor and tuning stages compiled these)
 
         await self._enter("compile")
         pipelines, kernels = {}, {}      # PipelineKey digest (and name + overrides) -> compiled kernel
@@ -445,8 +445,8 @@ class _Admission:
         except PlanRejected as exc:
             self._fail("limit-too-small", f"the model does not fit this adapter's limits: {exc.sentence}")
 
-    async def _speed(self) -> dict:
-        """The speed stage: on a software adapter with a step to beat, the step's lower bound
+    async def _step_floor(self) -> dict:
+        """The step-floor stage: on a software adapter with a step to beat, the step's lower bound
         (step_floor) against policy.max_step_seconds; the pipelines it compiled. A bound past
         it fails admission ("gpu-slower"; the failure carries `step_floor_s`)."""
         limit = self.policy.max_step_seconds

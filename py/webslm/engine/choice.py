@@ -29,7 +29,7 @@ here is a software renderer, more than 10x slower than the CPU path ...").
 Before admission compiles the step (a first visit's main cost on a software adapter: SwiftShader
 spent 31.5 s there), the CPU estimate is taken first and handed to admission as the step to
 beat (AdmissionPolicy.max_step_seconds): on an adapter that says it is a fallback, admission's
-speed stage times the costliest mat-vec form on one pipeline, a lower bound of the GPU step
+step-floor stage times the costliest mat-vec form on one pipeline, a lower bound of the GPU step
 (backends/gpu/step_floor.py), and stops with "gpu-slower" when even that is slower. The engine
 then records that Choice (`Measurement.from_floor`: its GPU figure a lower bound, like a step
 given up on) and the page keeps it like any measured verdict.
@@ -184,7 +184,7 @@ async def choose(backend, model, cpu_step: Callable[[object], CpuStep] = estimat
 
 
 FLOOR_METHOD = ("a lower bound before compiling the step: its costliest mat-vec, one layer timed, "
-                "times the layers (admission's speed stage)")
+                "times the layers (admission's step-floor stage)")
 
 
 class Measurement:
@@ -206,7 +206,7 @@ class Measurement:
         return await choose(backend, model, self.cpu, fallback_adapter=fallback_adapter, clock=self.clock)
 
     def from_floor(self, model, floor_s: float, fallback_adapter: bool = True) -> Choice:
-        """The CPU path, chosen before the GPU step was built: admission's speed stage measured
+        """The CPU path, chosen before the GPU step was built: admission's step-floor stage measured
         at least floor_s for it, more than the CPU step."""
         cpu = self.cpu(model)
         return Choice("cpu", floor_s, cpu.seconds, 0, False, fallback_adapter=fallback_adapter,

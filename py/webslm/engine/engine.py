@@ -79,7 +79,7 @@ TOP_K_CANDIDATES = 64
 
 # Admission stages after which an adapter and a device exist (admission/admit.py STAGES):
 # from the first of them on, the engine is Preparing rather than Probing.
-PREPARING_STAGES = ("handlers", "allocate", "speed", "tune", "compile", "self-test", "scopes", "publish")
+PREPARING_STAGES = ("handlers", "allocate", "step-floor", "tune", "compile", "self-test", "scopes", "publish")
 
 # Offered to the ledger with a result that must be dropped; the ledger checks its shape only.
 _NO_HASH = "0" * 64
@@ -225,7 +225,7 @@ class Engine(DeviceLoss, TuneLater):
         except AdmissionFailure as failure:
             self.receipt = failure.receipt.as_dict() if failure.receipt is not None else None
             if failure.step_floor_s is not None and hasattr(self._gpu_choice, "from_floor"):
-                # admission's speed stage: the GPU step cannot beat the CPU's (nothing was built)
+                # admission's step-floor stage: the GPU step cannot beat the CPU's (nothing was built)
                 self.choice = self._gpu_choice.from_floor(self.model, failure.step_floor_s)
                 self._event({"event": "choice", **self.choice.as_dict()})
                 self._settle_on_cpu("GPU slower than the CPU path", stage=failure.stage, code="gpu-slower",

@@ -122,7 +122,7 @@ def remembered(text: object, key: str | None, now: str | None = None) -> Choice 
 def updated(text: object, key: str, choice: Choice | None, forget: bool = False,
             now: str | None = None) -> str | None:
     """The store's text after a load: a measured `choice` (its GPU step timed, or bounded from
-    below by admission's speed stage) replaces the record for `key` with its own when it kept
+    below by admission's step-floor stage) replaces the record for `key` with its own when it kept
     the CPU, and removes it when it kept the GPU; forget removes it whatever the choice. None
     when the store is left as it was."""
     records = parse(text)

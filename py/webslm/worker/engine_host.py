@@ -238,7 +238,7 @@ class EngineHost:
         remembered: an earlier visit's verdict (engine/verdict.py): the engine goes to the CPU
         path without building anything on the GPU. measurement: the choice.Measurement admission
         was given the CPU step by (its estimate is reused; a "gpu-slower" failure of admission's
-        speed stage becomes the engine's Choice)."""
+        step-floor stage becomes the engine's Choice)."""
         from ..engine import Engine
         from ..engine.choice import by_measurement
         if self.engine is not None:          # admit() dropped it before admitting; a second

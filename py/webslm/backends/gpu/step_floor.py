@@ -1,5 +1,5 @@
 """A lower bound of one decode step's GPU time, measured before the step's pipelines are
-compiled: admission's "speed" stage on a software adapter (admission/admit.py).
+compiled: admission's "step-floor" stage on a software adapter (admission/admit.py).
 
 Chromium's software adapter (SwiftShader) spent 31.5 s of a first visit's 33 s admission
 compiling the step's pipelines, then answered slower than the CPU path, so the engine let the

@@ -1,4 +1,4 @@
-"""Admission's speed stage: on a software adapter, a GPU that cannot beat the CPU path's step is
+"""Admission's step-floor stage: on a software adapter, a GPU that cannot beat the CPU path's step is
 let go before the step's pipelines are compiled (backends/gpu/step_floor.py, engine/choice.py).
 
 lavapipe is this machine's native adapter and says it is a fallback, as SwiftShader does in
@@ -38,7 +38,7 @@ def _fallback(gpu) -> bool:
 @pytest.fixture
 def software_gpu(native_gpu):
     if not _fallback(native_gpu):
-        pytest.skip("the native adapter is not a software (fallback) one: the speed stage does not run")
+        pytest.skip("the native adapter is not a software (fallback) one: the step-floor stage does not run")
     return native_gpu
 
 
@@ -53,25 +53,25 @@ def _counting_compiles(monkeypatch) -> list:
     return calls
 
 
-def test_a_step_that_cannot_beat_the_cpu_fails_at_the_speed_stage_with_nothing_compiled(
+def test_a_step_that_cannot_beat_the_cpu_fails_at_the_step_floor_stage_with_nothing_compiled(
         software_gpu, model, monkeypatch):
-    """max_step_seconds below any GPU step: admission stops at "speed" with "gpu-slower", its
+    """max_step_seconds below any GPU step: admission stops at "step-floor" with "gpu-slower", its
     lower bound attached, nothing leaked, and the compile stage never ran."""
     compiles, stages = _counting_compiles(monkeypatch), []
     with pytest.raises(AdmissionFailure) as caught:
         asyncio.run(admit(software_gpu, model, AdmissionPolicy(max_step_seconds=1e-9), on_stage=stages.append))
     failure = caught.value
-    assert (failure.stage, failure.code) == ("speed", "gpu-slower"), failure
+    assert (failure.stage, failure.code) == ("step-floor", "gpu-slower"), failure
     assert failure.step_floor_s > 1e-9 and failure.leaked_buffers == 0
     assert "at least" in failure.sentence and "not compiled" in failure.sentence
-    assert stages[-1] == "speed" and "compile" not in stages and compiles == []
-    assert failure.receipt.as_dict()["failure_stage"] == "speed"
+    assert stages[-1] == "step-floor" and "compile" not in stages and compiles == []
+    assert failure.receipt.as_dict()["failure_stage"] == "step-floor"
 
 
 def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_real_step(
         software_gpu, model, monkeypatch):
     """With a step to beat that the floor stays under, admission goes on through every stage;
-    the pipeline the speed stage compiled is not compiled again; and the floor is a lower
+    the pipeline the step-floor stage compiled is not compiled again; and the floor is a lower
     bound of the built executor's decode step, timed the way the engine's choice times it."""
     compiles, stages = _counting_compiles(monkeypatch), []
 
@@ -87,13 +87,13 @@ def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_rea
     floor, step, planned = asyncio.run(go())
     assert stages == list(STAGES)
     assert floor is not None and 0 < floor <= step, (floor, step)
-    # the compile stage compiled every planned pipeline but the one the speed stage had
+    # the compile stage compiled every planned pipeline but the one the step-floor stage had
     assert len(compiles) == len(set(compiles)) == len(planned) - 1, (compiles, planned)
 
 
 def test_the_engine_records_the_floor_as_its_choice_and_the_verdict_keeps_it(software_gpu, model):
     """Engine.load with a measured choice whose CPU step is faster than any GPU: the CPU path
-    answers, the reason is admission's speed stage, the Choice's GPU figure is the floor (a
+    answers, the reason is admission's step-floor stage, the Choice's GPU figure is the floor (a
     lower bound: "more than"), and the kept verdict stores it like a timed step."""
     cpu_calls = []
 
@@ -103,7 +103,7 @@ def test_the_engine_records_the_floor_as_its_choice_and_the_verdict_keeps_it(sof
     engine = Engine(model, gpu=software_gpu, gpu_choice=by_measurement(cpu_step))
     assert asyncio.run(engine.load()) is State.CPU_READY
     reason, choice = engine.cpu_reason, engine.choice
-    assert (reason["code"], reason["stage"]) == ("gpu-slower", "speed"), reason
+    assert (reason["code"], reason["stage"]) == ("gpu-slower", "step-floor"), reason
     assert choice.backend == "cpu" and choice.gpu_method == FLOOR_METHOD and not choice.gpu_step_finished
     assert choice.gpu_steps_timed == 0 and choice.gpu_step_s > 1e-9 and "more than" in reason["sentence"]
     assert len(cpu_calls) == 1                                   # estimated once, before admission
@@ -113,7 +113,7 @@ def test_the_engine_records_the_floor_as_its_choice_and_the_verdict_keeps_it(sof
     asyncio.run(engine.unload())
 
 
-def test_a_hardware_adapter_skips_the_speed_stage(native_gpu, model, monkeypatch):
+def test_a_hardware_adapter_skips_the_step_floor_stage(native_gpu, model, monkeypatch):
     """An adapter that does not say it is a fallback is never judged by the floor: its real
     step is timed after admission, as before."""
     monkeypatch.setattr(native.NativeAdapter, "summary", _not_fallback(native.NativeAdapter.summary))
