@@ -195,12 +195,12 @@ class Measurement:
     def __init__(self, cpu_step: Callable[[object], CpuStep] = estimate_cpu_step,
                  clock: Callable[[], float] = time.perf_counter):
         self._estimate, self.clock = cpu_step, clock
-        self._steps: dict[int, CpuStep] = {}            # id(model) -> its estimate
+        self._kept: tuple[object, CpuStep] | None = None    # (the model, its estimate)
 
     def cpu(self, model) -> CpuStep:
-        if id(model) not in self._steps:
-            self._steps[id(model)] = self._estimate(model)
-        return self._steps[id(model)]
+        if self._kept is None or self._kept[0] is not model:
+            self._kept = (model, self._estimate(model))
+        return self._kept[1]
 
     async def __call__(self, backend, model, fallback_adapter: bool) -> Choice:
         return await choose(backend, model, self.cpu, fallback_adapter=fallback_adapter, clock=self.clock)
