@@ -115,7 +115,9 @@ def _default_entry() -> dict:
 def test_the_last_load_showed_each_phase_to_its_end(booted):
     """The model panel's bars after the page's load: the bytes read (downloaded, or from the
     cache) and validated, and in a GPU row the upload, the pipelines compiled and the kernel
-    families self-tested, each bar full, with its numbers."""
+    families self-tested, each bar full, with its numbers. Chromium's SwiftShader page (not
+    forced onto the GPU) stops after the upload: admission's step-floor stage found its step
+    slower than the CPU path's, and nothing was compiled or tested."""
     _ready(booted)
     bars = _page(booted, """
       return Object.fromEntries(["download", "validate", "upload", "compile", "self-test"].map((phase) => {
@@ -124,13 +126,18 @@ def test_the_last_load_showed_each_phase_to_its_end(booted):
                          numbers: ui.$("progress-" + phase + "-numbers").textContent }];
       }));
     """, timeout_s=30)
-    phases = ["download", "validate"] + (["upload", "compile", "self-test"] if booted.row.expects_webgpu is True else [])
+    gpu_phases = (["upload", "compile", "self-test"] if booted.row.engine_on_gpu
+                  else ["upload"] if booted.row.expects_webgpu is True else [])
+    phases = ["download", "validate"] + gpu_phases
     for phase in phases:
         bar = bars[phase]
         assert bar["shown"] and bar["max"] > 0 and bar["value"] == bar["max"] and bar["numbers"], (phase, bar)
     assert bars["download"]["max"] == bars["validate"]["max"] == _default_entry()["bytes"]
     if booted.row.expects_webgpu is False:
         assert not any(bars[p]["shown"] for p in ("upload", "compile", "self-test")), bars
+    elif not booted.row.engine_on_gpu:
+        admission = _page(booted, "return window.webslm.admission;", timeout_s=30)
+        assert admission["stage"] == "step-floor" and admission["code"] == "gpu-slower", admission
 
 
 def test_the_page_admits_with_tuning_later_and_a_software_adapter_defers_nothing(booted):

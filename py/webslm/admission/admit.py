@@ -458,7 +458,7 @@ class _Admission:
         if floor.seconds > limit:
             failure = AdmissionFailure(self.stage, "gpu-slower", (
                 f"a decode step here takes at least {floor.seconds:.2f} s (the software adapter's "
-                f"{floor.form} mat-vec alone, {floor.layers} times), more than the CPU path's "
+                f"{floor.form} mat-vec alone, in its {floor.layers} layers), more than the CPU path's "
                 f"{limit:.2f} s: the step's other pipelines were not compiled"))
             failure.step_floor_s = floor.seconds
             raise failure
