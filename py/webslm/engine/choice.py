@@ -214,6 +214,16 @@ class Measurement:
                       cpu_method=cpu.method, cost_s=None, gpu_method=FLOOR_METHOD)
 
 
+def admission_policy(gpu_choice, model, policy):
+    """The policy admission runs with: `policy`, and when gpu_choice times the GPU against the
+    CPU path (a Measurement), the CPU step to beat (Measurement.cpu, estimated now and reused by
+    the choice): on a software adapter admission stops before compiling a step that cannot."""
+    if not isinstance(gpu_choice, Measurement):
+        return policy
+    from ..admission.admit import AdmissionPolicy
+    return dataclasses.replace(policy or AdmissionPolicy(), max_step_seconds=gpu_choice.cpu(model).seconds)
+
+
 def by_measurement(cpu_step: Callable[[object], CpuStep] = estimate_cpu_step,
                    clock: Callable[[], float] = time.perf_counter) -> Measurement:
     return Measurement(cpu_step, clock)

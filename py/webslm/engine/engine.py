@@ -64,7 +64,7 @@ from ..errors import CodedError
 from ..request import InvalidRequest, prompt_ids, sampler_settings
 from ..semantic.ledger import Ledger
 from ..semantic.sampler import Sampler, SamplerSettings
-from .choice import Choice
+from .choice import Choice, Measurement, admission_policy
 from .device_loss import DeviceLoss
 from .errors import EngineError
 from .prompt_cache import PromptCache
@@ -216,21 +216,19 @@ class Engine(DeviceLoss, TuneLater):
             if stage in PREPARING_STAGES and self.state is S.PROBING:
                 self._go(S.PREPARING, "adapter/device admitted")
         try:
-            backend, receipt = await self._build_gpu_backend(self.gpu, self.model, self._admission_policy(),
-                                                             on_stage)
+            policy = admission_policy(self._gpu_choice, self.model, self.policy)
+            backend, receipt = await self._build_gpu_backend(self.gpu, self.model, policy, on_stage)
             self.receipt = receipt
             if self.state is S.PROBING:
                 self._go(S.PREPARING, "adapter/device admitted")
             choice = await self._choose(backend, receipt)
         except AdmissionFailure as failure:
             self.receipt = failure.receipt.as_dict() if failure.receipt is not None else None
-            if failure.step_floor_s is not None and hasattr(self._gpu_choice, "from_floor"):
+            if failure.step_floor_s is not None and isinstance(self._gpu_choice, Measurement):
                 # admission's step-floor stage: the GPU step cannot beat the CPU's (nothing was built)
                 self.choice = self._gpu_choice.from_floor(self.model, failure.step_floor_s)
                 self._event({"event": "choice", **self.choice.as_dict()})
-                self._settle_on_cpu("GPU slower than the CPU path", stage=failure.stage, code="gpu-slower",
-                                    sentence=self.choice.sentence(), **_step_ms(self.choice))
-                return self.state
+                return self._slower_than_cpu(self.choice, failure.stage)
             self._settle_on_cpu("admission failure", stage=failure.stage, code=failure.code,
                                 sentence=failure.sentence)
         except BackendLost as lost:
@@ -244,9 +242,7 @@ class Engine(DeviceLoss, TuneLater):
             if choice is not None and choice.backend == "cpu":
                 backend.release()          # its buffers and device: the CPU path answers from now on
                 self._event({"event": "released", "backend": "gpu", "reason": "slower than the CPU path"})
-                self._settle_on_cpu("GPU slower than the CPU path", stage="choice", code="gpu-slower",
-                                    sentence=choice.sentence(), **_step_ms(choice))
-                return self.state
+                return self._slower_than_cpu(choice, "choice")
             self._gpu, self.receipt, self.cpu_reason = backend, receipt, None
             if hasattr(backend, "current_epoch"):  # lets the executor abandon stale work itself
                 backend.current_epoch = lambda: self.ledger.epoch
@@ -255,15 +251,10 @@ class Engine(DeviceLoss, TuneLater):
             self._go(S.GPU_READY, "all allocations, pipelines, tests pass")
         return self.state
 
-    def _admission_policy(self):
-        """The policy admission runs with: the engine's, and when the GPU will be timed against
-        the CPU path, the CPU step to beat (choice.Measurement.cpu, estimated now and reused by
-        the choice): on a software adapter admission stops before compiling a step that cannot."""
-        if not hasattr(self._gpu_choice, "cpu"):
-            return self.policy
-        from ..admission.admit import AdmissionPolicy
-        step = self._gpu_choice.cpu(self.model)
-        return dataclasses.replace(self.policy or AdmissionPolicy(), max_step_seconds=step.seconds)
+    def _slower_than_cpu(self, choice: Choice, stage: str) -> State:
+        self._settle_on_cpu("GPU slower than the CPU path", stage=stage, code="gpu-slower",
+                            sentence=choice.sentence(), **_step_ms(choice))
+        return self.state
 
     async def _choose(self, backend, receipt) -> Choice | None:
         """gpu_choice on the built executor (None without one). If it fails the executor is
