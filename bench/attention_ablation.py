@@ -42,8 +42,9 @@ MODELS = {"smollm2": (9, 3, 64), "llama1b": (32, 8, 64), "llama8b": (32, 8, 128)
 KERNEL = "attention_decode_f16"
 
 BARRIER = "    workgroupBarrier();\n"
-PHASE_ENDS = {     # the statement each phase ends with in decode_chunk, and what lane 0 keeps of it
-    1: ("    workgroupBarrier();\n\n    score_rows(", "qv[0]"),
+PHASE_ENDS = {     # the statements each phase ends with in decode_chunk, and what lane 0 keeps of it
+    1: ("        atomicStore(&max_code[lane], 0u);   // below the code of every float\n    }\n"
+        "    workgroupBarrier();\n", "qv[0]"),
     2: ("    score_rows(lane, w, w.n_here);          // phase 2: scores and their max\n    workgroupBarrier();\n",
         "vec4<f32>(scores[0])"),
     3: ("    weigh_scores(lane, w.n_here);           // phase 3: exp(s - m)\n    workgroupBarrier();\n",
@@ -56,8 +57,6 @@ PHASE_ENDS = {     # the statement each phase ends with in decode_chunk, and wha
 def _stop_after(source: str, phase: int) -> str:
     marker, kept = PHASE_ENDS[phase]
     at = source.index(marker) + len(marker)
-    if phase == 1:
-        at = source.index(marker) + len("    workgroupBarrier();\n")
     cut = (f"    if (params.n_groups > 0u) {{\n        if (lane == 0u) {{ out[wid] = {kept}; }}\n"
            f"        return;\n    }}\n")
     return source[:at] + cut + source[at:]

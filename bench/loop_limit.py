@@ -23,7 +23,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "py"))
 
-from webslm.kernels import attention, probe, runner  # noqa: E402
+from webslm.kernels import attention, probe  # noqa: E402
 from webslm.kernels.golden import GoldenContext  # noqa: E402
 from webslm.kernels.registry import compile_kernel  # noqa: E402
 from webslm.webgpu.native import NativeGpu  # noqa: E402
@@ -31,12 +31,6 @@ from webslm.webgpu.native import NativeGpu  # noqa: E402
 SIZES = [(100, 100), (1000, 100), (300, 300), (1000, 1000), (1, 70000), (70000, 1)]
 PREFILL = [(256, "tiles"), (128, "tiles"), (64, "tiles"), (64, "rows"), (32, "tiles")]
 LONGEST = 40000
-
-
-async def counted(device, kernel, outer: int, inner: int) -> int:
-    params = np.array([outer, inner, probe.LOOP_PROBE_SEED, 0], dtype=np.uint32)
-    (count,) = await runner.run_once(device, kernel, params, [], [(2, np.uint32)], (1, 1, 1))
-    return int(count[0])
 
 
 async def prefill_passes(ctx: GoldenContext, e: int, start: int, variant: str) -> tuple[bool, int]:
@@ -57,7 +51,7 @@ async def main(args) -> dict:
     report = {"adapter": adapter.summary().description, "date": time.strftime("%Y-%m-%d"),
               "loop_limit": await probe.loop_limit(device), "loops": [], "prefill": []}
     for outer, inner in SIZES:
-        got = await counted(device, kernel, outer, inner)
+        got = (await probe.loop_count(device, kernel, outer, inner))[0]
         report["loops"].append({"outer": outer, "inner": inner, "asked": outer * inner, "ran": got})
         print(f"loop {outer} x {inner}: asked {outer * inner}, ran {got}", flush=True)
     ctx = GoldenContext(device, np.random.default_rng(0), "quick")

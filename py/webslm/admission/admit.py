@@ -420,10 +420,10 @@ class _Admission:
         loop, or when the probe cannot say."""
         from ..kernels.attention_cases import AT_CAPACITY
         from ..kernels.probe import loop_limit
-        if not failed or not all(str(case.get("case", "")).startswith(AT_CAPACITY) for case in failed):
-            return None
         from ..kernels.registry import KernelError
         from ..kernels.runner import KernelRunError
+        if not failed or not all(str(case.get("case", "")).startswith(AT_CAPACITY) for case in failed):
+            return None
         try:
             return await loop_limit(self.device)
         except (KernelError, KernelRunError, PipelineError):   # the probe only words the failure

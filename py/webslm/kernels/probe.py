@@ -53,16 +53,21 @@ def _generator_after(steps: int, seed: int = LOOP_PROBE_SEED) -> int:
     return (mult * seed + add) % 2**32
 
 
+async def loop_count(device: Device, kernel: CompiledKernel, outer: int, inner: int) -> tuple[int, int]:
+    """One invocation of the compiled loop_probe over outer x inner steps: (iterations it ran,
+    the generator's state after them)."""
+    params = np.array([outer, inner, LOOP_PROBE_SEED, 0], dtype=np.uint32)
+    (count,) = await run_once(device, kernel, params, [], [(2, np.uint32)], (1, 1, 1))
+    return int(count[0]), int(count[1])
+
+
 async def loop_limit(device: Device) -> int | None:
     """None when one invocation ran all LOOP_PROBE_STEPS iterations of a nested loop (and
     the generator's value agrees); otherwise the iterations it ran: the adapter stops shader
     loops early (llvmpipe: at 65535 in all, counting every loop of the invocation), so a
     kernel whose invocations loop longer computes garbage there, silently."""
-    kernel = await compile_kernel(device, "loop_probe")
     outer, inner = LOOP_PROBE_STEPS
-    params = np.array([outer, inner, LOOP_PROBE_SEED, 0], dtype=np.uint32)
-    (count,) = await run_once(device, kernel, params, [], [(2, np.uint32)], (1, 1, 1))
-    ran, state = int(count[0]), int(count[1])
+    ran, state = await loop_count(device, await compile_kernel(device, "loop_probe"), outer, inner)
     if ran == outer * inner and state == _generator_after(outer * inner):
         return None
     return ran

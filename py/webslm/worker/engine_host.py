@@ -262,7 +262,7 @@ class EngineHost:
         # admission's was); otherwise the seam hands over the admitted session or the failure.
         self.engine = Engine(model, gpu=gpu, on_event=self._event, build_gpu_backend=build,
                              cpu_backend=self.cpu_backend,
-                             gpu_choice=measurement or by_measurement() if measure or measurement else None,
+                             gpu_choice=measurement or (by_measurement() if measure else None),
                              remembered=remembered)
         await self.engine.load()
         self.forced = not measure and self.engine.backend_kind == "gpu"

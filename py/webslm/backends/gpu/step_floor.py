@@ -8,7 +8,7 @@ most weight elements over its layers) runs once in every layer of every step, so
 launches for every layer, in one submission as the step runs them, bound the step from below.
 One pipeline is compiled for them (the compile stage reuses it); one launch runs first, alone,
 to pay the pipeline's first use, and the timed submission is less an empty submit's round
-trip (timing.round_trip), which the step's own timing (choice.time_gpu_step) includes. Where
+trip (Stage.measure_trip), which the step's own timing (choice.time_gpu_step) includes. Where
 even that is slower than the CPU path's step, nothing else needs compiling to know the GPU
 loses.
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from . import timing
 from .tuning_stage import Stage
 
 
@@ -50,7 +49,7 @@ async def step_floor(device, model, plan, buffers, clock=time.perf_counter) -> S
         dispatches = await stage.launches(ops, None)
         per_op = len(dispatches) // len(ops)
         await stage.seconds_per_op(ops[:1], dispatches[:per_op], rounds=0)     # the pipeline's first use
-        stage.trip = await timing.round_trip(device, stage._sync(ops), clock)
+        await stage.measure_trip(ops)
         launch_s = await stage.seconds_per_op(ops, dispatches, rounds=0)      # all layers, one submission
         return StepFloor(launch_s * len(ops), form, len(ops), launch_s, dict(stage.forward._compiled))
     finally:

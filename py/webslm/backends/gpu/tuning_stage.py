@@ -149,8 +149,12 @@ class Stage:
         last round, round trip) in `settles`."""
         dispatches = await self.launches(ops, choice)
         settled = await timing.settle(lambda: self.seconds_per_op(ops, dispatches, rounds=1), self.clock)
-        self.trip = await timing.round_trip(self.device, self._sync(ops), self.clock)
+        await self.measure_trip(ops)
         self.settles.append((*settled, self.trip))
+
+    async def measure_trip(self, ops) -> None:
+        """The round trip the timed rounds of `ops` subtract (timing.round_trip on their output)."""
+        self.trip = await timing.round_trip(self.device, self._sync(ops), self.clock)
 
     def _sync(self, ops) -> tuple:
         y = self._bind("y", ops[0].write("y"))
