@@ -346,6 +346,19 @@ def test_int8_forms_stay_only_if_the_whole_step_is_faster_with_them(run, int8_st
     assert report.choices[form_b] == matvec.Choice("", 64, 2)
 
 
+def test_dropping_the_int8_forms_keeps_the_budgets_reason(run):
+    """A search cut short by its budget and then dropping its int8 forms says both: the
+    drop's sentence used to replace the budget's, so a report (and the budget test above, when
+    lavapipe's step happened to be slower with int8) lost why forms were searched less."""
+    report, exact = _int8_report()
+    report.reason = "budget of 1.0 s spent: the forms that cost the step least were searched less"
+
+    async def seconds_per_step(choices):
+        return (120.0 if any(c.variant == "xq2" for c in choices.values()) else 100.0) * 1e-6
+    run(tuning._step_check(report, exact, seconds_per_step))
+    assert report.reason.startswith("budget of 1.0 s spent") and "int8 forms dropped" in report.reason
+
+
 def test_a_whole_decode_step_is_timed_with_and_without_int8_forms(native_gpu, model, measured, run):
     """Stage.seconds_per_step records the decode program's every op with the given choices
     (the int8 ones with their quantizer launches) and times it on the device."""

@@ -496,8 +496,9 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
         report.choices = without
         for key in keys:
             report.forms[key]["step_dropped"] = True
-        report.reason = (f"int8 forms dropped: the decode step took {step_int8 * 1e6:.0f} us with them, "
-                         f"{step_exact * 1e6:.0f} us without")
+        dropped = (f"int8 forms dropped: the decode step took {step_int8 * 1e6:.0f} us with them, "
+                   f"{step_exact * 1e6:.0f} us without")
+        report.reason = f"{report.reason}; {dropped}" if report.reason else dropped   # a spent budget stays said
 
 
 async def _runoff(stage: Stage, ops: list, finalists: list) -> dict:
