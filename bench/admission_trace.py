@@ -3,12 +3,14 @@ the submissions and the reads, counted and timed (summed, and end to end as the 
 their intervals, since compiles overlap).
 
     PYTHONPATH=py python bench/admission_trace.py --model FILE.slm [--tuning later|auto]
-        [--compile-at-once N] [--admissions N] [--out FILE.json]
+        [--compile-at-once N] [--admissions N] [--warm-up] [--out FILE.json]
 
 One admission in a fresh process (a browser's first visit: run with
 `__GL_SHADER_DISK_CACHE=0` on NVIDIA for a cold driver cache). "later" is the page's default
 (`tuning="auto", tune_later=True`). The figures in docs/RESULTS.md, "Admission's self-test on
-the plan's own pipelines", come from this script on the H200.
+the plan's own pipelines", come from this script on the H200. --warm-up first runs
+admission/warm_up.py (timed on its own, under "warm_up"), as the page does beside the model's
+download: the admission after it is what a page on a real GPU waits for once the model is in.
 
     PYTHONPATH=py python bench/admission_trace.py --prefill-attention H,K,E,START,T,DTYPE ...
 
@@ -29,6 +31,7 @@ import numpy as np
 
 import webslm
 from webslm.admission import admit as admission
+from webslm.admission.warm_up import warm_up
 from webslm.webgpu import native
 
 EVENTS: list[tuple[str, str, float, float]] = []      # (kind, stage, start, end)
@@ -131,6 +134,8 @@ def main() -> None:
     parser.add_argument("--compile-at-once", type=int, help="pipeline compiles in flight (admission's default)")
     parser.add_argument("--admissions", type=int, default=1,
                         help="admissions in turn in the one process (the first pays its one-time costs)")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="warm the GPU first (admission/warm_up.py), as the page does while the model loads")
     parser.add_argument("--out")
     parser.add_argument("--prefill-attention", nargs="+", metavar="H,K,E,START,T,DTYPE")
     args = parser.parse_args()
@@ -142,8 +147,13 @@ def main() -> None:
     if args.compile_at_once:
         admission.COMPILE_AT_ONCE = args.compile_at_once
     instrument()
+
     async def admissions():
-        return [await trace(args.model, args.tuning) for _ in range(args.admissions)]
+        warmed = await warm_up(native.NativeGpu()) if args.warm_up else None
+        traces = [await trace(args.model, args.tuning) for _ in range(args.admissions)]
+        if warmed is not None:
+            traces[0]["warm_up"] = warmed
+        return traces
     report = asyncio.run(admissions())
     report = report[0] if len(report) == 1 else report
     print(json.dumps(report, indent=1))

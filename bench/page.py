@@ -54,6 +54,7 @@ def visit(row, url: str) -> dict:
         # where "ready" went: the worker's boot, reading + validating the model, GPU admission
         "boot_s": round(engine["worker"]["boot"]["total_ms"] / 1000, 2),
         "model_s": engine["model"]["total_seconds"],
+        "gpu_warm_up": engine.get("gpuWarmUp"),                   # paid beside the model's load (prepare-gpu)
         "admission_s": admission.get("seconds"),
         "admission_stage_s": admission.get("stage_seconds"),      # admitted only: where it went
         "engine_choice_s": admission.get("engine_seconds"),       # the GPU-or-CPU timing after it

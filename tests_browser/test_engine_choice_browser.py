@@ -35,6 +35,8 @@ def _record(booted, key: str, value) -> None:
 
 
 def _open_and_wait(booted, url: str) -> dict:
+    # the row's page may still be loading its model: gone first, so none of its requests is logged
+    booted.row.open("about:blank")
     booted.row.clear_requests()
     booted.row.open(url)
     booted.wait_for("window.webslm && window.webslm.ready", timeout_s=READY_TIMEOUT_S)
@@ -62,6 +64,10 @@ def test_by_default_swiftshader_is_bounded_before_compiling_and_the_cpu_answers_
     assert admission["leaked_buffers"] == 0 and "not compiled" in admission["sentence"], admission
     assert engine["backend"] == "cpu" and engine["state"] == "CPUReady", engine
     assert engine["tier"] is None and engine["features"] == []
+    # the warm-up beside the model's load (prepare-gpu) took SwiftShader's device, and no compile
+    warm = booted.row.eval("window.webslm.engine.gpuWarmUp")
+    assert warm["fallback"] is True and warm["warmed"] is False, warm
+    assert "fallback adapter" in warm["reason"] and list(warm["seconds"]) == ["adapter", "device", "destroy"], warm
     assert choice["backend"] == "cpu" and choice["fallback_adapter"] is True, choice
     assert choice["gpu_step_ms"] > choice["cpu_step_ms"] > 0 and choice["skipped"] is None, choice
     assert choice["gpu_steps_timed"] == 0 and choice["gpu_step_finished"] is False and choice["gpu_method"], choice
@@ -96,6 +102,8 @@ def test_the_built_site_works_under_a_sub_path(booted, subpath_site_url):
     print(f"\n{booted.row.name}: {subpath_site_url} ready on the {engine['backend']}; "
           f"{len(page_urls)} page and {len(worker_urls)} worker requests; {answer['text']!r}")
     assert engine["choice"]["gpu_steps_timed"] >= 1, engine["choice"]       # the default: the GPU timed
+    # ANGLE's adapter is no fallback: the warm-up compiled and ran its probe while the model loaded
+    assert engine["gpuWarmUp"]["warmed"] is True and engine["gpuWarmUp"]["reason"] == "", engine["gpuWarmUp"]
     assert engine["model"]["source"] == "network", engine["model"]           # a new origin: nothing cached
     assert engine["model"]["url"].startswith(subpath_site_url), engine["model"]
     assert answer["usage"]["completion_tokens"] >= 1 and answer["text"], answer

@@ -47,6 +47,7 @@ export class Engine extends EventTarget {
   #defaults = {};              // request fields every request gets unless it sets them (reload's chatOpts)
   #init;                       // WebLLM's initProgressCallback, fed from the progress events
   #reloadable; #appModels; #workerUrl; #onProgressOption; #workerEnded = false;
+  #gpuWarming = null;          // the worker's prepare-gpu request, sent once per worker
 
   constructor({ gpu = true, featureLevel = "auto", cache = true, workerUrl, assetsUrl, onProgress,
                 initProgressCallback = null, unloadKeepsWorker = false, appModels = [] } = {}) {
@@ -67,6 +68,7 @@ export class Engine extends EventTarget {
     this.receiptText = null;
     this.choice = null;           // the GPU/CPU decode-step timing behind the engine chosen, or null
     this.admission = null;
+    this.gpuWarmUp = null;        // the GPU warm-up's report (prepare-gpu), once it is in
     this.model = null;
     this.worker = null;
     this.events = [];             // the recent statechange details, each with at_ms
@@ -88,6 +90,7 @@ export class Engine extends EventTarget {
     this.#listen(this.#onProgressOption);
     this.booted = this.#boot();
     this.#workerEnded = false;
+    this.#gpuWarming = null;
   }
 
   get state() {
@@ -96,8 +99,8 @@ export class Engine extends EventTarget {
 
   // What JSON.stringify shows of an engine (the getter and the worker handle are not data).
   toJSON() {
-    const { backend, tier, features, cpuReason, choice, receipt, model, worker, events } = this;
-    return { state: this.state, backend, tier, features, cpuReason, choice, receipt, model, worker, events };
+    const { backend, tier, features, cpuReason, choice, receipt, model, worker, events, gpuWarmUp } = this;
+    return { state: this.state, backend, tier, features, cpuReason, choice, receipt, model, worker, events, gpuWarmUp };
   }
 
   // The worker's events, as the API's: progress (boot, download, validation, admission) and
@@ -160,6 +163,11 @@ export class Engine extends EventTarget {
     this.#onProgress = onProgress ?? null;
     this.#loading = true;
     this.#init.start();
+    // the GPU's first-use costs paid while the model loads; admission waits for them (admission/warm_up.py)
+    if (this.#gpu && !this.#gpuWarming) {
+      this.#gpuWarming = this.protocol.request("prepare-gpu", { featureLevel: this.#featureLevel })
+        .then((report) => { this.gpuWarmUp = report; }, () => {});
+    }
     try {
       const request = await this.#loadRequest(source);
       if (this.#loads !== load) throw cancelled();

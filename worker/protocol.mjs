@@ -61,6 +61,11 @@ export const REQUESTS = Object.freeze({
     seed: (v) => isUint32(v) || "must be an integer in [0, 2^32)",
   },
   "resource-log": {},
+  // the GPU's first-use costs (adapter, device, first compile and submission) paid on a
+  // throwaway device while the model loads (py/webslm/admission/warm_up.py); admit waits for it
+  "prepare-gpu": {
+    featureLevel: (v) => FEATURE_LEVELS.includes(v) || `must be one of ${FEATURE_LEVELS.join(", ")}`,
+  },
   "sampler-check": {},
   // the kernel golden suite (webslm.kernels.golden) on this browser's adapter; withModel adds
   // cases on the loaded model's real weights

@@ -94,6 +94,7 @@ const HANDLERS = {
   admit: ({ featureLevel, fault, gpu, tuning }, context) => enqueue(context, async () => {
     const { model, api } = context;
     if (!model?.model) throw new RequestFailure(ERROR_CODES.failed, "admit: no model is loaded");
+    await context.gpuWarming;                  // a warm-up still running finishes first (prepare-gpu)
     api.merge_tuning_cache(await tuningStore.read());
     const verdicts = await verdictStore.read();
     const progress = throttled((stage, done, total) => postMessage(event("admission-progress", { stage, done, total })));
@@ -116,6 +117,13 @@ const HANDLERS = {
     }
   }),
   "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
+  // Sent beside load-model: it runs while the model downloads and validates, and the next
+  // admission waits for it (so the two never use the GPU at once). Its report is the reply.
+  "prepare-gpu": ({ featureLevel }, context) => {
+    const warming = pythonCall("prepare-gpu", () => context.api.prepare_gpu(featureLevel)).then(JSON.parse);
+    context.gpuWarming = warming.catch(() => null);
+    return warming;
+  },
   "load-model": loadModel,
   "use-cpu": (_, context) => enqueue(context, async () => {
     if (!context.model?.model) throw new RequestFailure(ERROR_CODES.failed, "use-cpu: no model is loaded");

@@ -5,6 +5,8 @@
     engine_host(loader, ...)     the EngineHost of the model a loader accepted; the worker calls
                                  its methods: admit, use_cpu, generate, cancel, engine_status,
                                  conformance, release (worker/engine_host.py)
+    prepare_gpu(feature_level)   the GPU's first-use costs paid while the model loads
+                                 (admission/warm_up.py)
     merge_tuning_cache(text), tuning_cache_text()
                                  the tuning cache the worker keeps across visits
                                  (worker/engine_host.py, worker/tuning-store.mjs)
@@ -24,12 +26,12 @@ import numpy as np
 
 from . import __version__, shader_bundle
 from .cpu import kernels as cpu_kernels
-from .worker.engine_host import EngineHost, merge_tuning_cache, tuning_cache_text
+from .worker.engine_host import EngineHost, browser_gpu, merge_tuning_cache, tuning_cache_text
 from .worker.loader import ModelLoader
 from .worker.test_hooks import gpu_probe, kernel_golden, lose_device, memory_status, sampler_check, tokenizer_check
 
 __all__ = ["EngineHost", "ModelLoader", "engine_host", "gpu_probe", "kernel_golden", "lose_device",
-           "memory_status", "merge_tuning_cache", "sampler_check", "status", "tokenizer_check", "tuning_cache_text"]
+           "memory_status", "merge_tuning_cache", "prepare_gpu", "sampler_check", "status", "tokenizer_check", "tuning_cache_text"]
 
 
 def status() -> str:
@@ -44,6 +46,14 @@ def status() -> str:
         "shader_bundle_origin": bundle.origin,
         "cpu_kernel": cpu_kernels.describe(),       # what the CPU path's products run on
     })
+
+
+async def prepare_gpu(feature_level: str) -> str:
+    """The GPU's first-use costs paid now, beside the model's download (admission/warm_up.py):
+    its report as JSON. Asked for once per worker, before the first admission, which waits
+    for it (worker.mjs)."""
+    from .admission.warm_up import warm_up
+    return json.dumps(await warm_up(browser_gpu(), feature_level))
 
 
 def engine_host(loader: ModelLoader, on_event) -> EngineHost:

@@ -42,6 +42,15 @@ TUNING_MODES = ("auto", "later", "force", "later-force", "off")   # admit's tuni
 _TUNING_CACHE: dict[str, dict] = {}
 
 
+def browser_gpu():
+    """This browser's WebGPU (webgpu.browser.BrowserGpu), or None without navigator.gpu."""
+    import js
+    if getattr(js.navigator, "gpu", None) is None:
+        return None
+    from ..webgpu.browser import BrowserGpu
+    return BrowserGpu()
+
+
 def merge_tuning_cache(text: str | None) -> int:
     """Add the entries of a kept cache (untrusted JSON text: tuning_cache.parse_cache) that this
     worker does not hold yet; returns how many. Entries are checked again where they are used
@@ -191,13 +200,8 @@ class EngineHost:
                            "verdicts_text": kept_verdicts(), "engine": self.engine_summary()})
 
     def offered_gpu(self):
-        """This browser's WebGPU (webgpu.browser.BrowserGpu), or None without navigator.gpu.
-        The tests' seam: CPython has no `js` module."""
-        import js
-        if getattr(js.navigator, "gpu", None) is None:
-            return None
-        from ..webgpu.browser import BrowserGpu
-        return BrowserGpu()
+        """This browser's WebGPU (browser_gpu). The tests' seam: CPython has no `js` module."""
+        return browser_gpu()
 
     async def _verdict_key(self, gpu, feature_level: str, user_agent: str) -> str | None:
         """The kept verdicts' key for the adapter admission will take (choose_adapter: the
