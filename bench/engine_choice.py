@@ -6,7 +6,9 @@ estimate predicts the CPU path, on a native WebGPU adapter (wgpu-native).
 Per model, in one process:
 - admission and the executor's build (seconds), as the engine's load does them;
 - choose() `--repeats` times on the built executor (the first on fresh recordings: what a
-  page pays at load), each with its CPU estimate, GPU step, outcome and cost;
+  page pays at load), each with its CPU estimate, GPU step, outcome and cost; one that gave
+  up on its step ends the repeats and the GPU figures (the step still runs, and a backend is
+  released then, as the engine does: choice.time_gpu_step);
 - the CPU estimate against the real thing: the whole CPU path built (its build time too) and
   `--steps` decode steps timed after a one-token prompt, median; `estimate_over_real` is the
   estimate divided by that median;
@@ -76,9 +78,13 @@ async def bench_model(path: str, args) -> dict:
     built = time.perf_counter() - started
     try:
         fallback = bool(session.receipt.as_dict().get("fallback_adapter"))
-        choices = [(await choose(backend, model, fallback_adapter=fallback)).as_dict() for _ in range(args.repeats)]
+        choices = []
+        for _ in range(args.repeats):
+            choices.append((await choose(backend, model, fallback_adapter=fallback)).as_dict())
+            if not choices[-1]["gpu_step_finished"]:
+                break        # its step still runs: the engine releases the backend then, and so does this
         estimate = estimate_cpu_step(model)
-        warm = await gpu_warm(backend, args.steps)
+        warm = await gpu_warm(backend, args.steps) if choices[-1]["gpu_step_finished"] else None
     finally:
         backend.release()
     real = cpu_real(model, args.steps)
