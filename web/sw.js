@@ -12,7 +12,7 @@ const CACHE = "webslm-site-v1";
 
 // Every file of web/ and worker/ (tests/test_js_modules.py checks this list against them).
 const SHELL = [
-  "./", "index.html", "style.css", "theme.js", "app.mjs", "webslm.js", "errors.mjs", "worker-client.mjs", "sw.js",
+  "./", "index.html", "style.css", "theme.js", "app.mjs", "webslm.js", "errors.mjs", "answer.mjs", "worker-client.mjs", "sw.js",
   "ui-chat.mjs", "ui-engine.mjs", "ui-model.mjs", "ui-settings.mjs", "chat-request.mjs", "init-progress.mjs", "webllm.mjs",
   "markdown.mjs", "markdown-blocks.mjs", "markdown-inline.mjs", "ui-start.mjs",
   "worker/worker.mjs", "worker/bridge.mjs", "worker/protocol.mjs", "worker/model-cache.mjs", "worker/qmatmul.mjs", "worker/tuning-store.mjs",
