@@ -1,7 +1,7 @@
 """The chat page as a user meets it: time until it is ready to chat, and time to the first
 token of an answer, per browser row (engine), on the first visit and on later ones.
 
-    .venv/bin/python bench/page.py [--rows chromium,firefox] [--visits 3] [--out bench/results/page.json]
+    .venv/bin/python bench/page.py [--rows chromium,firefox] [--visits 3] [--link-mb-s 10] [--out bench/results/page.json]
 
 The site is the static build (`serve.py --build`) served by `python -m http.server` over
 loopback, as users deploy it. Each row starts with an empty profile:
@@ -13,7 +13,9 @@ loopback, as users deploy it. Each row starts with an empty profile:
 first moment it can answer). The question is "What is the capital of France?", greedy,
 in a new chat, sent the way the Send button sends it; its first token is timed by the page
 (send to first text shown) and by the worker (time_to_first_token_s: prompt to first token).
-Figures depend on the machine and its software adapters: the record names them.
+Figures depend on the machine and its software adapters: the record names them. --link-mb-s
+serves the site through tests_browser/offline_proxy.py at that speed (the responses share it),
+as a user's network: over loopback a 98 MB model arrives in well under a second.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ sys.path[:0] = [str(ROOT / "tests_browser"), str(ROOT)]
 
 import drivers  # noqa: E402
 from app_session import static_site  # noqa: E402
+from offline_proxy import OfflineProxy  # noqa: E402
 
 QUESTION = "What is the capital of France?"
 READY_TIMEOUT_S = 900
@@ -100,14 +103,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=",".join(n for n in drivers.ROW_NAMES if not drivers.missing_binaries(n)))
     ap.add_argument("--visits", type=int, default=3)
     ap.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "page.json")
+    ap.add_argument("--link-mb-s", type=float, help="serve through a link of this many MB/s (all responses share it)")
     args = ap.parse_args(argv)
     results = []
     for name in [n for n in args.rows.split(",") if n]:
         # a server (so an origin, so a Cache Storage) of its own for each row: each first visit is a first
         with tempfile.TemporaryDirectory() as tmp, static_site(ROOT, pathlib.Path(tmp)) as port:
             print(f"page: {name} ...", file=sys.stderr, flush=True)
-            results.append(measure_row(name, f"http://127.0.0.1:{port}/", args.visits))
+            link = OfflineProxy(port, bytes_per_second=args.link_mb_s * 1e6) if args.link_mb_s else None
+            try:
+                results.append(measure_row(name, link.url if link else f"http://127.0.0.1:{port}/", args.visits))
+            finally:
+                if link:
+                    link.close()
     record = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
+              "link_mb_s": args.link_mb_s,
               "cpus": len(os.sched_getaffinity(0)), "question": QUESTION, "visits": args.visits, "rows": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -6,6 +6,8 @@
     proxy.offline = False                # connections go through again
     proxy.close()
 
+    OfflineProxy(backend_port, bytes_per_second=10e6)   # also a link of that speed (bench/page.py)
+
 Offline must look to the browser like a network failure, not like an HTTP error status: a
 navigation fails (net::ERR_CONNECTION_RESET in Chromium) and fetch() rejects with a TypeError,
 exactly as with the network unplugged. So while offline the proxy accepts each connection and
@@ -18,13 +20,15 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 _LINGER_0 = struct.pack("ii", 1, 0)  # SO_LINGER on with 0 s: close() sends RST, drops unsent data
 
 
 class OfflineProxy:
-    def __init__(self, backend_port: int, backend_host: str = "127.0.0.1"):
+    def __init__(self, backend_port: int, backend_host: str = "127.0.0.1", bytes_per_second: float | None = None):
         self._backend = (backend_host, backend_port)
+        self._rate = _Rate(bytes_per_second) if bytes_per_second else None
         self._offline = False
         self._links: set[_Link] = set()
         self._lock = threading.Lock()  # guards _offline and _links, and orders kills and closes
@@ -72,7 +76,7 @@ class OfflineProxy:
                             _reset(sock)
                     continue
                 backend.settimeout(None)
-                link = _Link(client, backend)
+                link = _Link(client, backend, self._rate)
                 self._links.add(link)
             threading.Thread(target=self._run, args=(link,), daemon=True).start()
 
@@ -87,9 +91,10 @@ class OfflineProxy:
 class _Link:
     """One browser connection and its backend connection."""
 
-    def __init__(self, client: socket.socket, backend: socket.socket):
+    def __init__(self, client: socket.socket, backend: socket.socket, rate: _Rate | None = None):
         self.client, self.backend = client, backend
         self.killed = False
+        self.rate = rate
 
     def pump_both_ways(self) -> None:
         upstream = threading.Thread(target=self._pump, args=(self.client, self.backend), daemon=True)
@@ -100,6 +105,8 @@ class _Link:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while chunk := src.recv(1 << 16):
+                if self.rate is not None and src is self.backend:
+                    self.rate.take(len(chunk))        # the responses share one link of that speed
                 dst.sendall(chunk)
             if not self.killed:
                 dst.shutdown(socket.SHUT_WR)  # pass the end of the stream on (HTTP/1.0 responses end so)
@@ -127,3 +134,19 @@ def _reset(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+class _Rate:
+    """One link's speed, shared by every connection: each chunk waits for its turn."""
+
+    def __init__(self, bytes_per_second: float):
+        self.bytes_per_second = bytes_per_second
+        self._lock = threading.Lock()
+        self._free_at = time.monotonic()    # when the link has sent everything taken so far
+
+    def take(self, size: int) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(now, self._free_at) + size / self.bytes_per_second
+            wait = self._free_at - now
+        time.sleep(wait)

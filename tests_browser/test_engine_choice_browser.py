@@ -20,10 +20,13 @@ Numbers go to tests_browser/results/<row>.json under "choice".
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
+from app_session import static_site
 from conftest import GREEDY_PROMPT as PROMPT
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 900
 ANSWER_TIMEOUT_S = 600
 SHORT = {"temperature": 0, "max_tokens": 6}
@@ -108,6 +111,10 @@ def test_the_built_site_works_under_a_sub_path(booted, subpath_site_url):
     assert engine["model"]["url"].startswith(subpath_site_url), engine["model"]
     assert answer["usage"]["completion_tokens"] >= 1 and answer["text"], answer
     assert answer["finish_reason"] in ("stop", "length"), answer
+    # the model's download began while the worker was still booting (startLoad, worker.mjs)
+    log = booted.request("resource-log")["entries"]
+    model_start = next(e["start_ms"] for e in log if e["url"] == engine["model"]["url"])
+    assert model_start < engine["worker"]["boot"]["total_ms"], (model_start, engine["worker"]["boot"])
     outside = [u for u in [*page_urls, *worker_urls] if u.startswith("http") and not u.startswith(subpath_site_url)]
     assert outside == [], outside
     assert any(u.endswith("worker/worker.mjs") for u in [*page_urls, *worker_urls]), page_urls
@@ -115,3 +122,33 @@ def test_the_built_site_works_under_a_sub_path(booted, subpath_site_url):
                                  "page_ready_s": booted.row.eval("window.webslm.timings.page_ready_s"),
                                  "completion_tokens": answer["usage"]["completion_tokens"],
                                  "decode_tokens_per_s": answer["timings"]["decode_tokens_per_s"]})
+
+
+@pytest.fixture(scope="module")
+def broken_wheel_site_url(tmp_path_factory):
+    """The built site with one byte of its webslm wheel changed: the worker's boot refuses it
+    (the manifest's sha256), while the page has already started reading the model."""
+    where = tmp_path_factory.mktemp("broken")
+    with static_site(ROOT, where) as port:
+        assets = where / "www" / "assets"
+        wheel = assets / json.loads((assets / "manifest.json").read_text())["webslm"]["wheel"]
+        data = bytearray(wheel.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        wheel.write_bytes(bytes(data))
+        yield f"http://127.0.0.1:{port}/"
+
+
+@pytest.mark.last_in_row(4)       # the row's page is left on another site
+def test_a_worker_that_does_not_boot_is_what_the_page_says_though_the_model_was_being_read(booted, broken_wheel_site_url):
+    if booted.row.name != "chromium-compat":
+        pytest.skip("one row is enough for the page's start: chromium-compat (fast)")
+    booted.row.open("about:blank")
+    booted.row.open(broken_wheel_site_url)
+    booted.wait_for("document.getElementById('header-status').textContent === 'The engine did not start'",
+                    timeout_s=READY_TIMEOUT_S)
+    assert booted.row.eval("document.getElementById('start').dataset.failed") == ""
+    model = booted.row.eval("window.webslm.model")
+    assert model["code"] == "worker-failed" and "does not match the manifest" in model["error"], model
+    error = _text(booted, "start-error")
+    assert "could not start" in error and "does not match the manifest" in error, error
+    assert booted.row.eval("window.webslm.ready") is not True

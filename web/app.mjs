@@ -235,18 +235,28 @@ async function start() {
       modelPanel.showProgress(detail);
       startCard.showStartProgress(detail);
     };
-    engine = await api.createEngine({ model: null, gpu: gpuOption, onProgress });
+    engine = new api.Engine({ gpu: gpuOption, onProgress });
   } catch (error) {
     failStart(error);
     return;
   }
   page.engine = engine;
   page.client = engine.protocol;
-  page.status = engine.worker;
   follow(engine);
+  // The first model's download starts now, beside the worker's boot (Engine.load); a failure
+  // is shown in the model panel. A boot that fails is the news, said last.
+  const first = loadModel(firstModel).catch(() => {});
+  try {
+    await engine.booted;
+  } catch (error) {
+    await first;
+    failStart(error);
+    return;
+  }
+  page.status = engine.worker;
   engineView.showWorker(engine.worker);
   engineView.showEngine(engine);
-  await loadModel(firstModel).catch(() => {});   // a failure is shown in the model panel
+  await first;
 }
 
 start();

@@ -34,9 +34,9 @@ const randomSeed = () => crypto.getRandomValues(new Uint32Array(1))[0];
 
 export async function createEngine(options = {}) {
   const engine = new Engine(options);
-  await engine.booted;
   const model = options.model === undefined ? "default" : options.model;
-  if (model !== null) await engine.load(model, { onProgress: options.onProgress });
+  if (model !== null) await engine.load(model, { onProgress: options.onProgress });   // read while the worker boots
+  await engine.booted;
   return engine;
 }
 
@@ -158,7 +158,7 @@ export class Engine extends EventTarget {
   async load(source = "default", { onProgress } = {}) {
     this.#usable();
     if (this.#workerEnded) this.#startWorker();      // a reloadable engine after unload()
-    await this.booted;
+    const booted = this.booted;      // not waited for yet: the worker reads the model while it boots
     const load = this.#loads;
     const cancelled = () => new WebSlmError("cancelled", "The load was cancelled by unload().");
     this.#onProgress = onProgress ?? null;
@@ -172,8 +172,11 @@ export class Engine extends EventTarget {
     try {
       const request = await this.#loadRequest(source);
       if (this.#loads !== load) throw cancelled();
+      const loading = this.protocol.request("load-model", request);
+      loading.catch(() => {});                       // (its failure is taken below, after the boot's)
+      await booted;                                  // a worker that did not boot: worker-failed
       try {
-        this.model = await this.protocol.request("load-model", request);
+        this.model = await loading;
       } catch (error) {
         throw this.#loads !== load ? cancelled() : fromWorker(error);
       }

@@ -116,7 +116,11 @@ const HANDLERS = {
       progress.flush();
     }
   }),
-  "resource-log": async () => ({ urls: performance.getEntriesByType("resource").map((e) => e.name) }),
+  "resource-log": async () => {
+    const entries = performance.getEntriesByType("resource");
+    return { urls: entries.map((e) => e.name),
+             entries: entries.map((e) => ({ url: e.name, start_ms: Math.round(e.startTime), end_ms: Math.round(e.responseEnd) })) };
+  },
   // Sent beside load-model: it runs while the model downloads and validates, and the next
   // admission waits for it (so the two never use the GPU at once). Its report is the reply.
   "prepare-gpu": ({ featureLevel }, context) => {
@@ -250,13 +254,10 @@ const engineEvent = (json) => {
 // model that answered answering). A model from the network or a file is then cached by its
 // sha256; a cached one that fails validation, or is not the model it is filed as, is removed
 // and downloaded again.
-async function loadModel({ source, sha256, name, cache }, context) {
-  const started = performance.now();
+async function loadModel({ source, name, cache }, context, _id, { started, url, sha256, opening }) {
   const load = context.loads ?? 0;                    // an unload moves it on: this load is cancelled
   const cancelled = () => (context.loads ?? 0) !== load;
-  const url = source.url === undefined ? null : modelUrl(source.url);
-  if (source.cached) sha256 = source.cached;
-  let opened = await openModel(source, url, sha256, { lookup: cache, keep: cache });
+  let opened = await opening;                         // (startLoad began it before the boot)
   let host, model;
   try {
     ({ host, model } = await validateStream(opened, context, cancelled));
@@ -268,7 +269,7 @@ async function loadModel({ source, sha256, name, cache }, context) {
     if (opened.from !== "cache" || error.code !== ERROR_CODES.badArtifact) throw error;
     await modelCache.remove(opened.sha256);           // a damaged or misfiled cache entry: never again
     if (!url) throw error;
-    opened = await openModel(source, url, sha256, { lookup: false, keep: cache });
+    opened = startReading(await openModel(source, url, sha256, { lookup: false, keep: cache }));
     ({ host, model } = await validateStream(opened, context, cancelled));
   }
   try {
@@ -295,6 +296,19 @@ async function loadModel({ source, sha256, name, cache }, context) {
     if (context.model !== host) host.destroy();
     throw error;
   }
+}
+
+// What load-model does before Python is up: the model is opened (the cache, the file or the
+// network) and read into memory from then on, so a first visit's download runs beside
+// Pyodide's boot; validation (Python) starts once the worker has booted. A bad URL or a
+// failed download is the request's error, given after the boot.
+function startLoad({ source, sha256, cache }) {
+  const started = performance.now();
+  const url = source.url === undefined ? null : modelUrl(source.url);
+  if (source.cached) sha256 = source.cached;
+  const opening = openModel(source, url, sha256, { lookup: cache, keep: cache }).then(startReading);
+  opening.catch(() => {});                             // (awaited by loadModel, after the boot)
+  return { started, url, sha256, opening };
 }
 
 // http(s) only, relative to the site. Another origin is the user's explicit choice (the URL
@@ -350,26 +364,40 @@ async function openModel(source, url, sha256, { lookup, keep }) {
 // messages) move every few milliseconds whatever size of chunks the stream hands over.
 const FEED_BYTES = 1 << 20;
 
-// Stream opened.body into a new ModelLoader (py/webslm/worker/loader.py); once the whole file
-// is valid, {host: the EngineHost for it, model: its summary}. Reading runs ahead of validation
-// (a pump fills a queue while Python validates what has arrived), so the two progress bars show each.
-async function validateStream(opened, context, cancelled) {
-  const loader = context.api.ModelLoader(opened.exact && opened.total > 0 ? opened.total : null);
+// Reading runs ahead of validation (a pump fills a queue while Python validates what has
+// arrived), so the two progress bars show each. The pump: opened.body read into opened.queue as fast as it arrives, whether or not anyone
+// validates yet (download progress events as it goes). opened.ended / opened.failure say how
+// it finished; opened.wake(), when set, is called at each chunk and at the end.
+function startReading(opened) {
   const reader = opened.body.getReader();
-  const progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
-  const queue = [];
-  let received = 0, validated = 0, ended = false, failure = null, wake = null;
-  const pump = (async () => {
+  opened.reader = reader;
+  opened.progress = throttled((phase, done) => postMessage(event("load-progress", { phase, done, total: opened.total, source: opened.from })));
+  opened.queue = [];
+  opened.ended = false;
+  opened.failure = null;
+  opened.wake = null;
+  let received = 0;
+  opened.pump = (async () => {
     for (;;) {
       const { done, value } = await reader.read();
       if (done) break;
-      queue.push(value);
+      opened.queue.push(value);
       opened.chunks?.push(value);
       received += value.byteLength;
-      progress("download", received);
-      wake?.();
+      opened.progress("download", received);
+      opened.wake?.();
     }
-  })().then(() => { ended = true; }, (error) => { failure = error; }).finally(() => wake?.());
+  })().then(() => { opened.ended = true; }, (error) => { opened.failure = error; }).finally(() => opened.wake?.());
+  return opened;
+}
+
+// Validate what the pump (startReading) has read, and the rest as it arrives, in a new
+// ModelLoader (py/webslm/worker/loader.py); once the whole file is valid, {host: the
+// EngineHost for it, model: its summary}.
+async function validateStream(opened, context, cancelled) {
+  const loader = context.api.ModelLoader(opened.exact && opened.total > 0 ? opened.total : null);
+  const { queue, progress, reader } = opened;
+  let validated = 0;
   try {
     let yielded = performance.now();
     for (;;) {
@@ -388,13 +416,13 @@ async function validateStream(opened, context, cancelled) {
           await new Promise((resolve) => setTimeout(resolve, 0));
           yielded = performance.now();
         }
-      } else if (failure) {
-        throw new RequestFailure(ERROR_CODES.fetchFailed, `the model could not be read to the end: ${failure.message ?? failure}`);
-      } else if (ended) {
+      } else if (opened.failure) {
+        throw new RequestFailure(ERROR_CODES.fetchFailed, `the model could not be read to the end: ${opened.failure.message ?? opened.failure}`);
+      } else if (opened.ended) {
         break;
       } else {
-        await new Promise((resolve) => { wake = resolve; });
-        wake = null;
+        await new Promise((resolve) => { opened.wake = resolve; });
+        opened.wake = null;
       }
     }
     const outcome = JSON.parse(loader.finish());
@@ -403,7 +431,7 @@ async function validateStream(opened, context, cancelled) {
     return { host: context.api.engine_host(loader, engineEvent), model: outcome.model };
   } catch (error) {
     reader.cancel().catch(() => {});                    // no point reading the rest of a bad file
-    await pump;
+    await opened.pump;
     throw error;
   } finally {
     loader.destroy();                                   // the host keeps the validated model
@@ -489,15 +517,18 @@ async function handle(message) {
     if (error instanceof ProtocolError) return errorReply(error.id, error.code, error.message);
     throw error;
   }
-  let context;
+  let context, early = null;
   try {
+    if (request.type === "load-model") early = startLoad(request.fields);    // the download beside the boot
     context = await booted;
   } catch (error) {
+    early?.opening.then((opened) => opened.reader.cancel()).catch(() => {});
+    if (error instanceof RequestFailure) return errorReply(request.id, error.code, error.message, error.details);
     if (request.type === "ping") return reply(request.id, "ping", { pong: true, booted: false });
     return errorReply(request.id, ERROR_CODES.bootFailed, String(error?.message ?? error));
   }
   try {
-    return reply(request.id, request.type, await HANDLERS[request.type](request.fields, context, request.id));
+    return reply(request.id, request.type, await HANDLERS[request.type](request.fields, context, request.id, early));
   } catch (error) {
     if (error instanceof RequestFailure) return errorReply(request.id, error.code, error.message, error.details);
     return errorReply(request.id, ERROR_CODES.failed, String(error?.message ?? error));
