@@ -58,22 +58,19 @@ is rejected with PlanRejected(code, where, sentence) before anything is allocate
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping
 
-from ..errors import CodedError
 from ..program.fusion import ALL as ALL_FUSIONS, DEFAULT as DEFAULT_FUSIONS, fuse
 from ..program.ops import (SCHEDULES, Layout, Program, activation_bytes, ffn_padded, gemm_partials_floats,
                            int8_x_bytes, qkv_offsets, reference, weight_forms)
+from .layout import (WEIGHT_ALIGNMENT, Buffer, Packer, PlanRejected, Region, align, fail, row_groups,
+                     weight_layout)
 from .proof import plan_hash
 
 MiB = 1 << 20
 RESERVE_POLICIES = ("reserve-v1",)
 KV_DTYPES = {"f32": 4, "f16": 2}
 FEATURE_LEVELS = ("core", "compatibility")          # webgpu/interface.py FEATURE_LEVELS
-WEIGHT_ALIGNMENT = 256                               # docs/slm-format.md: every part 256-aligned
-# GPUBufferUsage flags, the WebGPU specification's values (as webgpu/interface.py BufferUsage).
-USAGE = {"MAP_READ": 0x1, "MAP_WRITE": 0x2, "COPY_SRC": 0x4, "COPY_DST": 0x8, "UNIFORM": 0x40, "STORAGE": 0x80}
 # The largest params block a kernel declares: attention's 11 u32 words (kernels/attention.py
 # plan_decode), padded to 16 bytes by runner.params_words -> 48; 64 leaves room for 16 words.
 PARAMS_BYTES = 64
@@ -92,11 +89,6 @@ SPEC_DEFAULT_LIMITS = {
 REQUIRED_LIMITS = tuple(SPEC_DEFAULT_LIMITS["core"])
 
 
-class PlanRejected(CodedError):
-    """No plan exists for this model, these limits and this policy. Codes: missing-limit,
-    bad-limit, bad-policy, bad-manifest, no-split, kv-layout, kv-too-large, too-large."""
-
-
 # -- the inputs ---------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -111,14 +103,6 @@ class PlanPolicy:
     fusions: tuple[str, ...] | None = None   # program/fusion.py rules; None: its DEFAULT
 
 
-def _fail(code: str, where: str, sentence: str):
-    raise PlanRejected(code, where, sentence)
-
-
-def _align(n: int, a: int) -> int:
-    return -(-n // a) * a
-
-
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -128,14 +112,14 @@ def _check_limits(limits: Mapping[str, int]) -> dict[str, int]:
     used = {}
     for key in REQUIRED_LIMITS:
         if key not in limits:
-            _fail("missing-limit", key, f"the limits do not state {key}, which the plan depends on")
+            fail("missing-limit", key, f"the limits do not state {key}, which the plan depends on")
         value = limits[key]
         if not _is_int(value) or value < 4:
-            _fail("bad-limit", key, f"{key} must be an integer >= 4, not {value!r}")
+            fail("bad-limit", key, f"{key} must be an integer >= 4, not {value!r}")
         used[key] = int(value)
     for key in ("minStorageBufferOffsetAlignment", "minUniformBufferOffsetAlignment"):
         if used[key] & (used[key] - 1):
-            _fail("bad-limit", key, f"{key} {used[key]} is not a power of two")
+            fail("bad-limit", key, f"{key} {used[key]} is not a power of two")
     return used
 
 
@@ -159,7 +143,7 @@ def _resolve_policy(policy: PlanPolicy, arch) -> dict[str, Any]:
     ]
     for ok, field, sentence in checks:
         if not ok:
-            _fail("bad-policy", field, f"{field} {sentence}")
+            fail("bad-policy", field, f"{field} {sentence}")
     return {"context_capacity": capacity, "kv_dtype": policy.kv_dtype,
             # a chunk never exceeds the cache; k never exceeds the vocabulary (logits.plan refuses k > V)
             "prefill_chunk": min(policy.prefill_chunk, capacity),
@@ -169,33 +153,7 @@ def _resolve_policy(policy: PlanPolicy, arch) -> dict[str, Any]:
             "fusions": [r for r in ALL_FUSIONS if r in (DEFAULT_FUSIONS if policy.fusions is None else policy.fusions)]}
 
 
-# -- the plan's records ---------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Buffer:
-    name: str
-    part: str
-    size: int
-    usage: tuple[str, ...]
-    usage_bits: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Region:
-    name: str
-    part: str
-    buffer: str
-    offset: int
-    size: int
-    alignment: int
-    binding: str                      # "read-only-storage" | "storage" | "uniform" | "copy"
-    schedule: str | None = None       # None: live for the whole session
-    interval: tuple[int, int] | None = None
-    source: Mapping[str, Any] | None = None   # weights: tensor, part, file_offset, length, rows
-    slots: int | None = None          # uniforms: slot count, stride and bound size
-    slot_stride: int | None = None
-    binding_size: int | None = None
-
+# -- the plan (its buffers and regions: plan/layout.py) ------------------------------------------
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class MemoryPlan:
@@ -233,39 +191,6 @@ class MemoryPlan:
         return canonical_json(self.as_dict())
 
 
-class _Packer:
-    """Regions packed next-fit, in the order given, into buffers of at most `cap` bytes."""
-
-    def __init__(self, prefix: str, part: str, usage: tuple[str, ...], cap: int):
-        self.prefix, self.part, self.usage, self.cap = prefix, part, usage, cap
-        self.names: list[str] = []
-        self.sizes: list[int] = []
-        self.regions: list[Region] = []
-
-    def add(self, name: str, size: int, alignment: int, binding: str, **fields) -> Region:
-        if size > self.cap:
-            _fail("too-large", name, f"{name} needs {size} bytes in one buffer, more than maxBufferSize {self.cap}")
-        offset = _align(self.sizes[-1], alignment) if self.sizes else 0
-        if not self.sizes or offset + size > self.cap:
-            self.names.append(f"{self.prefix}.{len(self.sizes)}")
-            self.sizes.append(0)
-            offset = 0
-        region = Region(name, self.part, self.names[-1], offset, size, alignment, binding, **fields)
-        self.sizes[-1] = offset + size
-        self.regions.append(region)
-        return region
-
-    def reserve(self, size: int) -> None:
-        """Start a new buffer unless `size` more bytes fit in the current one (kept together)."""
-        if self.sizes and _align(self.sizes[-1], WEIGHT_ALIGNMENT) + size > self.cap:
-            self.names.append(f"{self.prefix}.{len(self.sizes)}")
-            self.sizes.append(0)
-
-    def buffers(self) -> list[Buffer]:
-        bits = sum(USAGE[u] for u in self.usage)
-        return [Buffer(name, self.part, size, self.usage, bits) for name, size in zip(self.names, self.sizes)]
-
-
 # -- the schedules: the step program of one decode step and one prefill chunk --------------------
 
 def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int) -> tuple[dict[str, Program], Layout]:
@@ -283,7 +208,7 @@ def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int
             kind = name.split(".", 2)[2]
             counts = {pieces.get(f"blk.{i}.{kind}", 1) for i in range(arch.n_layers)}
             if len(counts) > 1:
-                _fail("no-split", name, f"the layers' {kind} tensors split into different numbers of row "
+                fail("no-split", name, f"the layers' {kind} tensors split into different numbers of row "
                                          f"pieces ({sorted(counts)}); the step runs one layer template")
     _, k_at, v_at = qkv_offsets(arch, 1, s_align)
     contiguous = {"qkv": k_at == 4 * arch.n_heads * arch.head_dim
@@ -336,7 +261,7 @@ def _place(temps: list[tuple], alignment: int, steps: dict[str, list[str]]) -> t
             if start >= offset + size:
                 break
             if end > offset:
-                offset = _align(end, alignment)
+                offset = align(end, alignment)
         placed.append((name, schedule, (b, e), size, offset))
     proofs = []
     for i, (n1, s1, iv1, z1, o1) in enumerate(placed):
@@ -357,128 +282,25 @@ def _place(temps: list[tuple], alignment: int, steps: dict[str, list[str]]) -> t
     return [(name, offset) for name, _, _, _, offset in placed], proofs
 
 
-# -- weights, and the split-rows strategy -------------------------------------------------------
+# -- the KV cache ---------------------------------------------------------------------------------
 
-def _tensors_in_file_order(manifest) -> list:
-    """The tensor table ordered by where each tensor sits in the file, whatever the order of the
-    mapping: the plan must not depend on a dict's iteration order."""
-    return sorted(manifest.tensors.values(), key=lambda t: (min(o for _, o, _ in t.parts), t.name))
-
-
-def _split_rows(info, limit: int, w_align: int, s_align: int) -> int | None:
-    """Rows per piece when some part of `info` exceeds one binding, None when none does.
-
-    A piece's row count is a multiple of `unit`, the fewest rows whose bytes are a multiple of
-    the weight alignment in every part and of the storage alignment in the output row (4 bytes
-    a row), so the pieces of a part lie back to back at aligned offsets and the rows a piece
-    produces can be bound as their own range of the output."""
-    lengths = {part: length for part, _, length in info.parts}
-    if all(_align(length, 4) <= limit for length in lengths.values()):
-        return None
-    rows = info.rows
-    for part, length in lengths.items():
-        if length % rows:
-            _fail("bad-manifest", info.name, f"part {part} ({length} bytes) is not {rows} equal rows")
-    row_bytes = [length // rows for length in lengths.values()]
-    unit = math.lcm(*(w_align // math.gcd(w_align, rb) for rb in row_bytes), s_align // math.gcd(s_align, 4))
-    per_piece = (limit // max(row_bytes)) // unit * unit
-    if per_piece == 0:
-        what = (f"a single row of {max(row_bytes)} bytes" if rows == 1 else
-                f"{unit} rows (the fewest that keep a split aligned) take {unit * max(row_bytes)} bytes, which")
-        _fail("no-split", info.name, f"{what} exceeds the binding limit {limit}: no split strategy applies")
-    return min(per_piece, rows)
-
-
-# Projections that read the same input row: a layer's q, k, v and its gate, up. When their
-# encodings match and every part is a whole number of alignment units, the planner lays them
-# out part-major (q codes, k codes, v codes, q scales, ...) with no gaps, so the decode step
-# can multiply them as one stacked matrix: one dispatch instead of three (or two).
-ROW_GROUPS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
-
-
-def _row_groups(manifest, limit: int, w_align: int) -> dict[str, list]:
-    """tensor name -> its group's infos (in ROW_GROUPS order), for the groups that can stack."""
-    out = {}
-    layers = sorted({int(n.split(".")[1]) for n in manifest.tensors if n.startswith("blk.")})
-    for layer in layers:
-        for names in ROW_GROUPS:
-            infos = [manifest.tensors.get(f"blk.{layer}.{n}") for n in names]
-            if any(i is None or len(i.shape) != 2 for i in infos):
-                continue
-            first = infos[0]
-            same = all((i.encoding, i.quant, i.shape[1], [p for p, _, _ in i.parts]) ==
-                       (first.encoding, first.quant, first.shape[1], [p for p, _, _ in first.parts]) for i in infos)
-            if not same or any(length % w_align for i in infos for _, _, length in i.parts):
-                continue
-            if max(sum(i.parts[k][2] for i in infos) for k in range(len(first.parts))) <= limit:
-                out.update({i.name: infos for i in infos})
-    return out
-
-
-def _weights(manifest, limits, w_align: int, s_align: int) -> tuple[_Packer, list[dict]]:
-    limit = min(limits["maxStorageBufferBindingSize"], limits["maxBufferSize"])
-    packer = _Packer("weights", "weights", ("STORAGE", "COPY_DST"), limits["maxBufferSize"])
-    splits = []
-    groups = _row_groups(manifest, limit, w_align)
-    placed: set[str] = set()
-    for info in _tensors_in_file_order(manifest):
-        if info.name in placed:
-            continue
-        group = groups.get(info.name)
-        if group:       # part-major, back to back: the group binds as one matrix (see _row_groups)
-            packer.reserve(sum(_align(length, 4) for member in group for _, _, length in member.parts))
-            for part_index in range(len(info.parts)):
-                for member in group:
-                    part, file_offset, length = member.parts[part_index]
-                    packer.add(f"w.{member.name}.{part}", _align(length, 4), w_align, "read-only-storage",
-                               source={"tensor": member.name, "part": part, "file_offset": file_offset,
-                                       "length": length, "rows": [0, member.rows]})
-            placed.update(member.name for member in group)
-            continue
-        per_piece = _split_rows(info, limit, w_align, s_align)
-        if per_piece is None:
-            for part, file_offset, length in info.parts:
-                packer.add(f"w.{info.name}.{part}", _align(length, 4), w_align, "read-only-storage",
-                           source={"tensor": info.name, "part": part, "file_offset": file_offset,
-                                   "length": length, "rows": [0, info.rows]})
-            continue
-        cuts = list(range(0, info.rows, per_piece)) + [info.rows]
-        pieces = {}
-        for part, file_offset, length in info.parts:          # part by part, pieces in row order
-            row_bytes, names = length // info.rows, []
-            for a, z in zip(cuts, cuts[1:]):
-                name = f"w.{info.name}.{part}[{a}:{z}]"
-                packer.add(name, _align((z - a) * row_bytes, 4), w_align, "read-only-storage",
-                           source={"tensor": info.name, "part": part, "file_offset": file_offset + a * row_bytes,
-                                   "length": (z - a) * row_bytes, "rows": [a, z]})
-                names.append(name)
-            pieces[part] = names
-        biggest = max(info.parts, key=lambda p: p[2])
-        splits.append({"tensor": info.name, "strategy": "split-rows", "rows": info.rows,
-                       "rows_per_piece": per_piece, "pieces": pieces,
-                       "part_lengths": {part: length for part, _, length in info.parts},
-                       "buffers": sorted({r.buffer for r in packer.regions if r.source["tensor"] == info.name}),
-                       "reason": f"part {biggest[0]} of {biggest[2]} bytes exceeds the binding limit {limit}"})
-    return packer, splits
-
-
-def _kv(arch, limits, resolved, s_align: int) -> tuple[_Packer, dict]:
+def _kv(arch, limits, resolved, s_align: int) -> tuple[Packer, dict]:
     """Per layer a K and a V region [n_kv_heads][capacity][head_dim] (kernels/kv_cache.py KvLayout).
     The attention kernels bind a layer's cache whole, so there is no split strategy for it."""
     c, kvh, e = resolved["context_capacity"], arch.n_kv_heads, arch.head_dim
     b = KV_DTYPES[resolved["kv_dtype"]]
     if e % 4 or e > 256:
-        _fail("kv-layout", "head_dim", f"head_dim {e} must be a multiple of 4 and at most 256: the attention "
+        fail("kv-layout", "head_dim", f"head_dim {e} must be a multiple of 4 and at most 256: the attention "
                                        f"kernels read cache rows as vec4 (docs/kernels.md)")
     region = kvh * c * e * b
     limit = min(limits["maxStorageBufferBindingSize"], limits["maxBufferSize"])
     if region > limit or kvh * c * e >= 2 ** 32:
         fits = min(limit // (kvh * e * b), (2 ** 32 - 1) // (kvh * e))
-        _fail("kv-too-large", "kv", f"one layer's K cache ({kvh} x {c} x {e} x {b} = {region} bytes) exceeds the "
+        fail("kv-too-large", "kv", f"one layer's K cache ({kvh} x {c} x {e} x {b} = {region} bytes) exceeds the "
                                     f"binding limit {limit} (or u32 offsets), and attention binds a layer's cache "
                                     f"whole; a context capacity of at most {fits} tokens fits"
                                     + (", or an f16 cache" if b == 4 else ""))
-    packer = _Packer("kv", "kv", ("STORAGE",), limits["maxBufferSize"])
+    packer = Packer("kv", "kv", ("STORAGE",), limits["maxBufferSize"])
     for layer in range(arch.n_layers):
         for which in ("k", "v"):
             packer.add(f"kv.L{layer}.{which}", region, s_align, "storage")
@@ -508,25 +330,25 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     w_align = max(WEIGHT_ALIGNMENT, s_align)
     binding = min(used["maxStorageBufferBindingSize"], used["maxBufferSize"])
 
-    weights, splits = _weights(manifest, used, w_align, s_align)
+    weights, splits = weight_layout(manifest, used, w_align, s_align)
     kv, kv_facts = _kv(arch, used, resolved, s_align)
 
     # The step program of each schedule: what runs, over which temporaries, with which params.
-    groups = _row_groups(manifest, binding, w_align)
+    groups = row_groups(manifest, binding, w_align)
     programs, layout = _programs(manifest, resolved, splits, groups, s_align)
     steps = {s: programs[s].steps() for s in SCHEDULES}
 
     # metadata: one params slot per op label (and form) of each schedule's program (the host writes a
     # submit's slots before it), and the RoPE (cos, sin) table [capacity][rotary_dim / 2][2] f32.
-    stride = _align(PARAMS_BYTES, u_align)
+    stride = align(PARAMS_BYTES, u_align)
     if PARAMS_BYTES > used["maxUniformBufferBindingSize"]:
-        _fail("too-large", "params", f"a {PARAMS_BYTES}-byte params block exceeds maxUniformBufferBindingSize")
-    params = _Packer("params", "metadata", ("UNIFORM", "COPY_DST"), used["maxBufferSize"])
+        fail("too-large", "params", f"a {PARAMS_BYTES}-byte params block exceeds maxUniformBufferBindingSize")
+    params = Packer("params", "metadata", ("UNIFORM", "COPY_DST"), used["maxBufferSize"])
     for schedule in SCHEDULES:
         slots = len(programs[schedule].slots())
         params.add(f"params.{schedule}", slots * stride, u_align, "uniform",
                    slots=slots, slot_stride=stride, binding_size=PARAMS_BYTES)
-    rope = _Packer("rope", "metadata", ("STORAGE", "COPY_DST"), used["maxBufferSize"])
+    rope = Packer("rope", "metadata", ("STORAGE", "COPY_DST"), used["maxBufferSize"])
     table = resolved["context_capacity"] * (arch.rope.rotary_dim // 2) * 8
     _check_bound("rope_table", max(4, table), binding, "a smaller context capacity")
     rope.add("rope_table", max(4, table), s_align, "read-only-storage")
@@ -543,7 +365,7 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
                          "a smaller prefill chunk" if part == "arena" else "a smaller context capacity or k")
             by_part[part].append((f"{schedule}.{name}", schedule,
                                   (steps[schedule].index(producer), steps[schedule].index(consumer)),
-                                  _align(size, 4)))
+                                  align(size, 4)))
     usage = {"arena": ("STORAGE", "COPY_DST", "COPY_SRC"), "scratch": ("STORAGE",), "logits": ("STORAGE", "COPY_SRC")}
     # One buffer per temporary name: WebGPU's usage-scope rule makes a dispatch that binds one
     # buffer both read-only and writable invalid, whatever the ranges, and almost every kernel
@@ -551,14 +373,14 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     # of that name share bytes (the schedules never run in one submit), proved as such.
     planned, proofs = [], []
     for part, temps in by_part.items():
-        packer = _Packer(part, part, usage[part], used["maxBufferSize"])
+        packer = Packer(part, part, usage[part], used["maxBufferSize"])
         for base in sorted({n.split(".", 1)[1] for n, _, _, _ in temps}):
             group = [t for t in temps if t[0].split(".", 1)[1] == base]
             offsets, group_proofs = _place(group, s_align, steps)
             where, buffer = dict(offsets), f"{part}.{base}"
             size = max(where[n] + z for n, _, _, z in group)
             if size > used["maxBufferSize"]:
-                _fail("too-large", buffer, f"{buffer} needs {size} bytes, more than maxBufferSize "
+                fail("too-large", buffer, f"{buffer} needs {size} bytes, more than maxBufferSize "
                                            f"{used['maxBufferSize']}; a smaller prefill chunk needs less")
             packer.names.append(buffer)
             packer.sizes.append(size)
@@ -570,7 +392,7 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     # The prefill GEMM's split-K partial sums (kernels/gemm_split.py): not an activation of the
     # program but the lowering's scratch, in a buffer of its own (so no schedule or interval:
     # each split GEMM and its reduce use it in turn, and nothing else does).
-    partials = _Packer("partials", "scratch", ("STORAGE",), used["maxBufferSize"])
+    partials = Packer("partials", "scratch", ("STORAGE",), used["maxBufferSize"])
     # Optional room: under a small binding limit it shrinks, and the lowering splits less or not at all.
     size = max(4, min(4 * gemm_partials_floats(arch, tokens["prefill"]), binding // 4 * 4))
     partials.add("prefill.gemm_partials", size, s_align, "storage")
@@ -578,16 +400,16 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     # The decode activations quantized once for a pre-quantized q4 mat-vec
     # (kernels/matvec_prequant.py): the lowering's scratch like the partials, written by the
     # quantizer and read by the mat-vec right after it.
-    int8_x = _Packer("int8_x", "scratch", ("STORAGE",), used["maxBufferSize"])
+    int8_x = Packer("int8_x", "scratch", ("STORAGE",), used["maxBufferSize"])
     int8_x.add("decode.int8_x", int8_x_bytes(arch), s_align, "storage")
     planned.append(int8_x)
 
     # staging (one bounded upload chunk) and readback (the result words and one logits row).
-    staging = _Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])
+    staging = Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])
     if resolved["upload_chunk"] > used["maxBufferSize"]:
-        _fail("too-large", "upload_chunk", f"an upload chunk of {resolved['upload_chunk']} bytes exceeds maxBufferSize")
+        fail("too-large", "upload_chunk", f"an upload chunk of {resolved['upload_chunk']} bytes exceeds maxBufferSize")
     staging.add("staging.upload", resolved["upload_chunk"], 4, "copy")
-    readback = _Packer("readback", "readback", ("MAP_READ", "COPY_DST"), used["maxBufferSize"])
+    readback = Packer("readback", "readback", ("MAP_READ", "COPY_DST"), used["maxBufferSize"])
     readback.add("readback.result", 4 * (2 * resolved["top_k_capacity"] + 1), 8, "copy")
     readback.add("readback.logits", 4 * arch.vocab, 8, "copy")
 
@@ -650,7 +472,7 @@ def uses_local_rope(arch) -> bool:
 
 def _check_bound(name: str, size: int, limit: int, remedy: str) -> None:
     if size > limit:
-        _fail("too-large", name, f"{name} needs one binding of {size} bytes, more than the binding limit "
+        fail("too-large", name, f"{name} needs one binding of {size} bytes, more than the binding limit "
                                  f"{limit}, and no split strategy applies to it; {remedy} would fit")
 
 

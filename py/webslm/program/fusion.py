@@ -54,7 +54,7 @@ def stack_projections(ops: list[Op], layout: Layout) -> list[Op]:
     """A layer's q, k, v (and gate, up) matmuls read one input row; when the planner laid their
     weights out back to back (layout.stacks), one mat-vec (prefill: one GEMM) over the stacked
     rows writes the whole qkv (gate_up) activation. The planner stacks a group only when its
-    members share one encoding in every layer (plan/memory.py _row_groups); when that encoding
+    members share one encoding in every layer (plan/layout.py row_groups); when that encoding
     differs across layers (ops.py weight_forms), the stacked op keeps the members' form, so each
     form has its own params slot ("gate_up@q8-32-f16")."""
     groups = {"qkv": (("q", "k", "v"), "attn_", "qkv"), "gate_up": (("gate", "up"), "ffn_", "gate_up")}
