@@ -19,7 +19,8 @@ from safetensors import TensorSpec, serialize_file
 from webslm import cli, fixture
 from webslm.artifact import format as fmt
 from webslm.convert import ConversionError
-from webslm.convert.safetensors import LLAMA3_SPLIT, QWEN2_SPLIT, convert_safetensors
+from webslm.convert.hf_tokenizer import LLAMA3_SPLIT, QWEN2_SPLIT
+from webslm.convert.safetensors import convert_safetensors
 
 from slm_reading import assert_within_bound, read_slm
 
