@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from process_tree import descendants, kill_tree, own_children, run_with_watchdog, start_xvfb
 
 ROW_NAMES = ["chromium", "chromium-compat", "firefox", "webkit", "playwright-firefox", "playwright-webkit"]
 
@@ -79,7 +80,6 @@ ROW_BINARIES: dict[str, list[str]] = {
 _PW_PATCH_MARKER = "/*webslm:tolerate-unknown-command*/"
 _PW_PATCH_COMMAND = '"emulation.setMediaFeaturesOverride"'
 
-_CLOSE_GRACE_S = 15.0
 # extra seconds the driver-side timeout of eval() allows beyond the JS-side one
 _DRIVER_TIMEOUT_GRACE_S = 5.0
 # and after that many more seconds a Playwright row kills its hung browser
@@ -149,97 +149,6 @@ def _decode(raw: Any) -> Any:
     raise BrowserEvalError(msg.get("error", "unknown error"))
 
 
-# --------------------------------------------------------------------------- process helpers
-
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read().decode("latin-1")
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        kids.setdefault(ppid, []).append(int(entry))
-    return kids
-
-
-def _descendants(root: int) -> list[int]:
-    kids = _children_map()
-    out: list[int] = []
-    stack = list(kids.get(root, []))
-    while stack:
-        pid = stack.pop()
-        out.append(pid)
-        stack.extend(kids.get(pid, []))
-    return out
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode("latin-1")
-        return int(stat[stat.rindex(")") + 2:].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _snapshot(roots: list[int]) -> list[tuple[int, int | None]]:
-    """(pid, start time) of the given processes and all their current descendants."""
-    pids: list[int] = []
-    for root in roots:
-        pids.extend(_descendants(root))
-        pids.append(root)
-    return [(pid, _start_time(pid)) for pid in dict.fromkeys(pids)]
-
-
-def _kill_snapshot(snap: list[tuple[int, int | None]]) -> None:
-    """SIGKILL the processes of a snapshot that still exist (same pid and start time), plus
-    any descendants they have now.  Only ever processes this module started."""
-    live = [pid for pid, st in snap if st is not None and _start_time(pid) == st]
-    for pid in _snapshot(live):
-        try:
-            os.kill(pid[0], signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _kill_tree(pids: list[int]) -> None:
-    """SIGKILL the given pids and all their current descendants (only processes we started)."""
-    _kill_snapshot(_snapshot(pids))
-
-
-def _own_children() -> set[int]:
-    return set(_children_map().get(os.getpid(), []))
-
-
-def _run_with_watchdog(steps: list, pids: list[int], grace_s: float = _CLOSE_GRACE_S) -> None:
-    """Run shutdown callables in order; if they take longer than ``grace_s`` in total, kill the
-    process trees in ``pids`` (which unblocks any call waiting on them).  Afterwards kill every
-    process of those trees (as they were before shutdown) that is still alive: e.g. a WebKit
-    web process whose page hangs outlives MiniBrowser, orphaned."""
-    snap = _snapshot(pids)
-    timer = threading.Timer(grace_s, _kill_snapshot, args=(snap,))
-    timer.daemon = True
-    timer.start()
-    try:
-        for step in steps:
-            try:
-                step()
-            except Exception:  # noqa: BLE001 - best-effort shutdown
-                pass
-    finally:
-        timer.cancel()
-        _kill_snapshot(snap)
-        for pid in pids:  # reap our direct children so they do not linger as zombies
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except OSError:
-                pass
-
-
 # --------------------------------------------------------------------------- interface
 
 class BrowserRow:
@@ -305,10 +214,10 @@ class _PlaywrightRow(BrowserRow):
         self._lock = threading.Lock()
         self._closed = False
         self._killed = False
-        before = _own_children()
+        before = own_children()
         t0 = time.monotonic()
         self._pw = sync_playwright().start()
-        self._pids = sorted(_own_children() - before)  # the Playwright node driver
+        self._pids = sorted(own_children() - before)  # the Playwright node driver
         try:
             self._browser = self._launch_browser(self._pw)
             self._context = self._browser.new_context()
@@ -375,7 +284,7 @@ class _PlaywrightRow(BrowserRow):
     def _kill_browser(self) -> None:
         self._killed = True
         for pid in self._pids:
-            _kill_tree(_descendants(pid))
+            kill_tree(descendants(pid))
 
     def console(self) -> list[str]:
         with self._lock:
@@ -405,7 +314,7 @@ class _PlaywrightRow(BrowserRow):
             if obj is not None:
                 steps.append(obj.close)
         steps.append(self._pw.stop)
-        _run_with_watchdog(steps, self._pids)
+        run_with_watchdog(steps, self._pids)
 
 
 class ChromiumRow(_PlaywrightRow):
@@ -523,7 +432,9 @@ class WebKitRow(BrowserRow):
             css.write_text(_MINIBROWSER_GTK_CSS)
             env["XDG_CONFIG_HOME"] = self._gtk_config.name
             if not env.get("DISPLAY"):
-                self._xvfb, display = _start_xvfb()
+                if not os.access(XVFB_BIN, os.X_OK):
+                    raise BrowserRowUnavailable(f"{XVFB_BIN} is needed for the webkit row when DISPLAY is unset")
+                self._xvfb, display = start_xvfb(XVFB_BIN)
                 self._pids.append(self._xvfb.pid)
                 env["DISPLAY"] = display
             env.pop("WAYLAND_DISPLAY", None)
@@ -532,11 +443,11 @@ class WebKitRow(BrowserRow):
             opts.add_argument("--automation")
             self._service = Service(executable_path=WEBKIT_DRIVER_BIN, env=env,
                                     log_output=subprocess.DEVNULL)
-            before = _own_children()
+            before = own_children()
             try:
                 self._driver = webdriver.WebKitGTK(options=opts, service=self._service)
             finally:
-                self._pids.extend(sorted(_own_children() - before - set(self._pids)))
+                self._pids.extend(sorted(own_children() - before - set(self._pids)))
             self._driver.set_page_load_timeout(60)
         except BaseException:
             self.close()
@@ -610,43 +521,7 @@ class WebKitRow(BrowserRow):
 
             steps.append(stop_xvfb)
         steps.append(self._gtk_config.cleanup)
-        _run_with_watchdog(steps, self._pids)
-
-
-def _start_xvfb() -> tuple[subprocess.Popen, str]:
-    """Start Xvfb on a free display chosen by Xvfb itself (-displayfd); return (proc, ":N")."""
-    if not os.access(XVFB_BIN, os.X_OK):
-        raise BrowserRowUnavailable(f"{XVFB_BIN} is needed for the webkit row when DISPLAY is unset")
-    rfd, wfd = os.pipe()
-    try:
-        proc = subprocess.Popen(
-            [XVFB_BIN, "-displayfd", str(wfd), "-screen", "0", "1280x1024x24", "-nolisten", "tcp"],
-            pass_fds=(wfd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    finally:
-        os.close(wfd)
-    try:
-        buf = b""
-        deadline = time.monotonic() + 20
-        os.set_blocking(rfd, False)
-        while not buf.endswith(b"\n"):
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                proc.wait(5)
-                raise RuntimeError(f"Xvfb did not report a display (rc={proc.poll()})")
-            try:
-                chunk = os.read(rfd, 64)
-            except BlockingIOError:
-                time.sleep(0.05)
-                continue
-            if not chunk:
-                time.sleep(0.05)
-                continue
-            buf += chunk
-    finally:
-        os.close(rfd)
-    return proc, ":" + buf.decode().strip()
+        run_with_watchdog(steps, self._pids)
 
 
 # --------------------------------------------------------------------------- factory
