@@ -15,6 +15,7 @@ import pytest
 import webslm
 from webslm.admission import pipelines as pipeline_set
 from webslm.admission.admit import STAGES, AdmissionFailure, AdmissionPolicy, admit
+from webslm.backends.gpu import step_floor as step_floor_module
 from webslm.engine import Engine, verdict
 from webslm.engine.choice import FLOOR_METHOD, CpuStep, by_measurement, time_gpu_step
 from webslm.engine.states import State
@@ -73,7 +74,13 @@ def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_rea
     """With a step to beat that the floor stays under, admission goes on through every stage;
     the pipeline the step-floor stage compiled is not compiled again; and the floor is a lower
     bound of the built executor's decode step, timed the way the engine's choice times it."""
-    compiles, stages = _counting_compiles(monkeypatch), []
+    compiles, stages, floors = _counting_compiles(monkeypatch), [], []
+    real_floor = step_floor_module.step_floor
+
+    async def kept(*args, **kwargs):
+        floors.append(await real_floor(*args, **kwargs))
+        return floors[-1]
+    monkeypatch.setattr(step_floor_module, "step_floor", kept)
 
     async def go():
         session = await admit(software_gpu, model, AdmissionPolicy(max_step_seconds=1e6), on_stage=stages.append)
@@ -87,8 +94,42 @@ def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_rea
     floor, step, planned = asyncio.run(go())
     assert stages == list(STAGES)
     assert floor is not None and 0 < floor <= step, (floor, step)
-    # the compile stage compiled every planned pipeline but the one the step-floor stage had
-    assert len(compiles) == len(set(compiles)) == len(planned) - 1, (compiles, planned)
+    # under the limit, every mat-vec form was timed; the compile stage compiled every planned
+    # pipeline but those the step-floor stage had
+    (timed,) = floors
+    assert "decode mat-vec forms" in timed.what and timed.seconds == floor, timed
+    assert len(timed.compiled) >= 2 and set(timed.compiled) <= planned, (timed.compiled, planned)
+    assert len(compiles) == len(set(compiles)) == len(planned) - len(timed.compiled), (compiles, planned)
+
+
+@pytest.mark.parametrize("beat, outcome", [(0.5, "alone"), (2.0, "forms"), (5.0, "admitted")])
+def test_the_costliest_form_decides_first_and_every_mat_vec_form_next(software_gpu, model, monkeypatch, beat, outcome):
+    """The floor's two rounds with injected GPU seconds (the costliest form 1 s, every form
+    3 s): past the first, admission stops there; past the second only, it stops after timing
+    every form; under both it goes on. The pipelines are really compiled and launched."""
+    injected = iter([1.0, 3.0])
+    real_timed = step_floor_module._timed
+
+    async def timed(stage, groups):
+        await real_timed(stage, groups)
+        return next(injected)
+    monkeypatch.setattr(step_floor_module, "_timed", timed)
+    compiles = _counting_compiles(monkeypatch)
+
+    async def go():
+        try:
+            session = await admit(software_gpu, model, AdmissionPolicy(max_step_seconds=beat))
+        except AdmissionFailure as failure:
+            return failure
+        session.destroy()
+        return session
+    result = asyncio.run(go())
+    if outcome == "admitted":
+        assert result.step_floor_s == 3.0 and compiles, result
+        return
+    assert (result.stage, result.code, result.leaked_buffers) == ("step-floor", "gpu-slower", 0), result
+    assert result.step_floor_s == (1.0 if outcome == "alone" else 3.0) and compiles == []
+    assert ("mat-vec alone" if outcome == "alone" else "decode mat-vec forms") in result.sentence, result.sentence
 
 
 def test_the_engine_records_the_floor_as_its_choice_and_the_verdict_keeps_it(software_gpu, model):

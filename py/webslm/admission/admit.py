@@ -453,13 +453,13 @@ class _Admission:
         if limit is None or not self.adapter.summary().is_fallback:
             return {}
         from ..backends.gpu.step_floor import step_floor
-        floor = await step_floor(self.device, self.model, self.plan, self.buffers)
+        floor = await step_floor(self.device, self.model, self.plan, self.buffers, beat=limit)
         self.step_floor_s = floor.seconds
         if floor.seconds > limit:
             failure = AdmissionFailure(self.stage, "gpu-slower", (
                 f"a decode step here takes at least {floor.seconds:.2f} s (the software adapter's "
-                f"{floor.form} mat-vec alone, in its {floor.layers} layers), more than the CPU path's "
-                f"{limit:.2f} s: the step's other pipelines were not compiled"))
+                f"{floor.what}), more than the CPU path's {limit:.2f} s: the step's other pipelines "
+                f"were not compiled"))
             failure.step_floor_s = floor.seconds
             raise failure
         return floor.compiled
