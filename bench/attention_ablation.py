@@ -13,6 +13,8 @@ The variants are the registry's decode_chunk source (f16 cache) edited as text:
                      of the index: the same arithmetic, no memory access
   no exp, no atomics the weights s - m; the max not taken (m = 0)
   no barriers        every workgroupBarrier() of the entry point removed (wrong sums; time only)
+  constants          WG, GW and HD4 declared `const` with the plan's values instead of
+                     `override` (whether the driver unrolls the head loops either way)
 Each row is us a dependent dispatch, the empty submit's round trip subtracted; "floor" is a
 dispatch on the same grid that reads its params and returns.
 """
@@ -23,6 +25,7 @@ import asyncio
 import json
 import pathlib
 import platform
+import re
 import sys
 import time
 
@@ -89,16 +92,27 @@ def variants(source: str) -> dict[str, str]:
                                           "scores[g] += 0.0 * thread_max[g];"),
                                  "from_order_code(atomicLoad(&max_code[g]))", "0.0")
     out["no barriers"] = head + decode.replace(BARRIER, "") + rest
+    out["constants"] = lambda overrides: _as_constants(source, overrides)     # made per plan
     return out
+
+
+def _as_constants(source: str, overrides: dict) -> str:
+    """The kernel with its override declarations made constants of the plan's values."""
+    for name, value in overrides.items():
+        source, n = re.subn(rf"override {name}: u32 = \d+u;", f"const {name}: u32 = {value}u;", source)
+        if n != 1:
+            raise SystemExit(f"ablation: no `override {name}` in {KERNEL}'s source; update the script")
+    return source
 
 
 async def compile_source(device, code: str, overrides: dict) -> CompiledKernel:
     spec = KERNELS[KERNEL]
     overrides = spec.check_overrides(overrides)
+    declared = {name: value for name, value in overrides.items() if f"override {name}:" in code}
     module = device.create_shader_module(code, label="ablation")
     layout = device.create_bind_group_layout(spec.bindings, label="ablation bindings")
     pipeline = await device.create_compute_pipeline(device.create_pipeline_layout([layout]), module,
-                                                    spec.entry_point, constants=overrides, label="ablation")
+                                                    spec.entry_point, constants=declared, label="ablation")
     return CompiledKernel(spec, overrides, layout, pipeline)
 
 
@@ -112,6 +126,7 @@ async def time_model(device, name: str, heads, keys: int, codes: dict, rng, repe
     scratch = [(max(4, plan.scratch_acc), np.float32), (max(2, plan.scratch_ml), np.float32)]
     rows = []
     for variant, code in codes.items():
+        code = code(plan.chunk_pass.overrides) if callable(code) else code
         kernel = await compile_source(device, code, plan.chunk_pass.overrides)
         prepared = runner.prepare(device, kernel, plan.chunk_pass.params, [q, k_cache, v_cache],
                                   [(h * e, np.float32), *scratch], plan.chunk_pass.grid)
