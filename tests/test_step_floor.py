@@ -110,8 +110,8 @@ def test_the_costliest_form_decides_first_and_every_mat_vec_form_next(software_g
     injected = iter([1.0, 3.0])
     real_timed = step_floor_module._timed
 
-    async def timed(stage, groups):
-        await real_timed(stage, groups)
+    async def timed(stage, groups, samples=1):
+        await real_timed(stage, groups, samples)
         return next(injected)
     monkeypatch.setattr(step_floor_module, "_timed", timed)
     compiles = _counting_compiles(monkeypatch)
