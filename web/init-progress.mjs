@@ -24,6 +24,7 @@ export function describe({ phase, stage, done, total, source }) {
     case "download": return `${source === "cache" ? "Reading the model from the cache" : "Downloading the model"}: ${MB(done)}${total ? ` of ${MB(total)}` : ""}`;
     case "validate": return `Checking the model: ${MB(done)}${total ? ` of ${MB(total)}` : ""}`;
     case "admission": return `Preparing the GPU: ${stage}`;
+    case "floor": return "Timing the GPU's costliest kernels against the CPU";
     case "upload": return `Uploading the weights to the GPU: ${MB(done)}${total ? ` of ${MB(total)}` : ""}`;
     case "compile": return `Compiling GPU pipelines:${of}`;
     case "self-test": return `Testing the GPU's kernels:${of}`;

@@ -146,7 +146,7 @@ export function showAdmission(result) {
   $("admission-state").textContent = text;
 }
 
-const STAGE_WORDS = { speed: "timing a decode step against the CPU", "step-floor": "timing its costliest kernel against the CPU" };
+const STAGE_WORDS = { speed: "timing a decode step against the CPU", "step-floor": "timing its costliest kernels against the CPU" };
 
 export function showAdmissionStage(stage) {
   $("admission-state").textContent = `Checking the GPU: ${STAGE_WORDS[stage] ?? stage}…`;

@@ -23,10 +23,12 @@ const STEP_NAMES = {
   "self-test": "Testing the GPU's kernels against the CPU",
   checks: "Checking the GPU for errors",
   speed: "Timing a decode step on the GPU and on the CPU",
-  floor: "Timing the GPU's costliest kernel against the CPU",
+  floor: "Timing the GPU's costliest kernels against the CPU",
 };
 const READING = { cache: "Reading the model from the cache", file: "Reading the model file" };
-const STAGE_STEPS = { allocate: "upload", tune: "compile", compile: "compile", "self-test": "self-test", scopes: "checks", publish: "checks", speed: "speed", "step-floor": "floor" };
+// ("step-floor" is entered on every adapter but runs on software ones only: its step opens on
+// its own progress event, phase "floor", not on the stage's.)
+const STAGE_STEPS = { allocate: "upload", "step-floor": "upload", tune: "compile", compile: "compile", "self-test": "self-test", scopes: "checks", publish: "checks", speed: "speed" };
 // where the bar stands when a step starts (the progress events move it on within the step)
 const STEP_START = { gpu: 0.72, checks: 0.99, speed: 0.99 };
 
@@ -43,13 +45,16 @@ function stepOf({ phase, stage }) {
 }
 
 // The step with this key: the running one, an earlier one (a late event of a step already
-// left: it only updates that step's numbers), or a new one that starts now.
+// left: it only updates that step's numbers), or a new one that starts now, which ends the
+// steps still running; but the worker's boot goes on while the model downloads (the worker
+// reads it from the start: worker.mjs startLoad), until the model's validation begins.
 function stepFor(key, detail) {
   const found = steps.find((step) => step.key === key);
   if (found) return found;
   const now = performance.now();
-  const current = steps.at(-1);
-  if (current && current.ended === null) current.ended = now;
+  for (const step of steps) {
+    if (step.ended === null && !(step.key === "boot" && key === "download")) step.ended = now;
+  }
   const name = key === "download" ? READING[detail.source] ?? STEP_NAMES.download : STEP_NAMES[key];
   const step = { key, name, started: now, ended: null, numbers: "", now: name };
   steps.push(step);
@@ -118,8 +123,7 @@ export function endStart() {
 export function failStart(message) {
   clearInterval(timer);
   timer = null;
-  const current = steps.at(-1);
-  if (current && current.ended === null) current.ended = performance.now();
+  for (const step of steps) if (step.ended === null) step.ended = performance.now();
   const card = $("start");
   card.hidden = false;
   card.dataset.failed = "";

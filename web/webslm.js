@@ -22,7 +22,7 @@ const GPU_STATES = new Set(["Probing", "Preparing", "GPUReady", "Generating"]);
 const CPU_STATES = new Set(["CPUReady", "CPUGenerating", "CPURebuild", "Lost", "VisibleFailure"]);
 const NO_MODEL_STATES = new Set(["Empty", "Destroying", "Unloaded"]);
 // Admission reports progress for its three long stages; the API names what the user sees.
-const ADMISSION_PHASES = { allocate: "upload", compile: "compile", "self-test": "self-test" };
+const ADMISSION_PHASES = { allocate: "upload", "step-floor": "floor", compile: "compile", "self-test": "self-test" };
 const MAX_EVENTS = 500;
 // WebLLM's ids of the models this site serves in its own format (the same weights, converted
 // to .slm by webslm: assets/manifest.json has the quantization).

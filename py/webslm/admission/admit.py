@@ -165,8 +165,9 @@ async def admit(gpu: Gpu | None, model, policy: AdmissionPolicy = AdmissionPolic
 
     on_stage(stage) is called as each stage begins; on_progress(stage, done, total) within
     the long ones: "allocate" (weight bytes uploaded), "compile" (pipelines compiled) and
-    "self-test" (kernel families checked); "tune" (under a second where it measures, its
-    pipelines are then not compiled again) reports only its start.
+    "self-test" (kernel families checked); "step-floor" (0 of 1, then 1 of 1) only where that
+    stage runs (on a software adapter given a step to beat); "tune" (under a second where it
+    measures, its pipelines are then not compiled again) reports only its start.
     `tuning_cache` (untrusted, the caller's): earlier tuning results by tuning_cache.cache_key; the
     new ones are in the session's `tuning.cache_entries` for the caller to keep."""
     if policy.tuning not in TUNING_MODES:
@@ -453,8 +454,10 @@ class _Admission:
         if limit is None or not self.adapter.summary().is_fallback:
             return {}
         from ..backends.gpu.step_floor import step_floor
+        self.on_progress("step-floor", 0, 1)          # it runs (the page shows the step only then)
         floor = await step_floor(self.device, self.model, self.plan, self.buffers, beat=limit)
         self.step_floor_s = floor.seconds
+        self.on_progress("step-floor", 1, 1)
         if floor.seconds > limit:
             failure = AdmissionFailure(self.stage, "gpu-slower", (
                 f"a decode step here takes at least {floor.seconds:.2f} s (the software adapter's "
