@@ -365,9 +365,10 @@ async function openModel(source, url, sha256, { lookup, keep }) {
 const FEED_BYTES = 1 << 20;
 
 // Reading runs ahead of validation (a pump fills a queue while Python validates what has
-// arrived), so the two progress bars show each. The pump: opened.body read into opened.queue as fast as it arrives, whether or not anyone
-// validates yet (download progress events as it goes). opened.ended / opened.failure say how
-// it finished; opened.wake(), when set, is called at each chunk and at the end.
+// arrived), so the two progress bars show each. The pump: opened.body read into opened.queue
+// as fast as it arrives, whether or not anyone validates yet (download progress events as it
+// goes). opened.ended / opened.failure say how it finished; opened.wake(), when set, is
+// called at each chunk and at the end.
 function startReading(opened) {
   const reader = opened.body.getReader();
   opened.reader = reader;
