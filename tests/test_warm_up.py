@@ -77,3 +77,17 @@ def test_admission_after_a_warm_up_admits_as_before(native_gpu, run, gpu_slm_pat
     outcome, during = run(go())
     assert outcome == "admitted" and during == before + 1     # the warm-up's device is not among them
     assert open_devices()["devices"] == before
+
+
+def test_a_device_that_will_not_be_destroyed_is_said_not_raised(native_gpu, run, monkeypatch):
+    class Stubborn(TrackedDevice):
+        def __init__(self, inner):
+            super().__init__(inner)
+            self.inner_device = inner
+
+        def destroy(self):
+            self.inner_device.destroy()
+            raise RuntimeError("already lost")
+    monkeypatch.setattr(warm, "TrackedDevice", Stubborn)
+    report = run(warm.warm_up(native_gpu, compile_on_fallback=True))
+    assert report["warmed"] and report["reason"] == "destroy: RuntimeError: already lost", report

@@ -76,6 +76,9 @@ async def warm_up(gpu: Gpu | None, feature_level: str = "auto", *, compile_on_fa
         return report
     finally:
         if device is not None:
-            device.destroy()
+            try:
+                device.destroy()
+            except Exception as exc:  # noqa: BLE001 - a device already lost: nothing is left to free
+                report["reason"] = report["reason"] or f"destroy: {type(exc).__name__}: {exc}"
             took("destroy")
 
