@@ -6,9 +6,8 @@ estimate predicts the CPU path, on a native WebGPU adapter (wgpu-native).
 Per model, in one process:
 - admission and the executor's build (seconds), as the engine's load does them;
 - choose() `--repeats` times on the built executor (the first on fresh recordings: what a
-  page pays at load), each with its CPU estimate, GPU step, outcome and cost; one that gave
-  up on its step ends the repeats and the GPU figures (the step still runs, and a backend is
-  released then, as the engine does: choice.time_gpu_step);
+  page pays at load), each with its CPU estimate, GPU step, outcome and cost (a step it gave
+  up on is waited for before the next, step_given_up_ends);
 - the CPU estimate against the real thing: the whole CPU path built (its build time too) and
   `--steps` decode steps timed after a one-token prompt, median; `estimate_over_real` is the
   estimate divided by that median;
@@ -55,6 +54,14 @@ def cpu_real(model, steps: int) -> dict:
             "steps_ms": [round(1000 * t, 3) for t in times]}
 
 
+async def step_given_up_ends(started: set) -> None:
+    """choose() leaves a step it gave up on running (the engine releases the backend then,
+    which ends it: choice.time_gpu_step). Here the same backend is timed again, and a submit
+    while that step's readback is still mapped aborts wgpu-native: so the tasks choose()
+    started end first."""
+    await asyncio.gather(*started, return_exceptions=True)
+
+
 async def gpu_warm(backend, steps: int) -> dict:
     backend.reset()
     await backend.prefill([0], ARGMAX)
@@ -80,11 +87,11 @@ async def bench_model(path: str, args) -> dict:
         fallback = bool(session.receipt.as_dict().get("fallback_adapter"))
         choices = []
         for _ in range(args.repeats):
+            before = asyncio.all_tasks()
             choices.append((await choose(backend, model, fallback_adapter=fallback)).as_dict())
-            if not choices[-1]["gpu_step_finished"]:
-                break        # its step still runs: the engine releases the backend then, and so does this
+            await step_given_up_ends(asyncio.all_tasks() - before)
         estimate = estimate_cpu_step(model)
-        warm = await gpu_warm(backend, args.steps) if choices[-1]["gpu_step_finished"] else None
+        warm = await gpu_warm(backend, args.steps)
     finally:
         backend.release()
     real = cpu_real(model, args.steps)

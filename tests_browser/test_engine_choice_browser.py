@@ -141,7 +141,7 @@ def broken_wheel_site_url(tmp_path_factory):
 @pytest.mark.last_in_row(4)       # the row's page is left on another site
 def test_a_worker_that_does_not_boot_is_what_the_page_says_though_the_model_was_being_read(booted, broken_wheel_site_url):
     if booted.row.name != "chromium-compat":
-        pytest.skip("one row is enough for the page's start: chromium-compat (fast)")
+        pytest.skip("the worker refuses the wheel before any browser difference matters: one row, chromium-compat (fast), checks the page says so")
     booted.row.open("about:blank")
     booted.row.open(broken_wheel_site_url)
     booted.wait_for("document.getElementById('header-status').textContent === 'The engine did not start'",

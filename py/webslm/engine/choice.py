@@ -29,9 +29,9 @@ here is a software renderer, more than 10x slower than the CPU path ...").
 Before admission compiles the step (a first visit's main cost on a software adapter: SwiftShader
 spent 31.5 s there), the CPU estimate is taken first and handed to admission as the step to
 beat (AdmissionPolicy.max_step_seconds): on an adapter that says it is a fallback, admission's
-step-floor stage times the costliest mat-vec form's launches on one pipeline, a lower bound of
-the GPU step (backends/gpu/step_floor.py), and stops with "gpu-slower" when even that is
-slower. The engine
+step-floor stage times the costliest mat-vec form's launches (and, where those do not decide,
+every mat-vec form's), a lower bound of the GPU step (backends/gpu/step_floor.py), and stops
+with "gpu-slower" when even that is slower. The engine
 then records that Choice (`Measurement.from_floor`: its GPU figure a lower bound, like a step
 given up on) and the page keeps it like any measured verdict.
 
@@ -184,8 +184,8 @@ async def choose(backend, model, cpu_step: Callable[[object], CpuStep] = estimat
                   fallback_adapter=fallback_adapter, cpu_method=cpu.method, cost_s=clock() - began)
 
 
-FLOOR_METHOD = ("a lower bound before compiling the step: its costliest mat-vec in every layer, timed "
-                "in one submission (admission's step-floor stage)")
+FLOOR_METHOD = ("a lower bound before compiling the step: its costliest mat-vec in every layer (where "
+                "that did not decide, every mat-vec), timed in one submission (admission's step-floor stage)")
 
 
 class Measurement:
