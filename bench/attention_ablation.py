@@ -15,6 +15,13 @@ The variants are the registry's decode_chunk source (f16 cache) edited as text:
   no barriers        every workgroupBarrier() of the entry point removed (wrong sums; time only)
   constants          WG, GW and HD4 declared `const` with the plan's values instead of
                      `override` (whether the driver unrolls the head loops either way)
+The score phase rewritten (phase 2; each checked against the full kernel's output):
+  vec4 sums          a key's dot product summed in a vec4, its four lanes added at the end
+                     (a chain of head_dim / 4 dependent adds instead of head_dim)
+  split N (wg)       N invocations a key, each over every N-th vec4 of the row, their partial
+                     scores added through workgroup memory (two barriers a round of keys)
+  split N (subgroup) the same, the partials added with subgroupShuffleXor
+  rows at runtime    the row loop bounded by params.head_dim / 4 (not unrolled)
 Each row is us a dependent dispatch, the empty submit's round trip subtracted; "floor" is a
 dispatch on the same grid that reads its params and returns.
 """
@@ -96,6 +103,120 @@ def variants(source: str) -> dict[str, str]:
     return out
 
 
+SCORE_HEAD = "fn score_rows(lane: u32, w: ChunkWork, n_rows: u32) {\n"
+SCORE_END = "// Phase 3"
+
+VEC4_SUMS = SCORE_HEAD + """    let e4 = HD4;
+    var thread_max: array<f32, 8>;
+    for (var g = 0u; g < GW; g++) {
+        thread_max[g] = -3.402823e38;
+    }
+    for (var j = lane; j < n_rows; j += WG) {
+        var a: array<vec4<f32>, 8>;
+        for (var g = 0u; g < GW; g++) {
+            a[g] = vec4<f32>(0.0);
+        }
+        let row = (w.row0 + j) * e4;
+        for (var c = 0u; c < e4; c++) {
+            let k = cached_key(row + c);
+            for (var g = 0u; g < GW; g++) {
+                a[g] += qv[g * e4 + c] * k;
+            }
+        }
+        for (var g = 0u; g < GW; g++) {
+            let s = (a[g].x + a[g].y) + (a[g].z + a[g].w);
+            scores[g * params.chunk + j] = s;
+            thread_max[g] = max(thread_max[g], s);
+        }
+    }
+    for (var g = 0u; g < GW; g++) {
+        if (lane < n_rows) {
+            atomicMax(&max_code[g], order_code(thread_max[g]));
+        }
+    }
+}
+
+"""
+
+# {add} turns each invocation's partial s[g] into the key's score in the invocation with part 0.
+SPLIT = """const LANES_PER_KEY: u32 = {n}u;
+var<workgroup> score_parts: array<f32, 2048>;    // [GW][WG]
+""" + SCORE_HEAD + """    let e4 = HD4;
+    let lpk = min(LANES_PER_KEY, e4);
+    let part = lane % lpk;
+    var thread_max: array<f32, 8>;
+    for (var g = 0u; g < GW; g++) {
+        thread_max[g] = -3.402823e38;
+    }
+    for (var base = 0u; base < n_rows; base += WG / lpk) {      // uniform: barriers allowed
+        let j = base + lane / lpk;
+        let row = (w.row0 + min(j, n_rows - 1u)) * e4;
+        var s: array<f32, 8>;
+        for (var g = 0u; g < GW; g++) {
+            s[g] = 0.0;
+        }
+        for (var c = part; c < e4; c += lpk) {
+            let k = cached_key(row + c);
+            for (var g = 0u; g < GW; g++) {
+                s[g] += dot(qv[g * e4 + c], k);
+            }
+        }
+{add}
+        if (part == 0u && j < n_rows) {
+            for (var g = 0u; g < GW; g++) {
+                scores[g * params.chunk + j] = s[g];
+                thread_max[g] = max(thread_max[g], s[g]);
+            }
+        }
+    }
+    for (var g = 0u; g < GW; g++) {
+        if (part == 0u && lane / lpk < n_rows) {
+            atomicMax(&max_code[g], order_code(thread_max[g]));
+        }
+    }
+}
+
+"""
+ADD_WG = """        for (var g = 0u; g < GW; g++) {
+            score_parts[g * WG + lane] = s[g];
+        }
+        workgroupBarrier();
+        if (part == 0u) {
+            for (var g = 0u; g < GW; g++) {
+                var t = 0.0;
+                for (var p = 0u; p < lpk; p++) {
+                    t += score_parts[g * WG + lane + p];
+                }
+                s[g] = t;
+            }
+        }
+        workgroupBarrier();"""
+ADD_SUBGROUP = """        for (var g = 0u; g < GW; g++) {
+            var t = s[g];
+            for (var o = 1u; o < lpk; o *= 2u) {
+                t += subgroupShuffleXor(t, o);
+            }
+            s[g] = t;
+        }"""
+
+
+def score_variants(source: str, subgroups: bool, implicit: frozenset) -> dict[str, str]:
+    """The kernel with phase 2 (score_rows) replaced; each one's output is checked."""
+    start, end = source.index(SCORE_HEAD), source.index(SCORE_END)
+
+    def with_scores(text: str) -> str:
+        return source[:start] + text + source[end:]
+    out = {"vec4 sums": with_scores(VEC4_SUMS)}
+    for n in (4, 8):
+        out[f"split {n} (wg)"] = with_scores(SPLIT.replace("{n}", str(n)).replace("{add}", ADD_WG))
+        if subgroups:
+            text = with_scores(SPLIT.replace("{n}", str(n)).replace("{add}", ADD_SUBGROUP))
+            out[f"split {n} (subgroup)"] = text if "subgroups" in implicit else "enable subgroups;\n" + text
+    rows = source[start:end].replace("let e4 = HD4;", "let e4 = params.head_dim / 4u;", 1)
+    out["rows at runtime"] = with_scores(rows)
+    return out
+
+
 def _as_constants(source: str, overrides: dict) -> str:
     """The kernel with its override declarations made constants of the plan's values."""
     for name, value in overrides.items():
@@ -116,7 +237,8 @@ async def compile_source(device, code: str, overrides: dict) -> CompiledKernel:
     return CompiledKernel(spec, overrides, layout, pipeline)
 
 
-async def time_model(device, name: str, heads, keys: int, codes: dict, rng, repeats: int) -> list[dict]:
+async def time_model(device, name: str, heads, keys: int, codes: dict, checked: set, rng,
+                     repeats: int) -> list[dict]:
     h, kv, e = heads
     shape = attention.AttentionShape(h, kv, e, max(keys, 2), "f16")
     plan = attention.plan_decode(device.limits, shape, keys - 1, chunk=max(keys, 1))    # one chunk
@@ -124,7 +246,7 @@ async def time_model(device, name: str, heads, keys: int, codes: dict, rng, repe
     v_cache = rng.standard_normal(shape.layout.elements).astype(np.float16)
     q = rng.standard_normal(h * e).astype(np.float32)
     scratch = [(max(4, plan.scratch_acc), np.float32), (max(2, plan.scratch_ml), np.float32)]
-    rows = []
+    rows, reference = [], None
     for variant, code in codes.items():
         code = code(plan.chunk_pass.overrides) if callable(code) else code
         kernel = await compile_source(device, code, plan.chunk_pass.overrides)
@@ -134,21 +256,38 @@ async def time_model(device, name: str, heads, keys: int, codes: dict, rng, repe
         rows.append({"model": name, "keys": keys, "variant": variant, "us": round(us, 3),
                      "WG": plan.chunk_pass.overrides["WG"], "GW": plan.chunk_pass.overrides["GW"],
                      "workgroups": plan.chunk_pass.grid[0] * plan.chunk_pass.grid[1]})
+        note = ""
+        if variant == "full" or variant in checked:
+            got = np.frombuffer(await device.read_buffer(prepared.outputs[0][0], 0, h * e * 4), np.float32)
+            if variant == "full":
+                reference = got.copy()
+            else:
+                error = float(np.max(np.abs(got - reference)))
+                rows[-1]["max_error_vs_full"] = error
+                note = f"  max |error| vs full {error:.2e}"
+                if not error < 1e-4:
+                    raise SystemExit(f"ablation: {variant} disagrees with the full kernel ({error})")
         print(f"{name:8} keys {keys:4} WG {rows[-1]['WG']:3} groups {rows[-1]['workgroups']:3} "
-              f"{variant:18} {us:7.2f} us", flush=True)
+              f"{variant:18} {us:7.2f} us{note}", flush=True)
         prepared.release(device)
     return rows
 
 
 async def main(args) -> dict:
     adapter, device = await open_device(NativeGpu())
-    source = KERNELS[KERNEL].source(getattr(device, "implicit_wgsl_enables", frozenset()))
+    implicit = getattr(device, "implicit_wgsl_enables", frozenset())
+    source = KERNELS[KERNEL].source(implicit)
     codes = variants(source)
+    scored = score_variants(source, "subgroups" in device.features, implicit)
+    codes.update(scored)
+    if args.scores_only:
+        codes = {"full": codes["full"], **scored}
     rng = np.random.default_rng(0)
     rows = []
     for name, heads in MODELS.items():
         for keys in ((1, 128) if args.quick else (1, 128, 512)):
-            rows += await time_model(device, name, heads, keys, codes, rng, 20 if args.quick else 200)
+            rows += await time_model(device, name, heads, keys, codes, set(scored), rng,
+                                     20 if args.quick else 200)
     report = {"adapter": adapter.summary().description, "host": platform.platform(),
               "date": time.strftime("%Y-%m-%d"), "kernel": KERNEL, "rows": rows}
     if args.out:
@@ -159,5 +298,6 @@ async def main(args) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two contexts, few repeats (software adapters)")
+    parser.add_argument("--scores-only", action="store_true", help="the full kernel and the score-phase rewrites only")
     parser.add_argument("--out")
     asyncio.run(main(parser.parse_args()))
