@@ -22,6 +22,8 @@ The score phase rewritten (phase 2; each checked against the full kernel's outpu
                      scores added through workgroup memory (two barriers a round of keys)
   split N (subgroup) the same, the partials added with subgroupShuffleXor
   rows at runtime    the row loop bounded by params.head_dim / 4 (not unrolled)
+  small scores       the scores array 256 words instead of 2048 (1 KiB of workgroup memory, not
+                     8: about 6 KiB a workgroup in all, not 13); only where a chunk fits it
 Each row is us a dependent dispatch, the empty submit's round trip subtracted; "floor" is a
 dispatch on the same grid that reads its params and returns.
 """
@@ -214,6 +216,7 @@ def score_variants(source: str, subgroups: bool, implicit: frozenset) -> dict[st
             out[f"split {n} (subgroup)"] = text if "subgroups" in implicit else "enable subgroups;\n" + text
     rows = source[start:end].replace("let e4 = HD4;", "let e4 = params.head_dim / 4u;", 1)
     out["rows at runtime"] = with_scores(rows)
+    out["small scores"] = _replace(source, "const SCORE_WORDS = 2048u;", "const SCORE_WORDS = 256u;")
     return out
 
 
@@ -248,6 +251,8 @@ async def time_model(device, name: str, heads, keys: int, codes: dict, checked: 
     scratch = [(max(4, plan.scratch_acc), np.float32), (max(2, plan.scratch_ml), np.float32)]
     rows, reference = [], None
     for variant, code in codes.items():
+        if variant == "small scores" and plan.chunk_pass.overrides["GW"] * plan.chunk > 256:
+            continue
         code = code(plan.chunk_pass.overrides) if callable(code) else code
         kernel = await compile_source(device, code, plan.chunk_pass.overrides)
         prepared = runner.prepare(device, kernel, plan.chunk_pass.params, [q, k_cache, v_cache],
@@ -282,12 +287,15 @@ async def main(args) -> dict:
     codes.update(scored)
     if args.scores_only:
         codes = {"full": codes["full"], **scored}
+    if args.only:
+        codes = {name: codes[name] for name in ["full", *args.only.split(",")]}
     rng = np.random.default_rng(0)
     rows = []
-    for name, heads in MODELS.items():
-        for keys in ((1, 128) if args.quick else (1, 128, 512)):
-            rows += await time_model(device, name, heads, keys, codes, set(scored), rng,
-                                     20 if args.quick else 200)
+    for _ in range(args.rounds):
+        for name, heads in MODELS.items():
+            for keys in ((1, 128) if args.quick else (1, 128, 512)):
+                rows += await time_model(device, name, heads, keys, codes, set(scored), rng,
+                                         20 if args.quick else 200)
     report = {"adapter": adapter.summary().description, "host": platform.platform(),
               "date": time.strftime("%Y-%m-%d"), "kernel": KERNEL, "rows": rows}
     if args.out:
@@ -299,5 +307,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two contexts, few repeats (software adapters)")
     parser.add_argument("--scores-only", action="store_true", help="the full kernel and the score-phase rewrites only")
+    parser.add_argument("--only", help="comma-separated variants to time beside the full kernel")
+    parser.add_argument("--rounds", type=int, default=1, help="times through every shape and variant")
     parser.add_argument("--out")
     asyncio.run(main(parser.parse_args()))
