@@ -411,8 +411,9 @@ if __name__ == "__main__":
                              "exact (auto without int8 activations: AdmissionPolicy.int8_activations), or "
                              "a comma list (e.g. off,auto,off,auto: each model is run once per entry, in that "
                              "order, for an A/B in one process); no cache is used, so 'auto' measures every time")
-    parser.add_argument("--quantize-wg", type=int, help="kernels/matvec_prequant.py QUANTIZE_WG for this run: "
-                                                          "units a quantize_x workgroup takes (32, 64, 128, 256)")
+    parser.add_argument("--quantize-wg", help="kernels/matvec_prequant.py QUANTIZE_WG[,QUANTIZE_WG_NORM] for this "
+                                               "run: units a quantize_x workgroup takes (32, 64, 128, 256), the "
+                                               "second for the norm mode")
     parser.add_argument("--attention-split", metavar="SINGLE,MIN[,TARGET]",
                         help="decode attention's split for this run (kernels/attention.py SINGLE_PASS_MAX, "
                              "MIN_CHUNK and TARGET_WORKGROUPS): contexts up to SINGLE keys take one pass, longer "
@@ -424,7 +425,8 @@ if __name__ == "__main__":
     arguments = parser.parse_args()
     if arguments.quantize_wg is not None:
         from webslm.kernels import matvec_prequant
-        matvec_prequant.QUANTIZE_WG = arguments.quantize_wg
+        sizes = [int(size) for size in arguments.quantize_wg.split(",")]
+        matvec_prequant.QUANTIZE_WG, matvec_prequant.QUANTIZE_WG_NORM = sizes[0], sizes[-1]
     if arguments.attention_split is not None:
         from webslm.kernels import attention
         from webslm.program import ops

@@ -43,14 +43,8 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x_normed(m, q, select(vec4<f32>(0.0), quad, inside)), inside);
 }
 
-// quantize_x.wgsl: the squares of x (not x * g) added since the last call, then zeroed: one
-// unit's, stored with its bytes, so that the mat-vec that reads them can add the row's squares
-// as it walks the units (matvec_input_int8.wgsl ROW_NORM) and no pass needs the whole row.
-fn take_squares() -> f32 {
-    let squares = norm_squares;
-    norm_squares = 0.0;
-    return squares;
-}
+// quantize_x.wgsl: whether the row's header scale needs the whole row (1/rms needs every square of the row).
+const INPUT_WHOLE_ROW: bool = true;
 
 // After the loop: 1 / sqrt(mean(x^2) + eps) of the row, the same in every lane. Uniform
 // control flow (workgroup_total has barriers).

@@ -25,11 +25,8 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), quad, k < vec4<u32>(params.cols));
 }
 
-// quantize_x.wgsl: the squares of the x a unit's quads were made of, for a norm in the mat-vec
-// (this mode has none).
-fn take_squares() -> f32 {
-    return 0.0;
-}
+// quantize_x.wgsl: whether the row's header scale needs the whole row (each unit is its own).
+const INPUT_WHOLE_ROW: bool = false;
 
 // Nothing to finish: the row sums are the outputs.
 fn input_finish(lane: u32, m: u32) -> f32 {

@@ -3,23 +3,23 @@
 // (in natural order for q8, NATURAL), read by all of the mat-vec's workgroups.
 //
 //   params  the mat-vec's own uniform block (matvec_params.wgsl): cols, units, x_stride, aux
-//   xq      [M][3 units] vec4<u32>, with RESIDUAL [M][5 units] (layout: matvec_input_int8.wgsl),
-//           written
+//   xq      [M][1 + 3 units] vec4<u32>, with RESIDUAL [M][1 + 5 units] (layout:
+//           matvec_input_int8.wgsl), written
 //   then the input mode's activations from X_BINDING on (matvec_input_{plain,norm,swiglu}.wgsl;
 //   their y binding is declared there but not used here)
 //
-// Grid: (ceil(units / WG), 1, M). Each lane quantizes one unit: a unit's words depend on its
+// Grid: (ceil(units / WG), 1, M). Each lane quantizes one unit: a unit's bytes depend on its
 // own 32 activations only, so the units of a row are spread over as many workgroups as it
-// takes, and no workgroup waits on another's. One workgroup per row, as this was, walked a
-// Llama-8B down projection's 448 units in two rounds of 256 lanes on one SM: 7.6 us, against
-// 3.1 us on 7 workgroups of 64 (H200, bench/engine.py --profile).
+// takes. One workgroup per row, as this was, walked a Llama-8B down projection's 448 units in
+// two rounds of 256 lanes on one SM: 7.6 us, against 3.1 us on 7 workgroups of 64 (H200,
+// bench/engine.py --profile). The host sizes the norm mode's workgroup to the whole row
+// (kernels/matvec_prequant.py QUANTIZE_WG_NORM), for the reason below.
 //
-// The norm mode quantizes t = x * g and stores, beside the unit's bytes, the sum of the squares
-// of its x (take_squares); the mat-vec adds those over the row as it walks the units and
-// applies 1/rms to its row sums (matvec_input_int8.wgsl ROW_NORM): the numerics of the norm
-// mode's dot4 mat-vec, step for step. Before, the row's 1/rms sat in a header that workgroup 0
-// made by reading every unit of the row, so the norm mode ran on one workgroup as wide as the
-// row (on the H200 4.5-4.8 us a launch, against 2.5 for the plain mode).
+// The norm mode quantizes t = x * g and stores 1/rms in the row's header, which the mat-vec
+// applies to its row sums: the numerics of the norm mode's dot4 mat-vec, step for step. The
+// header needs the whole row's sum of squares, so workgroup 0 (and only it) reads every unit
+// of the row; the squares come from the quads its unit loop loads (each once), added over the
+// workgroup by workgroup_total below.
 
 override WG: u32 = 64u;
 override RESIDUAL: bool = false;   // a second byte per activation, the rounding left over (int8_lanes)
@@ -29,33 +29,13 @@ const X_BINDING: u32 = 2u;
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> xq: array<vec4<u32>>;
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let m = group.z;
-    let u = group.x * WG + lane;                     // the unit this lane quantizes
-    if (u < params.units) {
-        let quads = unit_quads(u, m);
-        store_unit(m, u, quantize_unit(quads, NATURAL), take_squares());
-    }
-}
-
-fn store_unit(m: u32, u: u32, unit: UnitX, squares: f32) {
-    let words = xq_unit_words();
-    let at = words * (m * params.units + u);
-    xq[at] = unit.even;
-    xq[at + 1u] = unit.odd;
-    xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), bitcast<u32>(squares), 0u);
-    if (RESIDUAL) {
-        xq[at + 3u] = unit.even_r;
-        xq[at + 4u] = unit.odd_r;
-    }
-}
-
-// The input files' input_finish (the mat-vec's epilogue: the norm mode's adds its lanes' squares
-// with this) is not called here, but WGSL resolves every function a module names, so the module
-// carries a correct one: a tree over the lanes, its order fixed.
 var<workgroup> lane_values: array<f32, 256>;     // [lane < WG <= 256]
 
+// The sum of every lane's value, returned to every lane: a tree over the lanes (log2 WG
+// barrier steps; its order is fixed, so the result is the same in every run). A loop over
+// the WG values in every lane, as this was, cost the norm mode's quantizer a dependent chain
+// of WG shared-memory reads: on the H200 its launch took 5.2 us at WG 64 and 8.2 at WG 128,
+// where the same launch without the norm (swiglu) took 4.3 at WG 256.
 fn workgroup_total(value: f32, lane: u32) -> f32 {
     lane_values[lane] = value;
     workgroupBarrier();
@@ -66,6 +46,45 @@ fn workgroup_total(value: f32, lane: u32) -> f32 {
         workgroupBarrier();
     }
     let total = lane_values[0];
-    workgroupBarrier();
+    workgroupBarrier();              // every lane has read it before a later call writes
     return total;
+}
+
+// The header's scale needs every unit of the row in the norm mode (its 1/rms), and in no
+// other: the input files say which with INPUT_WHOLE_ROW.
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let m = group.z;
+    let words = xq_unit_words();
+    let row = m * (1u + words * params.units);
+    let mine = group.x * WG + lane;                  // the unit this lane quantizes
+    let header = group.x == 0u;                      // uniform over the workgroup
+    if (header && INPUT_WHOLE_ROW) {
+        // every unit's quads, for their squares; this workgroup's own units (u < WG) quantized
+        for (var u = lane; u < params.units; u += WG) {
+            let quads = unit_quads(u, m);
+            if (u == mine) {
+                store_unit(row, u, quantize_unit(quads, NATURAL));
+            }
+        }
+    } else if (mine < params.units) {
+        store_unit(row, mine, quantize_unit(unit_quads(mine, m), NATURAL));
+    }
+    if (header) {
+        let scale = input_finish(lane, m);   // barriers inside (norm): uniform control flow here
+        if (lane == 0u) {
+            xq[row] = vec4<u32>(bitcast<u32>(scale), 0u, 0u, 0u);
+        }
+    }
+}
+
+fn store_unit(row: u32, u: u32, unit: UnitX) {
+    let at = row + 1u + xq_unit_words() * u;
+    xq[at] = unit.even;
+    xq[at + 1u] = unit.odd;
+    xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
+    if (RESIDUAL) {
+        xq[at + 3u] = unit.even_r;
+        xq[at + 4u] = unit.odd_r;
+    }
 }

@@ -1,8 +1,8 @@
 """The decode mat-vec on activations quantized once, beforehand: two launches.
 
-    quantize_x_<input>   x (or x * g, or silu(gate) * up) -> xq, the activations as int8 bytes
-                         per 32 with a power-of-two scale, the unit's sum and, for the norm
-                         mode, the squares of its x (shaders/quantize_x.wgsl: one lane a unit)
+    quantize_x_<input>   x (or x * g with the row's 1/rms, or silu(gate) * up) -> xq, the
+                         activations as int8 bytes per 32 with a power-of-two scale and the
+                         unit's sum (shaders/quantize_x.wgsl: one workgroup per activation row)
     matvec_int8_<enc>_<variant>   y = W xq with dot4I8Packed, for the encodings of
                          matvec.PREQUANT_VARIANTS: q4 (matvec_q4_dot4.wgsl), q4k
                          (matvec_q4k_xq.wgsl), q6k (matvec_q6k_xq.wgsl), q8 (matvec_q8_xq.wgsl),
@@ -32,8 +32,7 @@ Two byte widths (Choice variants, `VARIANTS`):
            benchmarks and for that check, never chosen by the engine.
 
 Numerics: for q4 exactly those of the dot4 variant with the same RESIDUAL (the same
-quantize_unit, the same scale rule, the norm's 1/rms applied to the row sums after: the mat-vec
-adds the squares quantize_x stored with the units it walks, `ROW_NORM`); for every
+quantize_unit, the same scale rule, the norm's 1/rms applied to the row sums after); for every
 encoding `matvec_oracle.fused_oracle(..., int8=1 + RESIDUAL, int8_unit=32)` bounds it: int8
 activations, a stated error, not the exact f32 mat-vec. The engine takes it only where
 admission's tuning stage measured it faster on the device and checked its output against the
@@ -59,12 +58,14 @@ VARIANTS = {"xq": 0, "xq2": 1}          # matvec.Choice.variant of this path -> 
 VARIANT = "xq2"                         # the one the engine's tuning tries
 UNIT = 32                               # activations per quantized unit (one scale, one sum)
 QUANTIZE_SIZES = (32, 64, 128, 256)     # quantize_x workgroup sizes (one lane per unit)
-# The quantize_x workgroup size taken: units per workgroup (one a lane), as many workgroups as a
-# row needs. Measured in the Llama-8B step on the H200 (docs/RESULTS.md, "quantize_x over many
-# workgroups"): the swiglu row of 448 units went from 7.6 us on one workgroup to 3.1 us on 7 of
-# 64. Every mode's units are independent since the norm's squares travel with them
-# (quantize_x.wgsl), so the norm mode is spread the same way.
+# The quantize_x workgroup size taken, by input mode: units per workgroup (one a lane), as many
+# workgroups as a row needs. Measured in the Llama-8B step on the H200 (docs/RESULTS.md,
+# "quantize_x over many workgroups"): the swiglu row of 448 units went from 7.6 us on one
+# workgroup to 3.1 us on 7 of 64; a norm row wants one workgroup as wide as it (up to 256),
+# since its header needs every square of the row and workgroup 0 would walk the others' units
+# in turn (4.7 us on one workgroup of 128, 6.0 on two of 64, 11.8 on four of 32).
 QUANTIZE_WG = 64
+QUANTIZE_WG_NORM = 256
 
 
 def quantize_name(input: str) -> str:
@@ -88,9 +89,9 @@ register(*_specs())
 
 
 def xq_bytes(units: int, m: int = 1, residual: bool = True) -> int:
-    """Bytes of xq for m activation rows of `units` units: 3 vec4 a unit (5 with the residual
-    bytes)."""
-    return 16 * m * (5 if residual else 3) * units
+    """Bytes of xq for m activation rows of `units` units: a 16-byte header and 3 vec4 a unit
+    (5 with the residual bytes)."""
+    return 16 * m * (1 + (5 if residual else 3) * units)
 
 
 def x_units(weights: Weights) -> int:
@@ -118,7 +119,7 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     """Both launches, validated on the host (matvec.plan's checks for the op's input mode);
     `residual`: two bytes an activation ("xq2"), else one ("xq"); `quantize_workgroup`: units
     a quantize_x workgroup takes (one a lane; a row takes ceil(units / it) workgroups; default
-    QUANTIZE_WG)."""
+    QUANTIZE_WG, for the norm mode QUANTIZE_WG_NORM)."""
     if not serves(device, weights):
         raise MatvecShapeError("variant", f"pre-quantized activations need weights of "
                                           f"{sorted(matvec.PREQUANT_VARIANTS)} in whole units of {UNIT} and "
@@ -127,8 +128,7 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     base = matvec.plan(device, weights, m, x_stride, y_stride, input, accumulate, eps, up_offset, norm_elements,
                        workgroup, rows_per_group, variant=variant if variant in matvec.VARIANTS[weights.encoding]
                        else "")
-    overrides = ({k: v for k, v in base.overrides.items() if k != "RESIDUAL"}
-                 | {"RESIDUAL": int(residual), "ROW_NORM": int(input == "norm")})
+    overrides = {k: v for k, v in base.overrides.items() if k != "RESIDUAL"} | {"RESIDUAL": int(residual)}
     name = matvec.kernel_name(weights.encoding, "subgroups" in device.features, "int8", variant)
     units = x_units(weights)
     params = base.params.copy()
@@ -136,7 +136,7 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     # The default is no wider than the row's units; a size asked for is taken as it is (lanes
     # past the units idle), so a self-test on a short row runs the step's own pipeline.
     size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES, quantize_workgroup or min(
-        QUANTIZE_WG, max(32, 1 << (units - 1).bit_length())))
+        QUANTIZE_WG_NORM if input == "norm" else QUANTIZE_WG, max(32, 1 << (units - 1).bit_length())))
     if size is None:
         raise MatvecShapeError("workgroup", "no quantize_x workgroup size fits the device's limits")
     groups = -(-units // size)

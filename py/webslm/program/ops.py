@@ -310,7 +310,7 @@ def int8_x_bytes(arch) -> int:
     any decode matmul (q4 rows hold whole blocks of up to 256: 8 units of 32 each), with two
     bytes an activation (5 vec4 a unit)."""
     widest = max(arch.hidden, arch.n_heads * arch.head_dim, arch.ffn)
-    return 16 * 5 * (-(-widest // 256) * 8)
+    return 16 * (1 + 5 * (-(-widest // 256) * 8))
 
 
 # -- the reference program ------------------------------------------------------------------------
