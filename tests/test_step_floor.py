@@ -73,7 +73,12 @@ def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_rea
         software_gpu, model, monkeypatch):
     """With a step to beat that the floor stays under, admission goes on through every stage;
     the pipeline the step-floor stage compiled is not compiled again; and the floor is a lower
-    bound of the built executor's decode step, timed the way the engine's choice times it."""
+    bound of the built executor's decode step, timed the way the engine's choice times it.
+
+    Both are timings, and a busy CPU only adds to a timing: in a CI run whose browser suite
+    shared the two cores, admission's floor read 16.5 ms against a 9.0 ms step timed seconds
+    later. So the bound is checked on floors and steps timed in turn, the least of each, where
+    both see the same load."""
     compiles, stages, floors = _counting_compiles(monkeypatch), [], []
     real_floor = step_floor_module.step_floor
 
@@ -84,16 +89,22 @@ def test_a_step_that_may_beat_the_cpu_is_admitted_and_its_floor_is_below_the_rea
 
     async def go():
         session = await admit(software_gpu, model, AdmissionPolicy(max_step_seconds=1e6), on_stage=stages.append)
+        planned = set(session.kernels)
         from webslm.backends.gpu import GpuBackend
         backend = await GpuBackend.build(session, model)
         try:
-            steps = [(await time_gpu_step(backend))[0] for _ in range(3)]
-            return session.step_floor_s, min(steps), set(session.kernels)
+            again, steps = [], []
+            for _ in range(4):
+                bound = await real_floor(session.device, model, session.plan, session.buffers, beat=1e6)
+                again.append(bound.seconds)
+                steps.append((await time_gpu_step(backend))[0])
+            return session.step_floor_s, again, steps, planned
         finally:
             backend.release()
-    floor, step, planned = asyncio.run(go())
+    floor, again, steps, planned = asyncio.run(go())
     assert stages == list(STAGES)
-    assert floor is not None and 0 < floor <= step, (floor, step)
+    assert floor is not None and floor > 0
+    assert 0 < min(again) <= min(steps), (again, steps)
     # under the limit, every mat-vec form was timed; the compile stage compiled every planned
     # pipeline but those the step-floor stage had
     (timed,) = floors
