@@ -1,8 +1,9 @@
 // 32 activations as the bytes the q4 packed-dot mat-vec multiplies (matvec_q4_dot4.wgsl), with
-// matvec_int8_x.wgsl's scale and rounding. Shared by the two places that quantize them: the
-// mat-vec itself, per workgroup (matvec_q4_dot4_x.wgsl), and the quantizer that runs once per
-// mat-vec beforehand (quantize_x.wgsl), so both give the same bytes for the same x. The unit
-// they make, UnitX, is int8_unit.wgsl.
+// matvec_int8_x.wgsl's scale and rounding. Shared by the places that quantize them: the
+// mat-vec itself, per workgroup (matvec_q4_dot4_x.wgsl), the quantizer that runs once per
+// mat-vec beforehand (quantize_x.wgsl), and decode attention for the o projection
+// (attention_decode_xq.wgsl), so all give the same bytes for the same x. The unit they make,
+// UnitX, is int8_unit.wgsl; reading a mat-vec input's units, int8_quads.wgsl.
 
 // The even and odd words of q (xy) and of r (zw) for activations 8j .. 8j+7 (quads a = 8j..,
 // b = 8j+4..), in nibble order or, `natural`, in natural order (int8_unit.wgsl).
@@ -31,21 +32,4 @@ fn quantize_unit(q: array<vec4<f32>, 8>, natural: bool) -> UnitX {
     let w3 = pack_pair(q[6], q[7], d.inverse, natural);
     return UnitX(vec4<u32>(w0.x, w1.x, w2.x, w3.x), vec4<u32>(w0.y, w1.y, w2.y, w3.y),
                  vec4<u32>(w0.z, w1.z, w2.z, w3.z), vec4<u32>(w0.w, w1.w, w2.w, w3.w), d.scale, total);
-}
-
-// Unit u's 8 quads of activation row m through the input file's x_full / x_quad (the input
-// mode's activations: x, x * g, silu(gate) * up); past cols they read as 0.
-fn unit_quads(u: u32, m: u32) -> array<vec4<f32>, 8> {
-    var q: array<vec4<f32>, 8>;
-    let k0 = u * 32u;
-    if (k0 + 32u <= params.cols) {      // every unit but a partial last one: plain loads
-        for (var j = 0u; j < 8u; j++) {
-            q[j] = x_full(m, u * 8u + j);
-        }
-    } else {
-        for (var j = 0u; j < 8u; j++) {
-            q[j] = x_quad(m, k0 + 4u * j);
-        }
-    }
-    return q;
 }

@@ -126,7 +126,7 @@ def _sources(encoding: str, input: str, variant: str, subgroups: bool) -> tuple[
     return ((("enable_subgroups.wgsl",) if subgroups else ())
             + ("common_quant.wgsl", "matvec_params.wgsl", "matvec_main.wgsl", weights_file)
             + (("int8_unit.wgsl",) if q4_dot4 or input == "int8" else ())
-            + (("int8_pack.wgsl", "matvec_q4_dot4_x.wgsl") if q4_dot4 and input != "int8" else ())
+            + (("int8_pack.wgsl", "int8_quads.wgsl", "matvec_q4_dot4_x.wgsl") if q4_dot4 and input != "int8" else ())
             + (("matvec_unit32.wgsl",) if encoding in UNIT32 and input != "int8" else ())
             + (f"matvec_input_{input}.wgsl", reduce)
             + (("matvec_int8_x.wgsl",) if variant == "dot4" or input == "int8" else ())
