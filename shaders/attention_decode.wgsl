@@ -71,6 +71,12 @@ fn decode_chunk(@builtin(workgroup_id) group: vec3<u32>,
     if (wid >= params.n_groups) {
         return;  // the whole workgroup leaves together: barriers below stay uniform
     }
+    chunk_phases(wid, lane);
+}
+
+// Phases 1..5 of workgroup `wid` (< n_groups), for decode_chunk and attention_decode_xq.wgsl's
+// decode_chunk_xq. Called in uniform control flow: the barriers stay uniform.
+fn chunk_phases(wid: u32, lane: u32) {
     let e4 = HD4;
     let w = chunk_work(wid);
 

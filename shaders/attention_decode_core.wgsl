@@ -162,7 +162,9 @@ fn write_chunk(lane: u32, w: ChunkWork, pairs: u32, slices: u32) {
         let c = pair % e4;
         let head = w.head0 + g;
         if (params.n_chunks == 1u) {
-            out[head * e4 + c] = acc / l;
+            let value = acc / l;
+            out[head * e4 + c] = value;
+            qv[pair] = value;      // for attention_decode_xq.wgsl (qv[pair] is this lane's alone)
         } else {
             let slot = head * params.n_chunks + w.chunk_id;
             part_acc[slot * e4 + c] = acc;
