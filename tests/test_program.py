@@ -81,6 +81,8 @@ def test_each_rule_on_top_of_the_ones_before_removes_dispatches(stacked_model):
         fused = fuse(base, layout, ALL[:k + 1])
         if rule.name == "residual-into-accumulate":       # turns the residual norms into plain ones
             assert len(fused.ops) == len(before.ops) and fused.ops != before.ops
+        elif rule.name == "quantize-into-attention":      # marks attention (none left after RoPE moved in);
+            assert fused.ops == before.ops                # lowering removes a launch (test_quantize_into_attention.py)
         else:
             assert len(fused.ops) < len(before.ops), rule.name
         before = fused

@@ -15,6 +15,8 @@ norm-into-matmul then folds away).
                                          their input (also the final norm into the head)
     swiglu-into-down           decode    SwiGLU moves into down's input                       -> 7
     rope-kv-into-attention     decode    RoPE and the KV append move into attention           -> 6 ... 5
+    quantize-into-attention    decode    attention quantizes its output for an o projection    (int8: -1)
+                                         on activations quantized once (lowering decides)
 
 (The counts are for a decode layer whose q|k|v and gate|up stack; tests/test_program.py
 checks each rule against the reference numerically on the GPU.) Prefill multiplies with the
@@ -167,6 +169,23 @@ def rope_kv_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
     return out
 
 
+def quantize_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
+    """Decode attention whose output only plain-input mat-vecs read (the o projection) may
+    quantize it for them (kernels/attention_xq.py): marked here, decided in lowering, which
+    knows what tuning chose. Where the o projection runs on activations quantized once, its
+    quantize_x launch goes (one dispatch a layer fewer); where it does not, or in a step past
+    the single-pass length, nothing changes."""
+    out = list(ops)
+    for i, op in enumerate(out):
+        if op.kind != "attention":
+            continue
+        readers = _consumers(out, i, op.write("out"))
+        if readers and all(out[j].kind == "matmul" and out[j].option("input", "plain") == "plain"
+                           for j in readers):
+            out[i] = _with(op, quantize_out=True)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     name: str
@@ -180,12 +199,14 @@ RULES = (
     Rule("norm-into-matmul", norm_into_matmul, ("decode",)),
     Rule("swiglu-into-down", swiglu_into_down, ("decode",)),
     Rule("rope-kv-into-attention", rope_kv_into_attention, ("decode",)),
+    Rule("quantize-into-attention", quantize_into_attention, ("decode",)),
 )
 ALL = tuple(rule.name for rule in RULES)
 # What admission uses unless told otherwise. rope-kv-into-attention is left out: measured on the
 # H200 (docs/RESULTS.md) its fused kernel took 12.9 us a layer against 10.5 us for RoPE + KV
 # append and attention apart, so the step with it was slower on SmolLM2's shape.
-DEFAULT = tuple(name for name in ALL if name != "rope-kv-into-attention")
+# quantize-into-attention is left out until it is timed on a GPU (bench/engine.py --fusions).
+DEFAULT = tuple(name for name in ALL if name not in ("rope-kv-into-attention", "quantize-into-attention"))
 
 
 def fuse(program: Program, layout: Layout, rules: tuple[str, ...] = ALL) -> Program:

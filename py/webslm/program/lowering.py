@@ -17,11 +17,17 @@ own plan functions, before any GPU work.
     matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
     rope_kv          rope_kv_append[_bias]_<kv dtype>     rope_table (+ q, k, v biases)  qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
+                     or attention_decode_xq (one pass, the o projection on int8_x: below)   (+ int8_x)
     attention_rope   attention_decode_rope                qkv, rope_table                k_cache, v_cache, out, acc, ml
     swiglu, geglu    swiglu / geglu                       h (gate | up)                  out
     scale            scale_rows (gemma3 embedding scale)  -                              x (in place)
     head_norm        head_norm (gemma3 q/k norms)         q_weight, k_weight             qkv (in place)
     reduce           logits argmax / top-k (two passes)   logits (+ partials)            partials / result
+
+An attention op marked `quantize_out` (fusion rule quantize-into-attention) quantizes its own
+output for the o projection when every mat-vec reading it is on the pre-quantized path with one
+byte form, and the step is one pass (`output_quantizer`); the recorder then lowers those
+mat-vecs with `x_quantized`, without their quantize_x launch (backends/gpu/forward.py).
 
 The head always multiplies one row (the mat-vec, in both schedules). Decode attention has one
 head grouping and grid for every position (the full cache's), so a decode recording never
@@ -33,8 +39,8 @@ import dataclasses
 
 import numpy as np
 
-from ..kernels import (attention, attention_rope, embed, gemm, gemm_split, head_norm, logits, matvec, matvec_prequant,
-                       norm, rope_kv, scale, swiglu)
+from ..kernels import (attention, attention_rope, attention_xq, embed, gemm, gemm_split, head_norm, logits, matvec,
+                       matvec_prequant, norm, rope_kv, scale, swiglu)
 from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -102,7 +108,8 @@ class Lowering:
         # Room for decode activations quantized once (kernels/matvec_prequant.py), in bytes.
         self.int8_x_bytes = next((r.size for r in plan.regions if r.name == "decode.int8_x"), 0)
         self.arch = a = model.architecture
-        self.manifest = model.manifest
+        self.model, self.manifest = model, model.manifest
+        self._decode_ops: list[Op] | None = None     # the decode program (output_quantizer's readers)
         self.plan = plan
         policy = plan.as_dict()["policy"]
         self.capacity, self.chunk, self.top_k = (policy["context_capacity"], policy["prefill_chunk"],
@@ -156,9 +163,12 @@ class Lowering:
 
     # -- ops -> launches ------------------------------------------------------------------------
     def lower(self, op: Op, schedule: str, tokens: int, start: int, readback: str = "argmax",
-              long_attention: bool = False) -> list[Launch]:
+              long_attention: bool = False, x_quantized: bool = False) -> list[Launch]:
         """The launches of `op` in a step of `tokens` tokens at `start` ([] for a copy, or a
-        reduce when the whole logits row is read back)."""
+        reduce when the whole logits row is read back). `x_quantized`: a matmul whose input an
+        earlier launch of the same recording quantized already (output_quantizer)."""
+        if op.kind == "matmul":
+            return self._matmul(op, schedule, tokens, start, readback, long_attention, x_quantized)
         return getattr(self, f"_{op.kind}")(op, schedule, tokens, start, readback, long_attention)
 
     def _copy(self, op, schedule, tokens, start, readback, long_attention):
@@ -215,7 +225,7 @@ class Lowering:
             y_stride = weights.rows                  # a stacked decode row: its members back to back
         return x_stride, y_stride
 
-    def _matmul(self, op, schedule, tokens, start, readback, long_attention):
+    def _matmul(self, op, schedule, tokens, start, readback, long_attention, x_quantized=False):
         piece = op.option("piece", 0)
         weights, row_start = weight_of(self.manifest, self.splits, op.read("w"), piece)
         parts = [Binding(part, op.read("w"), part=part, piece=piece) for part in part_names(weights)]
@@ -249,6 +259,8 @@ class Lowering:
                                                   f"{need} bytes; the plan's decode.int8_x holds {self.int8_x_bytes}")
                 xq = Binding("xq", "int8_x")
                 label = op.label.split("#")[0]
+                if x_quantized:
+                    return [self._launch(op, q.matvec, parts + [xq], [y])]
                 return [Launch(q.quantize.kernel, dict(q.quantize.overrides), q.quantize.params, q.quantize.grid,
                                tuple(inputs[name] for name in q.quantize.inputs), (xq,), f"{label} quantize"),
                         self._launch(op, q.matvec, parts + [xq], [y])]
@@ -309,6 +321,11 @@ class Lowering:
             return [self._launch(op, p, inputs, [Binding("out", op.write("out"))])]
         d = self._plan_attention(start, window=op.option("window"), scale=op.option("scale"))
         outputs = [Binding("out", op.write("out")), Binding("acc", op.write("acc")), Binding("ml", op.write("ml"))]
+        quantizer = None if long_attention else self.output_quantizer(op)
+        if quantizer is not None:       # the o projection's int8 input as well (one pass only)
+            chunk = attention_xq.quantized_chunk_pass(d.chunk_pass, self.shape, *quantizer)
+            return [dataclasses.replace(self._launch(op, chunk, inputs, outputs + [Binding("xq", "int8_x")]),
+                                        grid=tuple(self.decode_grid))]
         chunk_pass = dataclasses.replace(self._launch(op, d.chunk_pass, inputs, outputs), grid=tuple(self.decode_grid))
         if not long_attention:
             return [chunk_pass]
@@ -333,6 +350,29 @@ class Lowering:
         combine = Launch(attention_rope.COMBINE_KERNEL, dict(self.decode_combine_overrides), d.chunk_pass.params,
                          tuple(self.decode_combine_grid), (qkv, *caches), tuple(partials), "combine")
         return [chunk_pass, combine]
+
+    def output_quantizer(self, op: Op) -> tuple[bool, bool] | None:
+        """(RESIDUAL, NATURAL) of the bytes a decode attention op writes for the mat-vecs that
+        read its output, or None where it does not: the op is marked `quantize_out`, a head is
+        whole units of 32, and every reader's current choice is the pre-quantized path on a
+        plain input of exactly the attention output's units, all wanting one byte form."""
+        if not op.option("quantize_out") or op.kind != "attention" or not attention_xq.fits(self.shape):
+            return None
+        if self._decode_ops is None:
+            from ..plan.memory import plan_programs        # (the planner imports this module)
+            self._decode_ops = list(plan_programs(self.model, self.plan)["decode"].ops)
+        readers = [r for r in self._decode_ops if r.kind == "matmul" and r.layer == op.layer
+                   and r.read("x") == op.write("out")]
+        forms = set()
+        for reader in readers:
+            key, weights = self.matvec_form(reader)
+            choice = self.choices.get(key)
+            if (choice is None or choice.variant not in matvec_prequant.VARIANTS
+                    or reader.option("input", "plain") != "plain" or not matvec_prequant.serves(self.device, weights)
+                    or matvec_prequant.x_units(weights) * matvec_prequant.UNIT != self.arch.n_heads * self.arch.head_dim):
+                return None
+            forms.add((bool(matvec_prequant.VARIANTS[choice.variant]), weights.encoding == "q8"))
+        return forms.pop() if len(forms) == 1 else None
 
     # -- the family plans behind the position-dependent ops ----------------------------------------
     def _chunk_at(self, start: int) -> int:

@@ -1,0 +1,85 @@
+"""The fusion rule quantize-into-attention (program/fusion.py) and its lowering: decode
+attention writes the o projection's int8 input itself (kernels/attention_xq.py) where the o
+projection runs on activations quantized once, so the step has no quantize_x launch between
+them; past the single-pass length the combine pass and quantize_x run as before. The logits
+are those of the same session without the rule, bit for bit (the same bytes reach o)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import webslm
+from webslm.admission.admit import AdmissionPolicy, admit
+from webslm.backends.gpu import GpuBackend
+from webslm.backends.scores import Want
+from webslm.program.fusion import ALL, DEFAULT, fuse
+from webslm.program.ops import Layout, reference
+
+from tuning_models import prequantized_entries
+
+RULE = "quantize-into-attention"
+DECODE_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def model(stacked_slm_path):
+    return webslm.open_model(stacked_slm_path)       # head_dim 32: whole units of 32; context 320
+
+
+def test_the_rule_marks_decode_attention_read_only_by_plain_matmuls(model):
+    arch = model.architecture
+    layout = Layout({}, frozenset({"qkv", "gate_up"}))
+    decode = fuse(reference(arch, "decode", 1, layout), layout, DEFAULT + (RULE,))
+    attention = [op for op in decode.ops if op.kind == "attention"]
+    assert len(attention) == arch.n_layers and all(op.option("quantize_out") for op in attention)
+    assert decode.fusions[-1] == RULE
+    assert len(decode.ops) == len(fuse(reference(arch, "decode", 1, layout), layout, DEFAULT).ops)
+    prefill = fuse(reference(arch, "prefill", 64, layout), layout, DEFAULT + (RULE,))
+    assert not any(op.option("quantize_out") for op in prefill.ops)     # prefill runs the GEMM
+    every = fuse(reference(arch, "decode", 1, layout), layout, ALL)      # RoPE in attention: left alone
+    assert not any(op.option("quantize_out") for op in every.ops)
+
+
+async def _session_logits(gpu, model, fusions, cache, prompt):
+    """(logits of a prefill and DECODE_STEPS greedy steps across the single-pass length, the
+    labels and kernels of the short and the long decode recordings, the self-test report)."""
+    session = await admit(gpu, model, AdmissionPolicy(fusions=fusions, tuning="force", tuning_budget_s=600.0),
+                          tuning_cache=cache)
+    assert session.tuning.source == "cached"
+    self_test = session.self_test
+    backend = await GpuBackend.build(session, model)
+    try:
+        forward = backend.forward
+        ops = forward.programs["decode"].ops
+        recordings = {}
+        for long in (False, True):
+            dispatches, _ = await forward.record("decode", ops, 1, 0, long_attention=long)
+            recordings[long] = [forward.labels[id(d)] for d in dispatches]
+        rows = [(await backend.prefill(prompt, Want("full"))).logits]
+        for _ in range(DECODE_STEPS):
+            rows.append((await backend.decode_one(int(np.argmax(rows[-1])), Want("full"))).logits)
+        assert not forward.single_pass_at(backend.position - 1)            # the last steps were long
+        return rows, recordings, {name for name, _ in session.kernels}, self_test
+    finally:
+        backend.release()
+
+
+def test_attention_quantizes_for_o_and_the_logits_do_not_move(native_gpu, model, measured, run):
+    cache = prequantized_entries(measured[0])         # every q4/q8 form on two-byte int8 activations
+    prompt = [int(t) for t in np.random.default_rng(5).integers(0, model.architecture.vocab, 254)]
+    fused, fused_rec, fused_kernels, self_test = run(_session_logits(native_gpu, model, DEFAULT + (RULE,), cache,
+                                                                     prompt))
+    plain, plain_rec, plain_kernels, _ = run(_session_logits(native_gpu, model, DEFAULT, cache, prompt))
+    layers = model.architecture.n_layers
+    # the short recording: no quantize_x before o; the long one keeps it after the combine
+    assert plain_rec[False].count("o quantize") == layers and "o quantize" not in fused_rec[False]
+    assert len(fused_rec[False]) == len(plain_rec[False]) - layers
+    assert fused_rec[True] == plain_rec[True] and fused_rec[True].count("o quantize") == layers
+    assert any(name.startswith("attention_decode_xq_") for name in fused_kernels), fused_kernels
+    assert not any(name.startswith("attention_decode_xq_") for name in plain_kernels)
+    # admission's self-test ran the plan's own quantizing pipeline (else admission refuses:
+    # "self-test-incomplete")
+    assert "attention_xq" in self_test["families"]
+    assert any(name.startswith("attention_decode_xq_") for name in self_test["kernels"])
+    for want, got in zip(plain, fused):
+        assert np.array_equal(want, got)
