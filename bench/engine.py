@@ -39,6 +39,7 @@ import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
+from webslm.program import fusion
 from webslm.program.fusion import ALL
 from webslm.webgpu.native import NativeGpu
 
@@ -249,8 +250,9 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
-    named = {"default": None, "all": ALL}
-    fusions = named[args.fusions] if args.fusions in named else tuple(f for f in args.fusions.split(",") if f)
+    fusions = None if args.fusions == "default" else ALL if args.fusions == "all" else tuple(
+        rule for word in args.fusions.split(",") if word
+        for rule in (fusion.DEFAULT if word == "default" else (word,)))
     exact = tuning == "exact"              # "exact": measured, but int8 activations not allowed
     later = tuning == "later"              # "later": admitted on the rule, measured once built (retune)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
@@ -399,7 +401,8 @@ if __name__ == "__main__":
                                                                   "prefill) dispatch")
     parser.add_argument("--fusions", default="default", help="comma-separated program/fusion.py rules, '' for "
                                                               "none, 'all' for every rule, 'default' (the default: "
-                                                              "fusion.DEFAULT)")
+                                                              "fusion.DEFAULT), also in a list: "
+                                                              "'default,quantize-into-attention'")
     parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
                         help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
                              "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
