@@ -18,6 +18,7 @@ from webslm.program.ops import Layout, reference
 from tuning_models import prequantized_entries
 
 RULE = "quantize-into-attention"
+WITHOUT = tuple(rule for rule in DEFAULT if rule != RULE)
 DECODE_STEPS = 4
 
 
@@ -29,12 +30,13 @@ def model(stacked_slm_path):
 def test_the_rule_marks_decode_attention_read_only_by_plain_matmuls(model):
     arch = model.architecture
     layout = Layout({}, frozenset({"qkv", "gate_up"}))
-    decode = fuse(reference(arch, "decode", 1, layout), layout, DEFAULT + (RULE,))
+    assert RULE in DEFAULT
+    decode = fuse(reference(arch, "decode", 1, layout), layout, DEFAULT)
     attention = [op for op in decode.ops if op.kind == "attention"]
     assert len(attention) == arch.n_layers and all(op.option("quantize_out") for op in attention)
     assert decode.fusions[-1] == RULE
-    assert len(decode.ops) == len(fuse(reference(arch, "decode", 1, layout), layout, DEFAULT).ops)
-    prefill = fuse(reference(arch, "prefill", 64, layout), layout, DEFAULT + (RULE,))
+    assert len(decode.ops) == len(fuse(reference(arch, "decode", 1, layout), layout, WITHOUT).ops)
+    prefill = fuse(reference(arch, "prefill", 64, layout), layout, DEFAULT)
     assert not any(op.option("quantize_out") for op in prefill.ops)     # prefill runs the GEMM
     every = fuse(reference(arch, "decode", 1, layout), layout, ALL)      # RoPE in attention: left alone
     assert not any(op.option("quantize_out") for op in every.ops)
@@ -67,9 +69,8 @@ async def _session_logits(gpu, model, fusions, cache, prompt):
 def test_attention_quantizes_for_o_and_the_logits_do_not_move(native_gpu, model, measured, run):
     cache = prequantized_entries(measured[0])         # every q4/q8 form on two-byte int8 activations
     prompt = [int(t) for t in np.random.default_rng(5).integers(0, model.architecture.vocab, 254)]
-    fused, fused_rec, fused_kernels, self_test = run(_session_logits(native_gpu, model, DEFAULT + (RULE,), cache,
-                                                                     prompt))
-    plain, plain_rec, plain_kernels, _ = run(_session_logits(native_gpu, model, DEFAULT, cache, prompt))
+    fused, fused_rec, fused_kernels, self_test = run(_session_logits(native_gpu, model, DEFAULT, cache, prompt))
+    plain, plain_rec, plain_kernels, _ = run(_session_logits(native_gpu, model, WITHOUT, cache, prompt))
     layers = model.architecture.n_layers
     # the short recording: no quantize_x before o; the long one keeps it after the combine
     assert plain_rec[False].count("o quantize") == layers and "o quantize" not in fused_rec[False]
@@ -83,3 +84,77 @@ def test_attention_quantizes_for_o_and_the_logits_do_not_move(native_gpu, model,
     assert any(name.startswith("attention_decode_xq_") for name in self_test["kernels"])
     for want, got in zip(plain, fused):
         assert np.array_equal(want, got)
+
+
+# -- measured at admission: the whole step with and without it (tuning._step_check) --------------
+
+def _int8_report():
+    from webslm.backends.gpu import tuning
+    from webslm.kernels import matvec
+    form = "q4[] 64x64 plain +y"
+    report = tuning.TuningReport({form: matvec.Choice("xq2", 32, 4)}, {form: {"rule_us": 9.0}}, "measured")
+    return report, {form: matvec.Choice("", 32, 8)}
+
+
+@pytest.mark.parametrize("fused_us, unfused_us, exact_us, expect", [
+    (90.0, 95.0, 100.0, "fused"), (95.0, 90.0, 100.0, "unfused"), (99.0, 99.5, 100.0, "exact"),
+    (99.5, 96.0, 100.0, "unfused")])
+def test_the_step_check_keeps_the_faster_of_attention_quantizing_or_not(run, fused_us, unfused_us, exact_us,
+                                                                         expect):
+    """Three steps timed in turn where attention would quantize for o: with it, with the
+    separate quantize_x, and without int8 forms. The faster int8 step is the int8 step; where
+    that is the unfused one the choices say so (attention_xq.CHOICE); the int8 forms still need
+    STEP_GAIN (3%) over the exact step."""
+    from webslm.backends.gpu import timing, tuning
+    from webslm.kernels import attention_xq
+    report, exact = _int8_report()
+    timed = []
+
+    async def seconds_per_step(choices):
+        int8 = any(getattr(c, "variant", "") == "xq2" for c in choices.values())
+        unfused = attention_xq.CHOICE in choices and not choices[attention_xq.CHOICE].quantize
+        timed.append("exact" if not int8 else "unfused" if unfused else "fused")
+        return {"exact": exact_us, "unfused": unfused_us, "fused": fused_us}[timed[-1]] * 1e-6
+    run(tuning._step_check(report, exact, seconds_per_step, lambda choices: True))
+    assert timed == ["fused", "exact", "unfused", "unfused", "exact", "fused"] * timing.PAIRS
+    assert report.step_us == {"int8": fused_us, "exact": exact_us, "int8 unfused": unfused_us}
+    form = next(iter(exact))
+    if expect == "exact":
+        assert report.choices == exact and "int8 forms dropped" in report.reason
+        return
+    assert report.choices[form].variant == "xq2"
+    if expect == "unfused":
+        assert report.choices[attention_xq.CHOICE] == attention_xq.OutputChoice(False)
+    else:
+        assert attention_xq.CHOICE not in report.choices
+
+
+def test_an_unfused_choice_from_the_cache_keeps_quantize_x(native_gpu, model, measured, run):
+    """A cached attention_xq.CHOICE that says the step was faster without it: the session
+    takes it unmeasured and the short recording keeps its "o quantize" launches; an entry that
+    is not a choice is ignored (lowering's default: attention quantizes)."""
+    from webslm.backends.gpu import tuning_cache
+    from webslm.kernels import attention_xq
+    cache = prequantized_entries(measured[0])
+    identity = next(iter(cache)).split("|")[0]
+    bundle = next(iter(cache)).split("|")[1]
+    a = model.architecture
+    form = (f"{attention_xq.CHOICE} {a.n_heads}/{a.n_kv_heads}x{a.head_dim} f16, "
+            f"{a.n_layers} layers of {a.hidden}")
+    key = tuning_cache.cache_key(identity, bundle + "0" * 16, form)
+
+    async def short_labels(entry):
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=DEFAULT, tuning="force",
+                                                                 tuning_budget_s=600.0),
+                              tuning_cache={**cache, key: entry})
+        backend = await GpuBackend.build(session, model)
+        try:
+            assert session.tuning.source == "cached"
+            dispatches, _ = await backend.forward.record("decode", backend.forward.programs["decode"].ops, 1, 0)
+            return [backend.forward.labels[id(d)] for d in dispatches], session.choices
+        finally:
+            backend.release()
+    labels, choices = run(short_labels({"choice": {"quantize": False}}))
+    assert labels.count("o quantize") == a.n_layers and choices[attention_xq.CHOICE].quantize is False
+    labels, choices = run(short_labels({"choice": {"quantize": "no"}}))
+    assert "o quantize" not in labels and attention_xq.CHOICE not in choices

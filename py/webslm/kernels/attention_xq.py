@@ -17,7 +17,8 @@ Bindings: attention_decode's seven (params, q, k_cache, v_cache, out, part_acc, 
           matvec_input_int8.wgsl for one row; words 3, or 5 with RESIDUAL)
 With more than one chunk the kernel writes only the partials, like attention_decode: the host
 then records the combine pass and a quantize_x launch (program/lowering.py), so xq is never
-half-written.
+half-written. Whether a session uses it at all is measured: the tuning stage times the whole
+decode step with and without it and keeps the faster (`CHOICE`, `OutputChoice`).
 
 Golden family "attention_xq": on random and adversarial caches, one pass, both cache types,
 both byte widths and orders: `out` within attention.error_bound, and xq equal word for word to
@@ -47,6 +48,29 @@ for _dtype, _features in (("f32", frozenset()), ("f16", frozenset({"shader-f16"}
                         {"WG": WORKGROUPS, "GW": HEADS_PER_GROUP, "HD4": ROW_VEC4S, "RESIDUAL": (0, 1),
                          "NATURAL": (0, 1)},
                         _features | {matvec.DOT4_FEATURE}))
+
+
+# Whether attention quantizes for o is a step's choice, not a form's: the tuning stage times the
+# whole decode step both ways (backends/gpu/tuning.py _step_check) and keeps an OutputChoice
+# under this key among the session's choices only where the separate quantize_x was faster.
+CHOICE = "attention output quantized"
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputChoice:
+    """Whether decode attention writes the o projection's int8 input (lowering's default where
+    the program marks it and o is on the pre-quantized path: yes)."""
+    quantize: bool
+
+    def as_dict(self) -> dict:
+        return {"quantize": self.quantize}
+
+    @classmethod
+    def from_dict(cls, data) -> "OutputChoice":
+        """From cached JSON (untrusted): typed, or KvShapeError."""
+        if not isinstance(data, dict) or set(data) != {"quantize"} or not isinstance(data["quantize"], bool):
+            raise KvShapeError("shape", f"not an attention output choice: {data!r}"[:200])
+        return cls(data["quantize"])
 
 
 def kernel_name(dtype: str) -> str:

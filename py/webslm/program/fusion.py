@@ -16,7 +16,8 @@ norm-into-matmul then folds away).
     swiglu-into-down           decode    SwiGLU moves into down's input                       -> 7
     rope-kv-into-attention     decode    RoPE and the KV append move into attention           -> 6 ... 5
     quantize-into-attention    decode    attention quantizes its output for an o projection    (int8: -1)
-                                         on activations quantized once (lowering decides)
+                                         on activations quantized once (lowering decides, by
+                                         what the tuning stage measured)
 
 (The counts are for a decode layer whose q|k|v and gate|up stack; tests/test_program.py
 checks each rule against the reference numerically on the GPU.) Prefill multiplies with the
@@ -173,8 +174,9 @@ def quantize_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
     """Decode attention whose output only plain-input mat-vecs read (the o projection) may
     quantize it for them (kernels/attention_xq.py): marked here, decided in lowering, which
     knows what tuning chose. Where the o projection runs on activations quantized once, its
-    quantize_x launch goes (one dispatch a layer fewer); where it does not, or in a step past
-    the single-pass length, nothing changes."""
+    quantize_x launch goes (one dispatch a layer fewer), unless the tuning stage timed the
+    whole step faster with it (attention_xq.CHOICE); where o is not on that path, or in a step
+    past the single-pass length, nothing changes."""
     out = list(ops)
     for i, op in enumerate(out):
         if op.kind != "attention":
@@ -205,8 +207,10 @@ ALL = tuple(rule.name for rule in RULES)
 # What admission uses unless told otherwise. rope-kv-into-attention is left out: measured on the
 # H200 (docs/RESULTS.md) its fused kernel took 12.9 us a layer against 10.5 us for RoPE + KV
 # append and attention apart, so the step with it was slower on SmolLM2's shape.
-# quantize-into-attention is left out until it is timed on a GPU (bench/engine.py --fusions).
-DEFAULT = tuple(name for name in ALL if name not in ("rope-kv-into-attention", "quantize-into-attention"))
+# quantize-into-attention is in: it only marks attention, and whether a session's attention
+# quantizes for o is measured at admission (the tuning stage times the whole step both ways,
+# backends/gpu/tuning.py _step_check); unmeasured, lowering lets it (one launch fewer).
+DEFAULT = tuple(name for name in ALL if name != "rope-kv-into-attention")
 
 
 def fuse(program: Program, layout: Layout, rules: tuple[str, ...] = ALL) -> Program:

@@ -354,9 +354,13 @@ class Lowering:
     def output_quantizer(self, op: Op) -> tuple[bool, bool] | None:
         """(RESIDUAL, NATURAL) of the bytes a decode attention op writes for the mat-vecs that
         read its output, or None where it does not: the op is marked `quantize_out`, a head is
-        whole units of 32, and every reader's current choice is the pre-quantized path on a
+        whole units of 32, the tuning stage did not find the step faster without it
+        (attention_xq.CHOICE), and every reader's current choice is the pre-quantized path on a
         plain input of exactly the attention output's units, all wanting one byte form."""
         if not op.option("quantize_out") or op.kind != "attention" or not attention_xq.fits(self.shape):
+            return None
+        measured = self.choices.get(attention_xq.CHOICE)          # the tuning stage's step timing
+        if measured is not None and not measured.quantize:
             return None
         if self._decode_ops is None:
             from ..plan.memory import plan_programs        # (the planner imports this module)

@@ -58,7 +58,7 @@ from typing import Awaitable, Callable, Mapping
 
 import numpy as np
 
-from ...kernels import attention, matvec, matvec_prequant
+from ...kernels import attention, attention_xq, matvec, matvec_prequant
 from . import timing, tuning_attention
 from .tuning_cache import cache_key
 from .tuning_stage import Stage
@@ -155,6 +155,15 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
                 report.choices[key] = choice
         else:
             pending.append((key, ops))
+    output_form = stage.output_form()
+    output_key = cache_key(device_identity, bundle_hash, output_form, int8) if output_form else None
+    if output_key in cache:        # the step's attention-output choice, measured on an earlier visit
+        try:
+            kept = cache[output_key].get("choice")
+            if kept is not None and not attention_xq.OutputChoice.from_dict(kept).quantize:
+                report.choices[attention_xq.CHOICE] = attention_xq.OutputChoice(False)
+        except (attention_xq.KvShapeError, AttributeError):
+            pass                   # not a choice: the default (lowering's) until measured again
     if not pending:
         report.source = "cached"
     if not measure:
@@ -214,7 +223,12 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         measured = {key for key, _ in pending if key in report.forms and "rule_us" in report.forms[key]}
         if any(report.choices.get(key) is not None and report.choices[key].variant in matvec_prequant.VARIANTS
                for key in measured):
-            await _step_check(report, exact, lambda choices: stage.seconds_per_step(choices))
+            await _step_check(report, exact, lambda choices: stage.seconds_per_step(choices),
+                              stage.attention_quantizes)
+            if "int8 unfused" in report.step_us and output_key is not None:
+                output = report.choices.get(attention_xq.CHOICE)
+                report.cache_entries[output_key] = {"step_us": dict(report.step_us),
+                                                    "choice": output.as_dict() if output is not None else None}
         # Cached as finally chosen: a later admission takes them unmeasured. A form the budget
         # cut short is kept too (its entry says "cut"): else every visit would measure it again
         # and the budget would never reach the forms after it; a form never searched is not.
@@ -477,21 +491,33 @@ STEP_GAIN = 0.03               # the whole step with int8 forms must be this muc
 
 
 async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | None],
-                      seconds_per_step: Callable[[dict], Awaitable[float]]) -> None:
+                      seconds_per_step: Callable[[dict], Awaitable[float]],
+                      attention_quantizes: Callable[[dict], bool] = lambda choices: False) -> None:
     """Keep the int8 choices only if the whole decode step is faster with them. Each int8
     form was timed alone, its quantizer and mat-vec as dependent dispatches; in the step its
     extra dispatch can cost more than that shows. Measured on the H200: SmolLM2's shape kept
     one or two forms on int8 and its step was 5-10% slower. The two steps (every choice, and
     the int8 forms on their best exact choice) are timed in pairs of rounds, forward and
     reversed (as the runoff); if the int8 step does not win by STEP_GAIN, the int8 forms go
-    back to their exact choice and the report says so."""
-    keys = [key for key, choice in report.choices.items() if choice.variant in matvec_prequant.VARIANTS]
-    with_int8 = dict(report.choices)
-    without = {key: choice for key, choice in report.choices.items() if key not in keys}
+    back to their exact choice and the report says so.
+    Where decode attention would quantize for o in the int8 step (`attention_quantizes`, the
+    program's quantize-into-attention, kernels/attention_xq.py), that step is also timed with
+    the separate quantize_x launch instead ("int8 unfused"), and the faster of the two is the
+    int8 step: where it is the unfused one, attention_xq.CHOICE says so among the choices."""
+    keys = [key for key, choice in report.choices.items()
+            if isinstance(choice, matvec.Choice) and choice.variant in matvec_prequant.VARIANTS]
+    with_int8 = {key: choice for key, choice in report.choices.items() if key != attention_xq.CHOICE}
+    without = {key: choice for key, choice in with_int8.items() if key not in keys}
     without |= {key: exact[key] for key in keys if exact.get(key) is not None}
-    step_int8, step_exact = await timing.alternating([lambda: seconds_per_step(with_int8),
-                                                      lambda: seconds_per_step(without)])
-    report.step_us = {"int8": round(step_int8 * 1e6, 1), "exact": round(step_exact * 1e6, 1)}
+    steps = {"int8": with_int8, "exact": without}
+    if attention_quantizes(with_int8):
+        steps["int8 unfused"] = with_int8 | {attention_xq.CHOICE: attention_xq.OutputChoice(False)}
+    times = dict(zip(steps, await timing.alternating([lambda c=c: seconds_per_step(c) for c in steps.values()])))
+    report.step_us = {name: round(seconds * 1e6, 1) for name, seconds in times.items()}
+    report.choices = dict(with_int8)
+    if "int8 unfused" in times and times["int8 unfused"] < times["int8"]:
+        report.choices[attention_xq.CHOICE] = attention_xq.OutputChoice(False)
+    step_int8, step_exact = min(times["int8"], times.get("int8 unfused", times["int8"])), times["exact"]
     if step_int8 >= (1 - STEP_GAIN) * step_exact:
         report.choices = without
         for key in keys:

@@ -15,7 +15,7 @@ import types
 
 import numpy as np
 
-from ...kernels import matvec
+from ...kernels import attention_xq, matvec
 from ...kernels.registry import KERNELS
 from ...program.lowering import Binding
 from ...webgpu.interface import BufferBinding, BufferUsage, Dispatch
@@ -141,6 +141,30 @@ class Stage:
             return await self.seconds_per_op(matmuls[:1], dispatches, rounds=1)   # one "op": the step
         finally:
             self.lowering.choices.clear()
+
+    def output_form(self) -> str | None:
+        """The cache's form for whether decode attention quantizes for o (attention_xq.CHOICE):
+        a step's choice, so keyed by the model's shape; None where the program marks no attention."""
+        if not any(op.option("quantize_out") for op in self.forward.programs["decode"].ops):
+            return None
+        a, shape = self.forward.arch, self.lowering.shape
+        return (f"{attention_xq.CHOICE} {shape.n_heads}/{shape.n_kv_heads}x{shape.head_dim} {shape.dtype}, "
+                f"{a.n_layers} layers of {a.hidden}")
+
+    def attention_quantizes(self, choices: dict) -> bool:
+        """Whether the stage's decode step with `choices` has attention quantize for o
+        (lowering.output_quantizer; never past the single-pass length)."""
+        if not self.forward.single_pass_at(self.position):
+            return False
+        saved = dict(self.lowering.choices)
+        self.lowering.choices.clear()
+        self.lowering.choices.update(choices)
+        try:
+            return any(self.lowering.output_quantizer(op) is not None
+                       for op in self.forward.programs["decode"].ops if op.kind == "attention")
+        finally:
+            self.lowering.choices.clear()
+            self.lowering.choices.update(saved)
 
     async def settle(self, ops, choice: matvec.Choice | None = None) -> None:
         """Run `ops` (at `choice`) until the GPU's clocks settle (timing.settle): an idle GPU
