@@ -44,15 +44,7 @@ fn quantize_heads(lane: u32, w: ChunkWork) {
         for (var j = 0u; j < 8u; j++) {
             quads[j] = qv[8u * i + j];
         }
-        let unit = quantize_unit(quads, NATURAL);
-        let at = 1u + words * (w.head0 * per_head + i);
-        xq[at] = unit.even;
-        xq[at + 1u] = unit.odd;
-        xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
-        if (RESIDUAL) {
-            xq[at + 3u] = unit.even_r;
-            xq[at + 4u] = unit.odd_r;
-        }
+        store_unit_at(1u + words * (w.head0 * per_head + i), quantize_unit(quads, NATURAL));
     }
     if (w.head0 == 0u && lane == 0u) {     // one workgroup: the first heads' (a single chunk)
         xq[0] = vec4<u32>(bitcast<u32>(1.0), 0u, 0u, 0u);

@@ -79,12 +79,5 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 }
 
 fn store_unit(row: u32, u: u32, unit: UnitX) {
-    let at = row + 1u + xq_unit_words() * u;
-    xq[at] = unit.even;
-    xq[at + 1u] = unit.odd;
-    xq[at + 2u] = vec4<u32>(bitcast<u32>(unit.scale), bitcast<u32>(unit.total), 0u, 0u);
-    if (RESIDUAL) {
-        xq[at + 3u] = unit.even_r;
-        xq[at + 4u] = unit.odd_r;
-    }
+    store_unit_at(row + 1u + xq_unit_words() * u, unit);
 }

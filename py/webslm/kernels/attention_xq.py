@@ -38,7 +38,7 @@ from .golden import label as variant_label
 from .kv_cache import WORKGROUPS, DispatchPlan, KvShapeError
 from .registry import KERNELS, KernelSpec, register
 
-INT8_SOURCES = ("int8_unit.wgsl", "matvec_int8_x.wgsl", "int8_pack.wgsl")
+INT8_SOURCES = ("int8_unit.wgsl", "matvec_int8_x.wgsl", "int8_pack.wgsl", "int8_store.wgsl")
 ROW_VEC4S = tuple(range(8, 65, 8))      # head_dim / 4 for head_dim 32, 64, .. 256: whole units of 32
 
 for _dtype, _features in (("f32", frozenset()), ("f16", frozenset({"shader-f16"}))):

@@ -77,7 +77,7 @@ def _specs():
         yield KernelSpec(
             name=quantize_name(input),
             sources=("matvec_params.wgsl", "quantize_x.wgsl", f"matvec_input_{input}.wgsl", "int8_unit.wgsl",
-                     "int8_pack.wgsl", "int8_quads.wgsl", "matvec_int8_x.wgsl") + (("silu.wgsl",) if input == "swiglu" else ()),
+                     "int8_pack.wgsl", "int8_quads.wgsl", "int8_store.wgsl", "matvec_int8_x.wgsl") + (("silu.wgsl",) if input == "swiglu" else ()),
             entry_point="main",
             bindings=("uniform", "storage") + ("read-only-storage",) * len(INPUT_BINDINGS[input]),
             overrides={"WG": QUANTIZE_SIZES, "NATURAL": (0, 1), "RESIDUAL": (0, 1)},
