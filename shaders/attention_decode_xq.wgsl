@@ -44,7 +44,7 @@ fn quantize_heads(lane: u32, w: ChunkWork) {
         for (var j = 0u; j < 8u; j++) {
             quads[j] = qv[8u * i + j];
         }
-        store_unit_at(1u + words * (w.head0 * per_head + i), quantize_unit(quads, NATURAL));
+        store_unit_at(1u + words * (w.head0 * per_head + i), quantize_unit(quads, NATURAL), 0.0);
     }
     if (w.head0 == 0u && lane == 0u) {     // one workgroup: the first heads' (a single chunk)
         xq[0] = vec4<u32>(bitcast<u32>(1.0), 0u, 0u, 0u);

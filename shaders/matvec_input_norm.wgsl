@@ -46,6 +46,15 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
 // quantize_x.wgsl: whether the row's header scale needs the whole row (1/rms needs every square of the row).
 const INPUT_WHOLE_ROW: bool = true;
 
+// quantize_x.wgsl UNIT_SQUARES: the squares of x (not x * g) added since the last call, then
+// zeroed: one unit's, stored with its bytes, so that the mat-vec reading them adds the row's
+// squares as it walks the units (matvec_input_int8.wgsl ROW_NORM) and no pass reads the whole row.
+fn take_squares() -> f32 {
+    let squares = norm_squares;
+    norm_squares = 0.0;
+    return squares;
+}
+
 // After the loop: 1 / sqrt(mean(x^2) + eps) of the row, the same in every lane. Uniform
 // control flow (workgroup_total has barriers).
 fn input_finish(lane: u32, m: u32) -> f32 {

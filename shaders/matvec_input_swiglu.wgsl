@@ -32,6 +32,11 @@ fn x_quad(m: u32, k0: u32) -> vec4<f32> {
 // quantize_x.wgsl: whether the row's header scale needs the whole row (each unit is its own).
 const INPUT_WHOLE_ROW: bool = false;
 
+// quantize_x.wgsl UNIT_SQUARES: the squares a unit carries for a norm in the mat-vec (none here).
+fn take_squares() -> f32 {
+    return 0.0;
+}
+
 // Nothing to finish: the row sums are the outputs.
 fn input_finish(lane: u32, m: u32) -> f32 {
     return 1.0;

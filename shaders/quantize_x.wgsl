@@ -19,11 +19,15 @@
 // applies to its row sums: the numerics of the norm mode's dot4 mat-vec, step for step. The
 // header needs the whole row's sum of squares, so workgroup 0 (and only it) reads every unit
 // of the row; the squares come from the quads its unit loop loads (each once), added over the
-// workgroup by workgroup_total below.
+// workgroup by workgroup_total below. With UNIT_SQUARES (matvec_prequant variant "xq2s") no
+// workgroup reads the whole row: each unit carries the sum of its x squared (its third word's
+// z), the mat-vec adds them as it walks the units (matvec_input_int8.wgsl ROW_NORM), and the
+// header is not written; the norm mode then spreads over workgroups like the others.
 
 override WG: u32 = 64u;
 override RESIDUAL: bool = false;   // a second byte per activation, the rounding left over (int8_lanes)
 override NATURAL: bool = false;    // bytes in natural order (q8 mat-vecs), else nibble order (q4, q4k)
+override UNIT_SQUARES: bool = false;   // norm mode: each unit carries its squares, no header (above)
 const X_BINDING: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -59,18 +63,23 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let row = m * (1u + words * params.units);
     let mine = group.x * WG + lane;                  // the unit this lane quantizes
     let header = group.x == 0u;                      // uniform over the workgroup
-    if (header && INPUT_WHOLE_ROW) {
+    if (header && INPUT_WHOLE_ROW && !UNIT_SQUARES) {
         // every unit's quads, for their squares; this workgroup's own units (u < WG) quantized
         for (var u = lane; u < params.units; u += WG) {
             let quads = unit_quads(u, m);
             if (u == mine) {
-                store_unit(row, u, quantize_unit(quads, NATURAL));
+                store_unit(row, u, quantize_unit(quads, NATURAL), 0.0);
             }
         }
     } else if (mine < params.units) {
-        store_unit(row, mine, quantize_unit(unit_quads(mine, m), NATURAL));
+        let unit = quantize_unit(unit_quads(mine, m), NATURAL);
+        var squares = 0.0;
+        if (UNIT_SQUARES) {
+            squares = take_squares();       // the squares of the quads unit_quads just read
+        }
+        store_unit(row, mine, unit, squares);
     }
-    if (header) {
+    if (header && !UNIT_SQUARES) {
         let scale = input_finish(lane, m);   // barriers inside (norm): uniform control flow here
         if (lane == 0u) {
             xq[row] = vec4<u32>(bitcast<u32>(scale), 0u, 0u, 0u);
@@ -78,6 +87,6 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     }
 }
 
-fn store_unit(row: u32, u: u32, unit: UnitX) {
-    store_unit_at(row + 1u + xq_unit_words() * u, unit);
+fn store_unit(row: u32, u: u32, unit: UnitX, squares: f32) {
+    store_unit_at(row + 1u + xq_unit_words() * u, unit, squares);
 }

@@ -73,3 +73,19 @@ def test_two_byte_activations_on_gemma3_270m_q4_k_m_as_stored(native_gpu, gemma3
           f"{report['max_abs_logit_error']:.3g}")
     assert report["passed"] and all(d["margin"] < report["margin_tolerance"] for d in report["disagreements"]), \
         report["disagreements"]
+
+
+def test_the_norm_from_the_units_squares_keeps_the_default_models_greedy_tokens(native_gpu, smollm2, run):
+    """"xq2s" (matvec_prequant.SQUARES): the norm forms' 1/rms from the squares each unit
+    carries, not the quantizer's header; the same bytes, the squares summed in another order.
+    On SmolLM2's real weights: top-1 as the two bytes' (conformance's rule), and a logit error
+    of the same size."""
+    squares, variants = run(_conformance(native_gpu, smollm2, "int8-s", tokens=16))
+    two, _ = run(_conformance(native_gpu, smollm2, "int8", tokens=16))
+    assert variants == {"xq2", "xq2s"}                  # xq2s on the norm forms, xq2 on the others
+    print(f"SmolLM2-135M: units' squares top-1 {squares['top1_agreement']}, max |logit error| "
+          f"{squares['max_abs_logit_error']:.3g} (header: {two['max_abs_logit_error']:.3g})")
+    assert squares["passed"], squares["disagreements"]
+    assert all(d["margin"] < squares["margin_tolerance"] for d in squares["disagreements"]), squares["disagreements"]
+    assert len(squares["disagreements"]) <= 1, squares["disagreements"]
+    assert squares["max_abs_logit_error"] <= 1.5 * two["max_abs_logit_error"] + 1e-2

@@ -192,6 +192,9 @@ def test_the_pre_quantized_path_passes_its_golden_cases(native_device, run):
         for kernel in ("matvec_int8_q4_dot4", "matvec_int8_q8_xq", "matvec_int8_q4k_xq", "matvec_int8_q6k_xq"):
             assert f"quantize_x_{input}+{kernel}" in labels, (input, kernel)
     assert "'ROWS': 16" in labels and "'WG': 256" in labels
+    for kernel in ("matvec_int8_q4_dot4", "matvec_int8_q8_xq", "matvec_int8_q4k_xq", "matvec_int8_q6k_xq"):
+        assert any(r["kernel"].startswith(f"quantize_x_norm+{kernel}") and "'SQUARES': 1" in r["kernel"]
+                   for r in results), kernel
     cases = " ".join(r["case"] for r in results)
     for word in ("int8-exact x", "outlier 1e3", "doubled scale", "huge x", "extreme gates", "max codes", "+y0",
                  "129x4099", "extreme scales 40x512 q4k", "4x4096 q4k", "extreme scales 40x512 q6k",
@@ -258,3 +261,36 @@ def test_quantize_x_makes_the_same_bytes_on_any_number_of_workgroups(native_devi
     for other in words[1:]:
         np.testing.assert_array_equal(other[:, 4:], one[:, 4:])
         np.testing.assert_allclose(other[:, :4].view(np.float32)[:, 0], header, rtol=1e-6)
+
+
+@pytest.mark.parametrize("encoding", ["q4", "q8"])
+def test_the_norm_quantizers_unit_squares_are_each_units_x_squared(native_device, run, encoding):
+    """quantize_x norm with UNIT_SQUARES ("xq2s"): every unit's bytes, scale and sum are those of
+    the header form, and its third word's z is the f32 sum of its own x squared (not x * g),
+    a partial last unit included; the header form leaves z at 0. On 1, 3 and 5 workgroups."""
+    from webslm.kernels import matvec_prequant
+    rng = np.random.default_rng(12)
+    cols = 4099                                         # 129 units of 32, the last one of 3
+    weights = mv.random_weights_fast(rng, encoding, 8, cols)
+    x = (3 * rng.standard_normal((2, cols))).astype(np.float32)
+    x[1, 700] = 40.0
+    g = rng.standard_normal(cols).astype(np.float32)
+    ctx = golden.GoldenContext(native_device, rng)
+
+    def words(squares, size):
+        xq = run(matvec_prequant.run(ctx, weights, x, input="norm", norm_weight=g, eps=1e-5, quantize_workgroup=size,
+                                     quantized_only=True, squares=squares))
+        return xq[:, 4:].reshape(2, 129, 5, 4)          # the units, past the header
+    header_form = words(False, 256)
+    padded = np.zeros((2, 129 * 32), np.float64)
+    padded[:, :cols] = x
+    expect = (padded.reshape(2, 129, 32) ** 2).sum(axis=2)
+    for size in (256, 64, 32):
+        units = words(True, size)
+        same = [0, 1, 3, 4]                             # even, odd and the residual words
+        np.testing.assert_array_equal(units[:, :, same], header_form[:, :, same])
+        np.testing.assert_array_equal(units[:, :, 2, :2], header_form[:, :, 2, :2])    # d, sum
+        np.testing.assert_allclose(units[:, :, 2, 2].view(np.float32), expect, rtol=1e-5)
+    assert np.all(header_form[:, :, 2, 2] == 0)
+    with pytest.raises(mv.MatvecShapeError, match="norm input only"):
+        matvec_prequant.plan(native_device, weights, 1, cols + 1, 8, "plain", squares=True)

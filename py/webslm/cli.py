@@ -4,7 +4,7 @@
     webslm validate FILE
     webslm inspect FILE
     webslm generate --model FILE --prompt TEXT [--chat] [--backend native|cpu] [--max-tokens N] [--seed S | --greedy] [--json]
-    webslm conformance --model FILE [--backend native|cpu] [--matvec auto|exact|int8|int8-1] [--tokens N]
+    webslm conformance --model FILE [--backend native|cpu] [--matvec auto|exact|int8|int8-1|int8-s] [--tokens N]
                        [--prompt TEXT] [--json]
     webslm admit --model FILE --backend native [--feature-level auto|core|compatibility] [--fault NAME] [--json]
 
@@ -232,7 +232,8 @@ def cmd_conformance(args) -> int:
             backend = CpuPath(model)
         else:
             policy = {"auto": AdmissionPolicy(), "exact": AdmissionPolicy(int8_activations=False),
-                      "int8": AdmissionPolicy(tuning="int8"), "int8-1": AdmissionPolicy(tuning="int8-1")}[args.matvec]
+                      "int8": AdmissionPolicy(tuning="int8"), "int8-1": AdmissionPolicy(tuning="int8-1"),
+                      "int8-s": AdmissionPolicy(tuning="int8-s")}[args.matvec]
             try:
                 backend, _ = await admit_and_build(_native_gpu(), model, policy, None)
                 if backend.session.tuning is not None:
@@ -381,10 +382,11 @@ def main(argv=None) -> int:
     conform = sub.add_parser("conformance", help="teacher-forced top-1 agreement of a backend with the CPU oracle")
     conform.add_argument("--model", required=True)
     conform.add_argument("--backend", choices=["native", "cpu"], default="native")
-    conform.add_argument("--matvec", choices=["auto", "exact", "int8", "int8-1"], default="auto",
+    conform.add_argument("--matvec", choices=["auto", "exact", "int8", "int8-1", "int8-s"], default="auto",
                          help="the GPU's decode mat-vecs: as admission chooses (auto), exact f32 activations "
                               "only, or int8 activations on every form that has them, two bytes (int8) or "
-                              "one (int8-1) an activation (their numerics judged)")
+                              "one (int8-1) an activation, or two with the norm forms' 1/rms from the units' "
+                              "squares (int8-s) (their numerics judged)")
     conform.add_argument("--tokens", type=int, default=128, help="positions to compare (capped by the context)")
     conform.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
     conform.add_argument("--margin-tolerance", type=float, default=None,

@@ -59,8 +59,8 @@ from .tracked import Faults, TrackedDevice
 
 STAGES = ("entry-point", "artifact", "derive", "adapter", "tier", "device", "handlers",
           "allocate", "step-floor", "tune", "compile", "self-test", "scopes", "publish")
-TUNING_MODES = ("auto", "off", "force", "int8", "int8-1")
-PINNED_INT8 = {"int8": "xq2", "int8-1": "xq"}   # tuning mode -> the pre-quantized variant it pins
+TUNING_MODES = ("auto", "off", "force", "int8", "int8-1", "int8-s")
+PINNED_INT8 = {"int8": "xq2", "int8-1": "xq", "int8-s": "xq2s"}   # tuning mode -> the pre-quantized variant it pins
 TIER_ORDER = ("A", "B", "C")
 COMPILE_AT_ONCE = 16            # pipeline compiles in flight together in the compile stage
 TIER_FEATURE = {"B": "shader-f16", "C": "subgroups"}
@@ -102,7 +102,8 @@ class AdmissionPolicy:
                                             # adapter), "off" the rule, "force" measure anyway (tests),
                                             # "int8" ("int8-1") every form the pre-quantized path serves
                                             # on two (one) byte activations, unmeasured (their numerics
-                                            # on a model: `webslm conformance --matvec`)
+                                            # on a model: `webslm conformance --matvec`); "int8-s" as
+                                            # "int8" with the norm forms' 1/rms from the units' squares
     tuning_budget_s: float = 4.0            # the tuning stage's time; forms not reached keep the rule
     tune_later: bool = False                # measure once the model is ready (GpuBackend.retune), not
                                             # here: the cache's results and the rule until then

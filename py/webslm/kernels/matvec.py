@@ -150,6 +150,8 @@ def _specs():
                         overrides |= {"ZERO_MIN": (0, 1)}
                     if variant == "dot4" or input == "int8":
                         overrides |= {"RESIDUAL": (0, 1)}
+                    if input == "int8":
+                        overrides |= {"ROW_NORM": (0, 1)}      # a norm from the units' squares (matvec_prequant "xq2s")
                     yield KernelSpec(
                         name=kernel_name(encoding, subgroups, input, variant),
                         sources=_sources(encoding, input, variant, subgroups),

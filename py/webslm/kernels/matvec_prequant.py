@@ -20,7 +20,7 @@ nibbles, natural order for q8, whose codes are bytes
 already (quantize_x NATURAL). Either way a unit is 32 activations, so a q8 mat-vec here
 walks units of 32 (its params block counts those: `x_units`), not q8's usual 16.
 
-Two byte widths (Choice variants, `VARIANTS`):
+Two byte widths (Choice variants, `VARIANTS`), and for the norm mode a second way to its 1/rms:
     "xq2"  two bytes an activation (RESIDUAL=1): x ~ d (q + r / 64), the rounding left over as a
            second byte, 64 times less error; two packed dots a word instead of one. What the
            engine takes.
@@ -30,6 +30,13 @@ Two byte widths (Choice variants, `VARIANTS`):
            --matvec int8-1` found 4 of 32 greedy tokens changed at top-2 margins up to 0.25,
            logits off by up to 2.6 (exact: 0.014; two bytes: see docs/RESULTS.md). Kept for
            benchmarks and for that check, never chosen by the engine.
+    "xq2s" "xq2" for a norm-mode form, its 1/rms from squares the units carry (`SQUARES`;
+           quantize_x UNIT_SQUARES, the mat-vec's ROW_NORM) instead of the row's header: no
+           quantize_x workgroup then reads the whole row, so the norm quantizer spreads over
+           workgroups like the plain one (in the Llama-8B step on the H200 the two norm
+           quantizers took 6.2 and 5.7 us against the plain one's 3.3), and each mat-vec
+           workgroup adds the row's squares as it walks the units. The same bytes; the 1/rms
+           sums the squares in another order. Tried by the tuning stage on norm forms.
 
 Numerics: for q4 exactly those of the dot4 variant with the same RESIDUAL (the same
 quantize_unit, the same scale rule, the norm's 1/rms applied to the row sums after); for every
@@ -54,7 +61,8 @@ from .golden import GoldenContext, GoldenResult, compare_bound, golden
 from .matvec import INPUT_BINDINGS, MatvecPlan, MatvecShapeError, Weights
 from .registry import KernelSpec, capabilities, compile_kernel, register
 
-VARIANTS = {"xq": 0, "xq2": 1}          # matvec.Choice.variant of this path -> RESIDUAL (module docstring)
+VARIANTS = {"xq": 0, "xq2": 1, "xq2s": 1}    # matvec.Choice.variant of this path -> RESIDUAL (module docstring)
+SQUARES = frozenset({"xq2s"})           # variants whose norm comes from the units' squares (norm forms only)
 VARIANT = "xq2"                         # the one the engine's tuning tries
 UNIT = 32                               # activations per quantized unit (one scale, one sum)
 QUANTIZE_SIZES = (32, 64, 128, 256)     # quantize_x workgroup sizes (one lane per unit)
@@ -80,7 +88,8 @@ def _specs():
                      "int8_pack.wgsl", "int8_quads.wgsl", "int8_store.wgsl", "matvec_int8_x.wgsl") + (("silu.wgsl",) if input == "swiglu" else ()),
             entry_point="main",
             bindings=("uniform", "storage") + ("read-only-storage",) * len(INPUT_BINDINGS[input]),
-            overrides={"WG": QUANTIZE_SIZES, "NATURAL": (0, 1), "RESIDUAL": (0, 1)},
+            overrides={"WG": QUANTIZE_SIZES, "NATURAL": (0, 1), "RESIDUAL": (0, 1),
+                       "UNIT_SQUARES": (0, 1) if input == "norm" else (0,)},
             requires=frozenset({matvec.DOT4_FEATURE}),
         )
 
@@ -115,11 +124,14 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
          accumulate: bool = False, eps: float | None = None, up_offset: int | None = None,
          norm_elements: int | None = None, workgroup: int | None = None,
          rows_per_group: int | None = None, residual: bool = True,
-         quantize_workgroup: int | None = None) -> PrequantPlan:
+         quantize_workgroup: int | None = None, squares: bool = False) -> PrequantPlan:
     """Both launches, validated on the host (matvec.plan's checks for the op's input mode);
     `residual`: two bytes an activation ("xq2"), else one ("xq"); `quantize_workgroup`: units
     a quantize_x workgroup takes (one a lane; a row takes ceil(units / it) workgroups; default
-    QUANTIZE_WG, for the norm mode QUANTIZE_WG_NORM)."""
+    QUANTIZE_WG, for the norm mode QUANTIZE_WG_NORM); `squares`: the norm mode's 1/rms from the
+    units' squares ("xq2s": no header, QUANTIZE_WG like the other modes)."""
+    if squares and input != "norm":
+        raise MatvecShapeError("variant", f"squares in the units serve a norm input only, not {input!r}")
     if not serves(device, weights):
         raise MatvecShapeError("variant", f"pre-quantized activations need weights of "
                                           f"{sorted(matvec.PREQUANT_VARIANTS)} in whole units of {UNIT} and "
@@ -128,7 +140,8 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     base = matvec.plan(device, weights, m, x_stride, y_stride, input, accumulate, eps, up_offset, norm_elements,
                        workgroup, rows_per_group, variant=variant if variant in matvec.VARIANTS[weights.encoding]
                        else "")
-    overrides = {k: v for k, v in base.overrides.items() if k != "RESIDUAL"} | {"RESIDUAL": int(residual)}
+    overrides = ({k: v for k, v in base.overrides.items() if k != "RESIDUAL"}
+                 | {"RESIDUAL": int(residual), "ROW_NORM": int(squares)})
     name = matvec.kernel_name(weights.encoding, "subgroups" in device.features, "int8", variant)
     units = x_units(weights)
     params = base.params.copy()
@@ -136,14 +149,15 @@ def plan(device: Device, weights: Weights, m: int, x_stride: int, y_stride: int,
     # The default is no wider than the row's units; a size asked for is taken as it is (lanes
     # past the units idle), so a self-test on a short row runs the step's own pipeline.
     size = runner.largest_workgroup(device.limits, QUANTIZE_SIZES, quantize_workgroup or min(
-        QUANTIZE_WG_NORM if input == "norm" else QUANTIZE_WG, max(32, 1 << (units - 1).bit_length())))
+        QUANTIZE_WG_NORM if input == "norm" and not squares else QUANTIZE_WG,
+        max(32, 1 << (units - 1).bit_length())))
     if size is None:
         raise MatvecShapeError("workgroup", "no quantize_x workgroup size fits the device's limits")
     groups = -(-units // size)
     if groups > device.limits.get("maxComputeWorkgroupsPerDimension", 65535):
         raise MatvecShapeError("grid", f"{units} units need {groups} quantize_x workgroups, over the device's limit")
     quantize = MatvecPlan(quantize_name(input), {"WG": size, "NATURAL": int(weights.encoding == "q8"),
-                                                 "RESIDUAL": int(residual)}, params,
+                                                 "RESIDUAL": int(residual), "UNIT_SQUARES": int(squares)}, params,
                           (groups, 1, m), INPUT_BINDINGS[input])
     return PrequantPlan(quantize, MatvecPlan(name, overrides, params, base.grid, INPUT_BINDINGS["int8"]))
 
@@ -160,7 +174,7 @@ def _inputs(weights: Weights, x: np.ndarray, input: str, norm_weight, up_offset)
     return inputs, stride, up_offset
 
 
-def _launches(ctx: GoldenContext, case, residual: int, shapes: list) -> list[tuple]:
+def _launches(ctx: GoldenContext, case, residual: int, shapes: list, squares: bool = False) -> list[tuple]:
     """(mat-vec WG, ROWS, quantize_x WG) to run a case with: `shapes` outside admission; at
     admission each pairing of the plan's own mat-vec and quantizer pipelines for the case's
     format, input mode and width (GoldenContext.launches), none if the plan has none."""
@@ -169,7 +183,8 @@ def _launches(ctx: GoldenContext, case, residual: int, shapes: list) -> list[tup
     inputs, stride, up_offset = _inputs(case.weights, case.x, case.input, case.norm_weight, case.up_offset)
     m = np.atleast_2d(case.x).shape[0]
     p = plan(ctx.device, case.weights, m, stride, case.weights.rows, case.input, case.y0 is not None, case.eps,
-             up_offset, matvec._quads(case.weights.cols) if case.input == "norm" else None, residual=bool(residual))
+             up_offset, matvec._quads(case.weights.cols) if case.input == "norm" else None, residual=bool(residual),
+             squares=squares)
     return [(mv["WG"], mv["ROWS"], q["WG"]) for mv in ctx.launches(p.matvec.kernel, p.matvec.overrides, ("WG", "ROWS"))
             for q in ctx.launches(p.quantize.kernel, p.quantize.overrides)]
 
@@ -178,7 +193,8 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
               norm_weight: np.ndarray | None = None, eps: float | None = None, up_offset: int | None = None,
               y0: np.ndarray | None = None, workgroup: int | None = None,
               rows_per_group: int | None = None, residual: bool = True,
-              quantize_workgroup: int | None = None, quantized_only: bool = False) -> np.ndarray:
+              quantize_workgroup: int | None = None, quantized_only: bool = False,
+              squares: bool = False) -> np.ndarray:
     """y [M, rows] once on fresh buffers (tests): the two launches, xq read back in between;
     `quantized_only`: xq itself, [M][words] u32 (the layout of matvec_input_int8.wgsl)."""
     device = ctx.device
@@ -186,7 +202,7 @@ async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str
     inputs, stride, up_offset = _inputs(weights, x, input, norm_weight, up_offset)
     p = plan(device, weights, m, stride, weights.rows, input, y0 is not None, eps, up_offset,
              matvec._quads(weights.cols) if input == "norm" else None, workgroup, rows_per_group, residual,
-             quantize_workgroup)
+             quantize_workgroup, squares)
     quantizer = await ctx.kernel(p.quantize.kernel, **p.quantize.overrides)
     (xq,) = await runner.run_once(device, quantizer, p.quantize.params, inputs,
                                   [(xq_bytes(x_units(weights), m, residual) // 4, np.uint32)], p.quantize.grid)
@@ -301,7 +317,8 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
     int8_unit=32)`: for q4 the bound of the one-launch dot4 variant with the same RESIDUAL,
     whose numerics this path has. Full runs take every case with one and with two bytes an
     activation and also try other launch shapes of the mat-vec on the random cases; quick runs
-    alternate the two widths."""
+    alternate the two widths. Norm cases also run "xq2s" (two bytes, 1/rms from the units'
+    squares) wherever they run two bytes."""
     results = []
     if not ctx.variants("quantize_x_"):
         return results
@@ -315,10 +332,14 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
         name = matvec.kernel_name(encoding, subgroups, "int8", matvec.PREQUANT_VARIANTS[encoding])
         if not (ctx.uses(quantize_name(case.input)) and ctx.uses(name)):
             continue
-        # at admission both widths, of which `_launches` keeps those the plan compiled
-        for residual in ((0, 1) if ctx.planned is not None else (index % 2,) if ctx.quick else (1, 0)):
+        # at admission both widths, of which `_launches` keeps those the plan compiled; a norm
+        # case also with its 1/rms from the units' squares ("xq2s", two bytes)
+        widths = (0, 1) if ctx.planned is not None else (index % 2,) if ctx.quick else (1, 0)
+        forms = [(residual, False) for residual in widths] + (
+            [(1, True)] if case.input == "norm" and (1 in widths or ctx.planned is not None) else [])
+        for residual, squares in forms:
             launches = _launches(ctx, case, residual, shapes if case.name.startswith("random") and residual
-                                 else shapes[:1])
+                                 else shapes[:1], squares)
             if launches:                      # (at admission most cases run on no planned pipeline)
                 exact, bound, rule = matvec_oracle.fused_oracle(case.weights, case.x, case.input, case.norm_weight,
                                                          case.eps, case.up_offset, case.y0, int8=1 + residual,
@@ -327,8 +348,10 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
                 quantize = 32 if ctx.quick and index % 2 and ctx.planned is None else quantize
                 y = await run(ctx, case.weights, case.x, input=case.input, norm_weight=case.norm_weight,
                               eps=case.eps, up_offset=case.up_offset, y0=case.y0, workgroup=workgroup,
-                              rows_per_group=rows, residual=bool(residual), quantize_workgroup=quantize)
-                shape = {"WG": workgroup or "rule", "ROWS": rows or "rule", "BYTES": 1 + residual, "QWG": quantize}
+                              rows_per_group=rows, residual=bool(residual), quantize_workgroup=quantize,
+                              squares=squares)
+                shape = {"WG": workgroup or "rule", "ROWS": rows or "rule", "BYTES": 1 + residual, "QWG": quantize,
+                         **({"SQUARES": 1} if squares else {})}
                 results.append(compare_bound("matvec_prequant", f"{quantize_name(case.input)}+{name} {shape}",
                                              case.name, y, exact, bound, rule))
     return results

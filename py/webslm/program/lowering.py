@@ -252,7 +252,7 @@ class Lowering:
                 # on one params block, through the plan's int8_x scratch (kernels/matvec_prequant.py).
                 residual = bool(matvec_prequant.VARIANTS[choice.variant])
                 q = matvec_prequant.plan(self.device, weights, m, x_stride, y_stride, mode, accumulate, **extra,
-                                         residual=residual)
+                                         residual=residual, squares=choice.variant in matvec_prequant.SQUARES)
                 need = matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m, residual)
                 if need > self.int8_x_bytes:
                     raise matvec.MatvecShapeError("binding-size", f"{op.name}: its quantized activations need "

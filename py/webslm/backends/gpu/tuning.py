@@ -71,6 +71,7 @@ CHECK_RELATIVE = 1e-3          # |y - y_rule| <= this * max|y_rule| (+ a tiny ab
 INT8_CHECK_RELATIVE = {        # the same for int8 activations (matvec_prequant.VARIANTS): one byte's
     "xq": 3e-2,                # rounding (<= 1/128 of a unit's largest |x| per value) moves y by ~1%
     "xq2": 2e-3,               # of max|y| on random x; two bytes' 64 times less
+    "xq2s": 2e-3,              # two bytes, the norm's 1/rms from the units' squares (matvec_prequant.SQUARES)
 }
 XQ_SHAPES = ((32, 2), (32, 4), (32, 8), (32, 16))   # pre-quantized (WG, ROWS) first tried; then WG at the best ROWS
 
@@ -149,6 +150,8 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             choice = matvec.Choice.from_dict(cached["choice"]) if cached else None
         except (matvec.MatvecShapeError, TypeError, KeyError):
             choice = None
+        if choice is not None and choice.variant in matvec_prequant.SQUARES and ops[0].option("input") != "norm":
+            choice = None                          # (squares serve a norm input only: measured afresh)
         if cached and (choice is not None or cached.get("choice") is None):
             report.forms[key] = {**{k: v for k, v in cached.items() if k != "choice"}, "cached": True}
             if choice is not None:
@@ -305,9 +308,11 @@ async def _pinned_int8(stage: Stage, forms: dict[str, list], began: float, varia
                 stage.fill_inputs(ops)
                 await stage.launches(ops, None)
                 reference = await stage.output(ops)
-                pinned = matvec.Choice(variant, *XQ_SHAPES[1])
+                norm = ops[0].option("input") == "norm"       # "xq2s": norm forms; the others "xq2"
+                pinned = matvec.Choice(variant if norm or variant not in matvec_prequant.SQUARES
+                                       else matvec_prequant.VARIANT, *XQ_SHAPES[1])
                 await stage.launches(ops, pinned)
-                if _agrees(await stage.output(ops), reference, INT8_CHECK_RELATIVE[variant]):
+                if _agrees(await stage.output(ops), reference, INT8_CHECK_RELATIVE[pinned.variant]):
                     report.choices[key] = pinned
                 else:
                     entry["rejected"] = 1
@@ -381,9 +386,11 @@ class _FormSearch:
     five measured gave 220). Round by round:
 
         round 0  the likeliest win: where the pre-quantized path serves the form, int8 at
-                 XQ_SHAPES[1] (what won at every large form measured on the H200); else ROWS
-                 in 1..16 at the rule's WG
-        round 1  the int8 ROWS ladder (XQ_SHAPES), then the exact one (ROWS at the rule's WG)
+                 XQ_SHAPES[1] (what won at every large form measured on the H200), for a norm
+                 form in both of its ways to 1/rms ("xq2", "xq2s"); else ROWS in 1..16 at the
+                 rule's WG
+        round 1  the int8 ROWS ladder (XQ_SHAPES; a norm form's in both ways), then the exact
+                 one (ROWS at the rule's WG)
         round 2  every sensible WG at the best ROWS, int8 and exact
 
     A shape the limits refuse is skipped; one that disagrees with the rule's output is
@@ -396,6 +403,7 @@ class _FormSearch:
         self.stage, self.ops, self.rule, self.seed = stage, ops, rule, seed
         self.key, self.weights = stage.lowering.matvec_form(ops[0])
         self.int8 = int8 and matvec_prequant.serves(stage.device, self.weights)
+        self.norm = ops[0].option("input") == "norm"     # may take "xq2s" (matvec_prequant.SQUARES)
         self.times: dict[matvec.Choice, float] = {rule: rule_seconds}
         self.refused: list = []
         self.rejected: list = []
@@ -405,18 +413,21 @@ class _FormSearch:
 
     def candidates(self, round_: int) -> list[tuple[matvec.Choice, float]]:
         """Round `round_`'s shapes with the check's tolerance (rounds 2 read the times so far)."""
-        rule, relative = self.rule, INT8_CHECK_RELATIVE[matvec_prequant.VARIANT]
-        xq = [(matvec.Choice(matvec_prequant.VARIANT, wg, rows), relative) for wg, rows in XQ_SHAPES]
+        rule = self.rule
+        variants = [matvec_prequant.VARIANT] + (sorted(matvec_prequant.SQUARES) if self.norm else [])
+        xq = [[(matvec.Choice(variant, wg, rows), INT8_CHECK_RELATIVE[variant]) for wg, rows in XQ_SHAPES]
+              for variant in variants]
         rows_ladder = [(dataclasses.replace(rule, rows=rows), CHECK_RELATIVE) for rows in matvec.ROWS_PER_WORKGROUP]
         if round_ == 0:
-            return xq[1:2] if self.int8 else rows_ladder
+            return [ladder[1] for ladder in xq] if self.int8 else rows_ladder
         if round_ == 1:
-            return (xq + rows_ladder) if self.int8 else []
+            return ([shape for ladder in xq for shape in ladder] + rows_ladder) if self.int8 else []
         out = []
         for int8 in (True, False):
             best = self._best(int8)               # None: no int8 shape passed (or none served)
             for workgroup in matvec.workgroup_candidates(self.stage.device, self.weights, best.rows) if best else ():
-                out.append((dataclasses.replace(best, workgroup=workgroup), relative if int8 else CHECK_RELATIVE))
+                out.append((dataclasses.replace(best, workgroup=workgroup),
+                            INT8_CHECK_RELATIVE[best.variant] if int8 else CHECK_RELATIVE))
         return out
 
     def _best(self, int8: bool) -> matvec.Choice | None:
