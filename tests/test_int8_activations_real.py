@@ -15,6 +15,7 @@ have no outliers. Real ones have both:
 """
 from __future__ import annotations
 
+import asyncio
 import pathlib
 
 import pytest
@@ -48,9 +49,15 @@ def smollm2():
     return webslm.open_model(DEFAULT_MODEL)
 
 
+@pytest.fixture(scope="module")
+def two_bytes(native_gpu, smollm2):
+    """SmolLM2's conformance on two bytes an activation (the engine's "xq2"), once for the module."""
+    return asyncio.run(_conformance(native_gpu, smollm2, "int8", tokens=16))
+
+
 def test_two_byte_activations_keep_the_default_models_greedy_tokens_where_one_byte_does_not(native_gpu, smollm2,
-                                                                                           run):
-    two, variants_two = run(_conformance(native_gpu, smollm2, "int8", tokens=16))
+                                                                                           two_bytes, run):
+    two, variants_two = two_bytes
     one, variants_one = run(_conformance(native_gpu, smollm2, "int8-1", tokens=16))
     assert variants_two == {"xq2"} and variants_one == {"xq"}
     print(f"SmolLM2-135M: two bytes top-1 {two['top1_agreement']}, max |logit error| {two['max_abs_logit_error']:.3g};"
@@ -75,13 +82,14 @@ def test_two_byte_activations_on_gemma3_270m_q4_k_m_as_stored(native_gpu, gemma3
         report["disagreements"]
 
 
-def test_the_norm_from_the_units_squares_keeps_the_default_models_greedy_tokens(native_gpu, smollm2, run):
+def test_the_norm_from_the_units_squares_keeps_the_default_models_greedy_tokens(native_gpu, smollm2, two_bytes,
+                                                                               run):
     """"xq2s" (matvec_prequant.SQUARES): the norm forms' 1/rms from the squares each unit
     carries, not the quantizer's header; the same bytes, the squares summed in another order.
     On SmolLM2's real weights: top-1 as the two bytes' (conformance's rule), and a logit error
     of the same size."""
     squares, variants = run(_conformance(native_gpu, smollm2, "int8-s", tokens=16))
-    two, _ = run(_conformance(native_gpu, smollm2, "int8", tokens=16))
+    two, _ = two_bytes
     assert variants == {"xq2", "xq2s"}                  # xq2s on the norm forms, xq2 on the others
     print(f"SmolLM2-135M: units' squares top-1 {squares['top1_agreement']}, max |logit error| "
           f"{squares['max_abs_logit_error']:.3g} (header: {two['max_abs_logit_error']:.3g})")
