@@ -28,14 +28,17 @@ CHECK_RELATIVE is far above that and far below what a wrong row, column or reduc
 Then, for q4, q4k, q6k and q8 forms on a device whose WGSL has packed dot products (unless the caller
 says int8=False: AdmissionPolicy.int8_activations), the pre-quantized path
 (kernels/matvec_prequant.py: a quantizer launch, then a packed-dot mat-vec on activations
-as two int8 bytes each, variant "xq2"), timed as its two dispatches per op, checked with
+as two int8 bytes each, variant "xq2"; a norm form also "xq2s", its 1/rms from the units'
+squares instead of the quantizer's header), timed as its two dispatches per op, checked with
 INT8_CHECK_RELATIVE, and kept only where it beats the best exact choice by NOISE: a stated
 error (matvec_oracle.fused_oracle int8=2), taken only where it pays. Not llama.cpp's one byte
 ("xq"): on real weights that changed greedy tokens (matvec_prequant's docstring). The last
 word is the whole step's (_step_check): timed with the int8 forms and without, side by side,
 they stay only if the step is STEP_GAIN faster with them. At the dispatch floor (SmolLM2's
 forms on the H200) a form can win alone and lose in the step: its extra dispatch costs more
-than it saves.
+than it saves. Where decode attention can quantize for the o projection (the fusion rule
+quantize-into-attention, kernels/attention_xq.py), the int8 step is timed that way and with
+the separate quantize_x too, and the faster is kept (attention_xq.CHOICE).
 
 Where measuring cannot pay, the rule stands and the report says why: a software adapter (the
 rule's dispatch takes more than timing.SLOW_DISPATCH_SECONDS), or the budget (BUDGET_SECONDS) spent.
