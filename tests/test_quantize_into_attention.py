@@ -158,3 +158,22 @@ def test_an_unfused_choice_from_the_cache_keeps_quantize_x(native_gpu, model, me
     assert labels.count("o quantize") == a.n_layers and choices[attention_xq.CHOICE].quantize is False
     labels, choices = run(short_labels({"choice": {"quantize": "no"}}))
     assert "o quantize" not in labels and attention_xq.CHOICE not in choices
+
+
+def test_a_context_within_one_pass_compiles_no_quantizer_for_o(native_gpu, model, measured, run):
+    """Admission compiles what the recordings run (Lowering.lower_ops): with a KV capacity of
+    one pass there is no long recording, so where attention quantizes for o, quantize_x_plain
+    (o's only quantizer) is not compiled, nor self-tested; without the rule it is."""
+    cache = prequantized_entries(measured[0])
+
+    async def kernels(fusions):
+        session = await admit(native_gpu, model, AdmissionPolicy(fusions=fusions, tuning="force", context=128,
+                                                                 tuning_budget_s=600.0), tuning_cache=cache)
+        try:
+            return {name for name, _ in session.kernels}
+        finally:
+            session.destroy()
+    fused, plain = run(kernels(DEFAULT)), run(kernels(WITHOUT))
+    assert any(name.startswith("attention_decode_xq_") for name in fused)
+    assert "quantize_x_plain" not in fused and "quantize_x_plain" in plain
+    assert {"quantize_x_norm", "quantize_x_swiglu"} <= fused

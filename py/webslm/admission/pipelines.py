@@ -95,12 +95,18 @@ def pipelines(model, device, plan, choices: dict | None = None) -> list[tuple[st
     forms = [(0, False)] + ([(lowering.capacity - 1, True)] if lowering.decode_combine_grid is not None else [])
     for schedule, program in programs.items():
         lengths = lowering.prefill_buckets() if schedule == "prefill" else [lowering.planned_tokens(schedule)]
-        for op, tokens in ((op, t) for op in program.ops for t in lengths):
-            for readback in (("argmax", "top-k") if op.kind == "reduce" else ("argmax",)):
-                for start, long_attention in (forms if schedule == "decode" else [(0, False)]):
-                    for launch in lowering.lower(op, schedule, tokens, start, readback, long_attention):
-                        if (launch.kernel, launch.overrides) not in chosen:
-                            chosen.append((launch.kernel, dict(launch.overrides)))
+        reductions = [op for op in program.ops if op.kind == "reduce"]
+        for tokens in lengths:
+            for start, long_attention in (forms if schedule == "decode" else [(0, False)]):
+                # each recording as the recorder lowers it (Lowering.lower_ops), and the
+                # reductions the engine may read back instead of argmax
+                launches = [launch for _, launch in lowering.lower_ops(program.ops, schedule, tokens, start,
+                                                                       "argmax", long_attention)]
+                launches += [launch for op in reductions
+                             for launch in lowering.lower(op, schedule, tokens, start, "top-k", long_attention)]
+                for launch in launches:
+                    if (launch.kernel, launch.overrides) not in chosen:
+                        chosen.append((launch.kernel, dict(launch.overrides)))
     return chosen
 
 

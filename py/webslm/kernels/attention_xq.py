@@ -73,8 +73,11 @@ class OutputChoice:
         return cls(data["quantize"])
 
 
+KERNEL_PREFIX = "attention_decode_xq_"
+
+
 def kernel_name(dtype: str) -> str:
-    return f"attention_decode_xq_{dtype}"
+    return f"{KERNEL_PREFIX}{dtype}"
 
 
 def fits(shape: AttentionShape) -> bool:
@@ -149,7 +152,7 @@ def _planned_cases(ctx: GoldenContext, dtype: str) -> list[tuple]:
     return out
 
 
-@golden("attention_xq", kernels=("attention_decode_xq_",))
+@golden("attention_xq", kernels=(KERNEL_PREFIX,))
 async def golden_attention_xq(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
     for dtype in ("f32", "f16"):

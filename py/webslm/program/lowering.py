@@ -26,8 +26,9 @@ own plan functions, before any GPU work.
 
 An attention op marked `quantize_out` (fusion rule quantize-into-attention) quantizes its own
 output for the o projection when every mat-vec reading it is on the pre-quantized path with one
-byte form, and the step is one pass (`output_quantizer`); the recorder then lowers those
-mat-vecs with `x_quantized`, without their quantize_x launch (backends/gpu/forward.py).
+byte form, and the step is one pass (`output_quantizer`); `lower_ops`, which lowers the ops of
+one recording in order, then lowers those mat-vecs with `x_quantized`, without their
+quantize_x launch (the recorder, backends/gpu/forward.py, and admission's pipeline list).
 
 The head always multiplies one row (the mat-vec, in both schedules). Decode attention has one
 head grouping and grid for every position (the full cache's), so a decode recording never
@@ -170,6 +171,22 @@ class Lowering:
         if op.kind == "matmul":
             return self._matmul(op, schedule, tokens, start, readback, long_attention, x_quantized)
         return getattr(self, f"_{op.kind}")(op, schedule, tokens, start, readback, long_attention)
+
+    def lower_ops(self, ops: list[Op], schedule: str, tokens: int, start: int, readback: str = "argmax",
+                  long_attention: bool = False) -> list[tuple[Op, Launch]]:
+        """(op, launch) of every launch of `ops` recorded together, in order: a matmul whose input
+        an attention launch before it among `ops` quantized already takes no quantize_x launch
+        (a layer's own attention decides for its readers; tuning's launches of one form alone,
+        with no attention among them, keep theirs)."""
+        out, quantized = [], set()      # activations an attention launch here also wrote as int8_x
+        for op in ops:
+            launches = self.lower(op, schedule, tokens, start, readback, long_attention,
+                                  x_quantized=op.kind == "matmul" and op.read("x") in quantized)
+            quantized -= {ref for _, ref in op.writes}
+            if any(launch.kernel.startswith(attention_xq.KERNEL_PREFIX) for launch in launches):
+                quantized.add(op.write("out"))
+            out += [(op, launch) for launch in launches]
+        return out
 
     def _copy(self, op, schedule, tokens, start, readback, long_attention):
         return []

@@ -138,20 +138,10 @@ class Forward:
                      long_attention: bool = False) -> tuple[list[Dispatch], list[Copy]]:
         """The dispatches of `ops` (and the copies, which run after them in the same submit)."""
         table = self.tables[schedule]
-        dispatches, copies = [], []
-        quantized = set()          # activations an attention launch here also wrote as int8_x
-        for op in ops:
-            if op.kind == "copy":
-                copies.append(self._copy(schedule, op, tokens))
-                continue
-            launches = self.lowering.lower(op, schedule, tokens, start, readback, long_attention,
-                                           x_quantized=op.kind == "matmul" and op.read("x") in quantized)
-            quantized -= {ref for _, ref in op.writes}           # (a layer's own attention decides for it)
-            for launch in launches:
-                params = table.binding(self.slot(op, readback))
-                dispatches.append(await self.dispatch(schedule, launch, params))
-                if launch.kernel.startswith("attention_decode_xq_"):
-                    quantized.add(op.write("out"))
+        copies = [self._copy(schedule, op, tokens) for op in ops if op.kind == "copy"]
+        dispatches = [await self.dispatch(schedule, launch, table.binding(self.slot(op, readback)))
+                      for op, launch in self.lowering.lower_ops(ops, schedule, tokens, start, readback,
+                                                                long_attention)]
         return dispatches, copies
 
     def _copy(self, schedule: str, op: Op, tokens: int) -> Copy:

@@ -168,7 +168,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             kept = cache[output_key].get("choice")
             if kept is not None and not attention_xq.OutputChoice.from_dict(kept).quantize:
                 report.choices[attention_xq.CHOICE] = attention_xq.OutputChoice(False)
-        except (attention_xq.KvShapeError, AttributeError):
+        except (attention.KvShapeError, AttributeError):
             pass                   # not a choice: the default (lowering's) until measured again
     if not pending:
         report.source = "cached"
