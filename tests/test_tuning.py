@@ -249,16 +249,17 @@ def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model
 
 
 
-def test_a_cached_xq2s_is_taken_on_a_norm_form_only(native_gpu, model, measured, run):
+def test_a_cached_choice_is_taken_only_where_the_form_has_that_launch(native_gpu, model, measured, run):
     """"xq2s" (the norm's 1/rms from the units' squares) serves a norm input only: cached for a
-    norm form it is used as cached; cached for a plain form (an edited or stale cache) that
-    form is measured afresh, never lowered with it."""
+    norm form it is used as cached; cached for a plain form, or a variant no encoding has (an
+    edited or stale cache), that form is measured afresh, never compiled with it."""
     report, _ = measured
     cache = prequantized_entries(report)
     norm = next(key for key in cache if key.split("|", 2)[2].split(" ")[2] == "norm")
     plain = next(key for key in cache if key.split("|", 2)[2].split(" ")[2] == "plain")
-    for key in (norm, plain):
-        cache[key] = {**cache[key], "choice": {"variant": "xq2s", "WG": 32, "ROWS": 4}}
+    unknown = next(key for key in cache if key not in (norm, plain) and attention.PREFILL_CHOICE not in key)
+    for key, variant in ((norm, "xq2s"), (plain, "xq2s"), (unknown, "bogus")):
+        cache[key] = {**cache[key], "choice": {"variant": variant, "WG": 32, "ROWS": 4}}
 
     async def go():
         session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
@@ -271,6 +272,7 @@ def test_a_cached_xq2s_is_taken_on_a_norm_form_only(native_gpu, model, measured,
     assert again.forms[norm_form]["cached"] and again.choices[norm_form].variant == "xq2s"
     assert not again.forms[plain_form].get("cached") and plain in again.cache_entries
     assert again.choices.get(plain_form) is None or again.choices[plain_form].variant != "xq2s"
+    assert not again.forms[unknown.split("|", 2)[2]].get("cached") and unknown in again.cache_entries
 
 def test_the_file_cache_merges_and_survives_a_broken_file(tmp_path, monkeypatch):
     path = tmp_path / "sub" / "matvec-tuning.json"

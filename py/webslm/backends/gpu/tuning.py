@@ -62,6 +62,7 @@ from typing import Awaitable, Callable, Mapping
 import numpy as np
 
 from ...kernels import attention, attention_xq, matvec, matvec_prequant
+from ...kernels.registry import KernelError
 from . import timing, tuning_attention
 from .tuning_cache import cache_key
 from .tuning_stage import Stage
@@ -112,6 +113,20 @@ def _agrees(y: np.ndarray, reference: np.ndarray, relative: float = CHECK_RELATI
     return bool(np.all(np.abs(y - reference) <= relative * scale + 1e-30))
 
 
+def _lowers(stage: Stage, key: str, ops: list, choice: matvec.Choice) -> bool:
+    """Whether a cached choice is a launch this form has on this device: it lowers (the host's
+    checks, no GPU work). A cache is untrusted; an edited or stale entry (a variant the form's
+    encoding lacks, "xq2s" on a form without a norm) is measured afresh, not compiled."""
+    stage.lowering.choices[key] = choice
+    try:
+        stage.lowering.lower(ops[0], "decode", 1, 0)
+        return True
+    except (matvec.MatvecShapeError, KernelError):
+        return False
+    finally:
+        stage.lowering.choices.pop(key, None)
+
+
 def _rule_choice(device, weights, op) -> matvec.Choice:
     name, overrides = matvec.choose_kernel(device, weights, input=op.option("input", "plain"),
                                            accumulate=bool(op.option("accumulate")))
@@ -153,8 +168,8 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
             choice = matvec.Choice.from_dict(cached["choice"]) if cached else None
         except (matvec.MatvecShapeError, TypeError, KeyError):
             choice = None
-        if choice is not None and choice.variant in matvec_prequant.SQUARES and ops[0].option("input") != "norm":
-            choice = None                          # (squares serve a norm input only: measured afresh)
+        if choice is not None and not _lowers(stage, key, ops, choice):
+            choice = None                          # not a launch this form has here: measured afresh
         if cached and (choice is not None or cached.get("choice") is None):
             report.forms[key] = {**{k: v for k, v in cached.items() if k != "choice"}, "cached": True}
             if choice is not None:
