@@ -220,6 +220,14 @@ def test_a_choice_from_a_cache_is_typed_or_refused(bad):
     assert matvec.Choice.from_dict({"variant": "", "WG": 64, "ROWS": 8}) == matvec.Choice("", 64, 8)
 
 
+async def _forced_tuning_report(gpu, model, cache):
+    """The tuning report of a forced admission with `cache`, the session released."""
+    session = await admit(gpu, model, FORCED, tuning_cache=cache)
+    try:
+        return session.tuning
+    finally:
+        session.destroy()
+
 def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model, measured, run):
     """One mat-vec form's entry broken, and the prefill attention's, one saying "the rule is
     best", the rest moved off the rule: the broken two alone are measured, the others are
@@ -232,13 +240,7 @@ def test_a_cache_entry_that_is_not_a_choice_is_measured_afresh(native_gpu, model
     cache[keys[1]] = {**cache[keys[1]], "choice": None}
     cache[prefill] = {**cache[prefill], "choice": {"variant": "rows", "WG": 32}}
 
-    async def go():
-        session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
-        try:
-            return session.tuning
-        finally:
-            session.destroy()
-    again = run(go())
+    again = run(_forced_tuning_report(native_gpu, model, cache))
     broken, rule = keys[0].split("|", 2)[2], keys[1].split("|", 2)[2]
     assert again.source == "measured" and set(again.forms) == set(report.forms)
     assert sorted(again.cache_entries) == sorted([keys[0], prefill]) and not again.forms[broken].get("cached")
@@ -261,13 +263,7 @@ def test_a_cached_choice_is_taken_only_where_the_form_has_that_launch(native_gpu
     for key, variant in ((norm, "xq2s"), (plain, "xq2s"), (unknown, "bogus")):
         cache[key] = {**cache[key], "choice": {"variant": variant, "WG": 32, "ROWS": 4}}
 
-    async def go():
-        session = await admit(native_gpu, model, FORCED, tuning_cache=cache)
-        try:
-            return session.tuning
-        finally:
-            session.destroy()
-    again = run(go())
+    again = run(_forced_tuning_report(native_gpu, model, cache))
     norm_form, plain_form = norm.split("|", 2)[2], plain.split("|", 2)[2]
     assert again.forms[norm_form]["cached"] and again.choices[norm_form].variant == "xq2s"
     assert not again.forms[plain_form].get("cached") and plain in again.cache_entries
