@@ -20,6 +20,10 @@ override NATURAL: bool = false;    // bytes in natural order (a q8 o projection)
 
 @group(0) @binding(7) var<storage, read_write> xq: array<vec4<u32>>;
 
+fn store_xq_word(at: u32, word: vec4<u32>) {    // int8_store.wgsl's writes
+    xq[at] = word;
+}
+
 @compute @workgroup_size(WG)
 fn decode_chunk_xq(@builtin(workgroup_id) group: vec3<u32>,
                    @builtin(num_workgroups) groups: vec3<u32>,

@@ -51,8 +51,14 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
     if (first_row >= params.rows) {
         return;  // the whole workgroup leaves together: the barriers in row_sums stay uniform
     }
-    let m = group.z;
+    row_block(first_row, group.z, lane);
+}
 
+// Rows first_row .. first_row + ROWS - 1 of activation row m: every lane walks its units,
+// then the rows are summed over the workgroup and lane r < ROWS stores row r. Returns the
+// value stored, in lanes r < ROWS whose row exists (else 0). Called in uniform control flow
+// (barriers inside); matvec_quantize_out.wgsl calls it once per block of a unit's rows.
+fn row_block(first_row: u32, m: u32, lane: u32) -> f32 {
     var sums = Partials(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
     for (var u = lane; u < params.units; u += WG) {
         let xu = load_x(u, m);
@@ -68,14 +74,16 @@ fn main(@builtin(workgroup_id) group: vec3<u32>,
 
     let scale = input_finish(lane, m);      // barriers inside: uniform control flow here
     let total = row_sums(sums, lane);
+    var value = 0.0;
     if (lane < ROWS && first_row + lane < params.rows) {
         let at = m * params.y_stride + first_row + lane;
-        var value = scaled(total, scale);
+        value = scaled(total, scale);
         if (ACCUMULATE) {
             value = y[at] + value;
         }
         y[at] = value;
     }
+    return value;
 }
 
 // Row r's partial sum (r < 16), r a constant after unrolling or a loop index below ROWS.

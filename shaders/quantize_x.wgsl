@@ -87,6 +87,10 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     }
 }
 
+fn store_xq_word(at: u32, word: vec4<u32>) {    // int8_store.wgsl's writes
+    xq[at] = word;
+}
+
 fn store_unit(row: u32, u: u32, unit: UnitX, squares: f32) {
     store_unit_at(row + 1u + xq_unit_words() * u, unit, squares);
 }

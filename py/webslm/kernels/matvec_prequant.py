@@ -57,7 +57,7 @@ import numpy as np
 
 from ..webgpu.interface import Device
 from . import kquant, matvec, matvec_oracle, runner
-from .golden import GoldenContext, GoldenResult, compare_bound, golden
+from .golden import GoldenContext, GoldenResult, compare_bound, golden, weight_format
 from .matvec import INPUT_BINDINGS, MatvecPlan, MatvecShapeError, Weights
 from .registry import KernelSpec, capabilities, compile_kernel, register
 
@@ -185,8 +185,20 @@ def _launches(ctx: GoldenContext, case, residual: int, shapes: list, squares: bo
     p = plan(ctx.device, case.weights, m, stride, case.weights.rows, case.input, case.y0 is not None, case.eps,
              up_offset, matvec._quads(case.weights.cols) if case.input == "norm" else None, residual=bool(residual),
              squares=squares)
-    return [(mv["WG"], mv["ROWS"], q["WG"]) for mv in ctx.launches(p.matvec.kernel, p.matvec.overrides, ("WG", "ROWS"))
-            for q in ctx.launches(p.quantize.kernel, p.quantize.overrides)]
+    matvecs = ctx.launches(p.matvec.kernel, p.matvec.overrides, ("WG", "ROWS"))
+    quantizers = ctx.launches(p.quantize.kernel, p.quantize.overrides)
+    if quantizers and not matvecs:
+        # A quantizer whose mat-vec the plan runs only in its quantizing form (that form's
+        # pipeline, matvec_quantize_out.py, reads it): with the plain mat-vec of the case's
+        # weight format, where the plan has a quantizing mat-vec of that format.
+        qout = {weight_format(name, dict(items)) for name, items in ctx.planned if name.startswith("qout_")}
+        matvecs = [p.matvec.overrides] if weight_format(p.matvec.kernel, p.matvec.overrides) in qout else []
+    elif matvecs and not quantizers:
+        # A mat-vec whose input only a quantizing mat-vec writes in the plan: with the
+        # quantizer as the plan would make it, which writes the same bytes
+        # (matvec_quantize_out.py's golden family checks that).
+        quantizers = [p.quantize.overrides]
+    return [(mv["WG"], mv["ROWS"], q["WG"]) for mv in matvecs for q in quantizers]
 
 
 async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, *, input: str = "plain",

@@ -1,0 +1,255 @@
+"""The residual projection that quantizes its own output for the next mat-vec
+(shaders/matvec_quantize_out.wgsl): registry entries, host side, golden tests.
+
+    qout_matvec_int8_<enc>_<variant>[_subgroup]   the pre-quantized mat-vec of that encoding
+        (matvec_prequant.py), entry main_quantize_out; overrides its own (WG, ROWS, RESIDUAL,
+        ACCUMULATE, ...; ROW_NORM 0 only) and ROW_BLOCKS = 32 / ROWS, OUT_NATURAL 0|1
+
+In the decode step of a Llama-shaped model the o and down projections add into the residual
+stream x (ACCUMULATE), and the next mat-vec (gate|up, the next layer's q|k|v, the head) reads x
+through its RMSNorm. On activations quantized once ("xq2s": matvec_prequant.py) that reader
+needs a quantize_x launch between the two mat-vecs, which reads back the x the projection just
+wrote: 3.3 us a launch on the H200 in the Llama-8B step, two a layer (docs/RESULTS.md). This
+kernel writes those bytes itself. Each workgroup owns 32 consecutive output rows (one unit of
+the reader's input) in 32 / ROWS blocks of the plain kernel's ROWS, and after its last block
+quantizes the 32 values it just stored with quantize_unit, the function quantize_x runs, on the
+same f32 values in the same order: xq_out is quantize_x_norm's UNIT_SQUARES output for that y,
+word for word, and y is the plain kernel's, bit for bit (the same row sums in the same order).
+
+Bindings: the pre-quantized mat-vec's (params, weight parts, xq, y), then
+    next_norm  (read-only) the reader's norm weight g [rows] (whole vec4s)
+    xq_out     (storage) [M][1 + words * rows / 32] vec4<u32>: an unused header (the reader's
+               ROW_NORM takes its 1/rms from the units' squares), then per unit of 32 rows the
+               bytes of y * g, (d, sum, sum of y^2) and with RESIDUAL the residual bytes
+
+Whether a session uses it is measured: lowering takes it only where every reader of x is on the
+"xq2s" path with one byte form (program/lowering.py), and the tuning stage times the whole
+decode step with and without the fused quantizers and keeps the faster (attention_xq.CHOICE,
+which covers both). Fewer workgroups than the plain launch (one per 32 rows): on a small
+projection (Llama-1B's 2048 rows: 64 workgroups) the mat-vec itself may get slower; the step
+timing decides.
+
+Golden family "matvec_quantize_out": on random weights of every pre-quantized encoding, random,
+adversarial and extreme-scale activations and outputs, both byte widths and orders and several
+block shapes: y equal bit for bit to the plain pre-quantized mat-vec's on the same xq, and xq_out
+equal word for word to what quantize_x_norm (UNIT_SQUARES) makes from that y and g.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..webgpu.interface import Device
+from . import kquant, matvec, matvec_prequant, runner
+from .golden import GoldenContext, GoldenResult, compare_bound, compare_exact, golden
+from .golden import label as variant_label
+from .matvec import MatvecPlan, MatvecShapeError, Weights
+from .registry import KERNELS, KernelSpec, register
+
+PREFIX = "qout_"
+UNIT_ROWS = matvec_prequant.UNIT        # output rows a workgroup owns: one unit of the reader's input
+
+
+def kernel_name(matvec_kernel: str) -> str:
+    """The quantizing form of a pre-quantized mat-vec kernel."""
+    return PREFIX + matvec_kernel
+
+
+def _after_enables(sources: tuple[str, ...], first: str) -> tuple[str, ...]:
+    """`sources` with `first` after its enable-directive files (which must open the module)."""
+    enables = tuple(name for name in sources if name.startswith("enable_"))
+    return enables + (first,) + tuple(name for name in sources if name not in enables)
+
+
+def _specs():
+    for encoding, variant in matvec.PREQUANT_VARIANTS.items():
+        for subgroups in (False, True):
+            base = KERNELS[matvec.kernel_name(encoding, subgroups, "int8", variant)]
+            yield KernelSpec(
+                name=kernel_name(base.name),
+                sources=_after_enables(base.sources, "matvec_quantize_out_overrides.wgsl")
+                + ("int8_pack.wgsl", "int8_store.wgsl", "matvec_quantize_out.wgsl"),
+                entry_point="main_quantize_out",
+                bindings=base.bindings + ("read-only-storage", "storage"),
+                overrides=base.overrides | {"ROW_NORM": (0,), "OUT_NATURAL": (0, 1),
+                                            "ROW_BLOCKS": tuple(UNIT_ROWS // r for r in matvec.ROWS_PER_WORKGROUP)},
+                requires=base.requires,
+            )
+
+
+register(*_specs())
+
+
+def plan(device: Device, matvec_plan: MatvecPlan, weights: Weights, m: int, natural: bool) -> MatvecPlan:
+    """The pre-quantized mat-vec `matvec_plan` (matvec_prequant.plan(...).matvec) as its
+    quantizing form: the same params, one workgroup per 32 rows, the reader's byte order
+    (`natural`: a q8 reader). Its inputs after the weight parts are xq and then next_norm;
+    its outputs y and then xq_out."""
+    if matvec_plan.overrides.get("ROW_NORM"):
+        raise MatvecShapeError("variant", "a quantizing mat-vec reads no norm of its own (ROW_NORM)")
+    if weights.rows % UNIT_ROWS:
+        raise MatvecShapeError("rows", f"quantizing the output needs whole units: {weights.rows} rows "
+                                       f"are not a multiple of {UNIT_ROWS}")
+    gx, gy, _ = runner.workgroup_grid(weights.rows // UNIT_ROWS, device.limits["maxComputeWorkgroupsPerDimension"])
+    overrides = dict(matvec_plan.overrides) | {"ROW_BLOCKS": UNIT_ROWS // matvec_plan.overrides["ROWS"],
+                                               "OUT_NATURAL": int(natural)}
+    return MatvecPlan(kernel_name(matvec_plan.kernel), overrides, matvec_plan.params, (gx, gy, m),
+                      matvec_plan.inputs + ("next_norm",))
+
+
+def out_bytes(rows: int, m: int = 1, residual: bool = True) -> int:
+    """Bytes of the xq_out a quantizing mat-vec of `rows` rows writes."""
+    return matvec_prequant.xq_bytes(rows // UNIT_ROWS, m, residual)
+
+
+async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, y0: np.ndarray | None, next_norm: np.ndarray,
+              *, residual: bool = True, natural: bool = False, workgroup: int | None = None,
+              rows_per_group: int | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(y [M, rows], xq_out [M, words] u32, the launch's overrides) on fresh buffers: x
+    quantized by quantize_x_plain, then the quantizing mat-vec (y += W x with y0, else y = W x)."""
+    m = np.atleast_2d(x).shape[0]
+    xs, stride = matvec.padded_activations(np.atleast_2d(np.asarray(x, np.float32)))
+    base = matvec_prequant.plan(ctx.device, weights, m, stride, weights.rows, "plain", y0 is not None,
+                                workgroup=workgroup, rows_per_group=rows_per_group, residual=residual)
+    quantizer = await ctx.kernel(base.quantize.kernel, **base.quantize.overrides)
+    (xq,) = await runner.run_once(ctx.device, quantizer, base.quantize.params, [xs],
+                                  [(matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), m, residual) // 4,
+                                    np.uint32)], base.quantize.grid)
+    p = plan(ctx.device, base.matvec, weights, m, natural)
+    kernel = await ctx.kernel(p.kernel, **p.overrides)
+    y = (m * weights.rows, np.float32) if y0 is None else np.asarray(y0, np.float32).reshape(-1).copy()
+    g = matvec.padded_norm_weight(next_norm, weights.rows)
+    y, xq_out = await runner.run_once(ctx.device, kernel, p.params, [*weights.bindings(), xq, g],
+                                      [y, (out_bytes(weights.rows, m, residual) // 4, np.uint32)], p.grid)
+    return y.reshape(m, weights.rows), xq_out.reshape(m, -1), p.overrides
+
+
+async def plain_run(ctx: GoldenContext, weights: Weights, x: np.ndarray, y0: np.ndarray | None, *,
+                    residual: bool, workgroup: int | None, rows_per_group: int | None) -> np.ndarray:
+    """y of the plain pre-quantized mat-vec with the same launch shape (the reference for y)."""
+    xs, _ = matvec.padded_activations(np.atleast_2d(np.asarray(x, np.float32)))
+    return await matvec_prequant.run(ctx, weights, np.atleast_2d(x), y0=y0, workgroup=workgroup,
+                                     rows_per_group=rows_per_group, residual=residual)
+
+
+# -- golden tests ---------------------------------------------------------------------------
+
+def _activations(rng, kind: str, m: int, cols: int) -> np.ndarray:
+    n = rng.standard_normal
+    if kind == "random":
+        return (2 * n((m, cols))).astype(np.float32)
+    if kind == "outliers":             # one huge value a unit: the others round coarsely
+        x = n((m, cols)).astype(np.float32)
+        x[:, ::32] *= 1e4
+        return x
+    if kind == "tiny":                 # scales near the clamp of int8_scale's exponent
+        return (n((m, cols)) * 1e-30).astype(np.float32)
+    raise ValueError(kind)
+
+
+# (label, encoding, rows, cols, M, activations, y0 scale, g kind, ROWS, WG): y0 None for y = W x
+CASES = [
+    ("q4 rows 32", "q4", 32, 256, 1, "random", 1.0, "random", None, None),
+    ("q4 Llama-ish", "q4", 256, 1024, 1, "random", 1.0, "random", 4, 64),
+    ("q4 two rows of x", "q4", 96, 512, 2, "random", 3.0, "random", 8, 32),
+    ("q4 one row a block", "q4", 64, 256, 1, "outliers", 1e3, "random", 1, 32),
+    ("q4 16 rows a block", "q4", 128, 512, 1, "random", None, "ones", 16, 128),
+    ("q8", "q8", 64, 512, 1, "random", 1.0, "random", 2, 64),
+    ("q8 tiny x", "q8", 96, 256, 1, "tiny", 1e-30, "random", 4, 256),
+    ("q4k", "q4k", 64, 512, 1, "random", 1.0, "random", 4, 64),
+    ("q6k", "q6k", 32, 256, 1, "outliers", 1.0, "extreme", 8, 32),
+]
+QUICK_CASES = [CASES[1], CASES[5]]
+
+
+def _weights(rng, encoding: str, rows: int, cols: int) -> Weights:
+    if encoding in ("q4k", "q6k"):
+        return kquant.random_weights(rng, encoding, rows, cols)
+    return matvec.random_weights_fast(rng, encoding, rows, cols)
+
+
+def _norm_weight(rng, kind: str, rows: int) -> np.ndarray:
+    if kind == "ones":
+        return np.ones(rows, np.float32)
+    g = (1 + 0.5 * rng.standard_normal(rows)).astype(np.float32)
+    if kind == "extreme":               # sign flips and scales far from 1
+        g[::3] *= -1e3
+        g[1::5] *= 1e-3
+    return g
+
+
+def _planned_cases(ctx: GoldenContext) -> list[tuple]:
+    """(case, RESIDUAL, OUT_NATURAL) to run. Outside admission the case lists with both widths
+    and orders (quick: the first of each); at admission one case of each planned pipeline's
+    encoding, launch shape and byte form."""
+    if ctx.planned is None:
+        cases = QUICK_CASES if ctx.quick else CASES
+        return [(case, residual, natural) for i, case in enumerate(cases)
+                for residual, natural in ((1, 0), (1, 1), (0, i % 2))[: 1 if ctx.quick else 3]]
+    out = []
+    for name, items in sorted(ctx.planned):
+        if not name.startswith(PREFIX):
+            continue
+        o = dict(items)
+        encoding = next(e for e, v in matvec.PREQUANT_VARIANTS.items() if f"_int8_{e}_{v}" in name)
+        cols = 256 if encoding in ("q4k", "q6k") else 512
+        out.append((("the plan's pipeline", encoding, 64, cols, 1, "random", 1.0 if o.get("ACCUMULATE") else None,
+                     "random", o["ROWS"], o["WG"]), o["RESIDUAL"], o["OUT_NATURAL"]))
+    return out
+
+
+SUMS_BOUND = 2.0 ** -22     # of the sum of the terms' magnitudes (_compare_units)
+
+
+def _compare_units(name: str, case: str, got: np.ndarray, want: np.ndarray, words: int, y: np.ndarray,
+                   g: np.ndarray) -> list[GoldenResult]:
+    """Units past the header: every byte word and the scale d word for word; the sum of the
+    unit's values y * g and of y's squares within SUMS_BOUND of the sum of their terms'
+    magnitudes from the quantizer's. Those two are f32 sums of products that a shader compiler
+    may contract into fused multiply-adds in one kernel and not in the other (lavapipe's did:
+    1 ulp in a few units' sums, 20 ulps of a sum that cancelled), which changes each product's
+    rounding by at most half an ulp of it: 2^-24 of its magnitude, 2^-23 summed with margin."""
+    y = np.asarray(y, np.float64).reshape(-1)
+    terms = np.abs(y * np.asarray(g, np.float64)).reshape(-1, 32).sum(axis=1)
+    squares = (y ** 2).reshape(-1, 32).sum(axis=1)
+    got, want = got.reshape(-1, words, 4), want.reshape(-1, words, 4)
+    sums_got = got[:, 2, 1:3].copy().view(np.float32)
+    sums_want = want[:, 2, 1:3].copy().view(np.float32)
+    masked_got, masked_want = got.copy(), want.copy()
+    masked_got[:, 2, 1:3] = masked_want[:, 2, 1:3] = 0
+    return [compare_exact("matvec_quantize_out", name, f"{case}: xq_out bytes and scales against quantize_x_norm",
+                          masked_got, masked_want),
+            compare_bound("matvec_quantize_out", name, f"{case}: xq_out sums against quantize_x_norm", sums_got,
+                          sums_want, SUMS_BOUND * np.stack([terms, squares], axis=1),
+                          "2^-22 of the terms' magnitudes")]
+
+
+@golden("matvec_quantize_out", kernels=(PREFIX,))
+async def golden_matvec_quantize_out(ctx: GoldenContext) -> list[GoldenResult]:
+    results = []
+    subgroups = "subgroups" in ctx.device.features
+    for (label, encoding, rows, cols, m, kind, y0_scale, g_kind, rows_per_group, workgroup), residual, natural in \
+            _planned_cases(ctx):
+        base_name = matvec.kernel_name(encoding, subgroups, "int8", matvec.PREQUANT_VARIANTS[encoding])
+        if not ctx.variants(kernel_name(base_name)):
+            continue
+        weights = _weights(ctx.rng, encoding, rows, cols)
+        x = _activations(ctx.rng, kind, m, cols)
+        y0 = None if y0_scale is None else (y0_scale * ctx.rng.standard_normal((m, rows))).astype(np.float32)
+        g = _norm_weight(ctx.rng, g_kind, rows)
+        y, xq_out, overrides = await run(ctx, weights, x, y0, g, residual=bool(residual), natural=bool(natural),
+                                         workgroup=workgroup, rows_per_group=rows_per_group)
+        name = variant_label(KERNELS[kernel_name(base_name)], overrides)
+        case = f"{label}: {encoding} {rows}x{cols} M={m} {kind} x, y0 {y0_scale}, g {g_kind}, " \
+               f"bytes {1 + residual}{' natural' if natural else ''}"
+        want_y = await plain_run(ctx, weights, x, y0, residual=bool(residual), workgroup=overrides["WG"],
+                                 rows_per_group=overrides["ROWS"])
+        results.append(compare_exact("matvec_quantize_out", name, f"{case}: y against the plain mat-vec",
+                                     y.view(np.uint32), want_y.view(np.uint32)))
+        # The bytes quantize_x_norm (UNIT_SQUARES) makes from that y for a reader of this
+        # byte order (its weights' values do not matter: only xq is read back). The header
+        # word is not written by either (ROW_NORM readers skip it).
+        reader = matvec.random_weights_fast(ctx.rng, "q8" if natural else "q4", 4, rows)
+        want = await matvec_prequant.run(ctx, reader, want_y, input="norm", norm_weight=g, eps=1e-5,
+                                         residual=bool(residual), squares=True, quantized_only=True)
+        results += _compare_units(name, case, xq_out[:, 4:], want[:, 4:], 5 if residual else 3, want_y, np.tile(g, m))
+    return results
