@@ -34,12 +34,12 @@ def test_the_rule_marks_decode_attention_read_only_by_plain_matmuls(model):
     decode = fuse(reference(arch, "decode", 1, layout), layout, DEFAULT)
     attention = [op for op in decode.ops if op.kind == "attention"]
     assert len(attention) == arch.n_layers and all(op.option("quantize_out") for op in attention)
-    assert decode.fusions[-1] == RULE
+    assert RULE in decode.fusions
     assert len(decode.ops) == len(fuse(reference(arch, "decode", 1, layout), layout, WITHOUT).ops)
     prefill = fuse(reference(arch, "prefill", 64, layout), layout, DEFAULT)
     assert not any(op.option("quantize_out") for op in prefill.ops)     # prefill runs the GEMM
     every = fuse(reference(arch, "decode", 1, layout), layout, ALL)      # RoPE in attention: left alone
-    assert not any(op.option("quantize_out") for op in every.ops)
+    assert not any(op.option("quantize_out") for op in every.ops if op.kind.startswith("attention"))
 
 
 async def _session_logits(gpu, model, fusions, cache, prompt):

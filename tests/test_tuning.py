@@ -16,20 +16,17 @@ import importlib.util
 import json
 import pathlib
 
-import numpy as np
 import pytest
 
 import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
-from webslm.backends.gpu import GpuBackend, timing, tuning, tuning_cache, tuning_stage
-from webslm.backends.scores import Want
-from webslm.cpu import CpuBackend
+from webslm.backends.gpu import timing, tuning, tuning_cache, tuning_stage
 from webslm.generate import prompt_ids
 from webslm.kernels import attention, matvec, matvec_prequant
 from webslm.program.fusion import ALL
 
 from tuning_models import (FORCED, INT8_LOGIT_TOLERANCE, INT8_TWO_BYTE_LOGIT_TOLERANCE,
-                           LOGIT_TOLERANCE, prequantized_entries)
+                           LOGIT_TOLERANCE, errors_against_the_oracle, prequantized_entries)
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -88,23 +85,6 @@ def _forced_entries(report) -> dict[str, dict]:
     return entries
 
 
-async def _errors_against_the_oracle(session, model, ids) -> list[float]:
-    """max |logits - oracle| / max |oracle| of the prefill and 6 greedy decode steps (the
-    oracle's tokens fed to both), then the session released."""
-    backend = await GpuBackend.build(session, model)
-    cpu = CpuBackend(model)
-    try:
-        errors = []
-        got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
-        for _ in range(6):
-            errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
-            token = int(np.argmax(want))
-            got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
-        return errors
-    finally:
-        backend.release()
-
-
 def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(native_gpu, model, measured, run):
     report, _ = measured
     cache = _forced_entries(report)
@@ -116,7 +96,7 @@ def test_cached_choices_are_used_without_measuring_and_follow_the_cpu_oracle(nat
         matvecs = [c for key, c in session.choices.items() if key != attention.PREFILL_CHOICE]
         assert {c.rows for c in matvecs} <= {2, 16} and len(session.choices) == len(report.forms)
         assert session.choices[attention.PREFILL_CHOICE].variant == "tiles"     # the rule here: rows
-        return await _errors_against_the_oracle(session, model, ids), set(session.kernels)
+        return await errors_against_the_oracle(session, model, ids), set(session.kernels)
     errors, compiled = run(go())
     assert max(errors) <= LOGIT_TOLERANCE, errors          # the prefill's logits too, on "tiles"
     rows_compiled = {dict(o)["ROWS"] for name, o in compiled if name.startswith("matvec_")}
@@ -131,7 +111,7 @@ async def _prequantized_run(native_gpu, model, report, ids, variant: str = matve
     session = await admit(native_gpu, model, FORCED, tuning_cache=prequantized_entries(report, variant))
     assert session.tuning.source == "cached"
     kernels, self_test = {name for name, _ in session.kernels}, session.self_test
-    return await _errors_against_the_oracle(session, model, ids), kernels, self_test
+    return await errors_against_the_oracle(session, model, ids), kernels, self_test
 
 
 def test_pre_quantized_matvecs_run_the_engine_within_the_int8_bound(native_gpu, model, measured, run):

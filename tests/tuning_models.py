@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 from webslm.admission.admit import AdmissionPolicy, admit
+from webslm.cpu import CpuBackend
+from webslm.backends.gpu import GpuBackend
+from webslm.backends.scores import Want
 from webslm.kernels import matvec, matvec_prequant
 from webslm.program.fusion import ALL
 
@@ -28,10 +33,38 @@ def forced_tuning(gpu, model) -> tuple:
     return asyncio.run(go())
 
 
-def prequantized_entries(report, variant: str = matvec_prequant.VARIANT) -> dict[str, dict]:
+def prequantized_entries(report, variant: str = matvec_prequant.VARIANT,
+                         norm_variant: str | None = None) -> dict[str, dict]:
     """The measured cache entries with every form the pre-quantized path serves (q4, q8, q4k,
-    q6k: matvec.PREQUANT_VARIANTS) on it (int8 activations, `variant`: two bytes or one)."""
+    q6k: matvec.PREQUANT_VARIANTS) on it (int8 activations, `variant`: two bytes or one; the
+    norm-input forms `norm_variant` where given: "xq2s", the 1/rms from the units' squares)."""
     def served(key: str) -> bool:
         return key.split("|")[2].split("[")[0] in matvec.PREQUANT_VARIANTS
-    return {key: {**entry, "choice": {"variant": variant, "WG": 32, "ROWS": 4} if served(key) else entry["choice"]}
+
+    def choice(key: str) -> dict:
+        norm = " norm" in key.split("|")[2]
+        return {"variant": norm_variant if norm and norm_variant else variant, "WG": 32, "ROWS": 4}
+    return {key: {**entry, "choice": choice(key) if served(key) else entry["choice"]}
             for key, entry in report.cache_entries.items()}
+
+
+async def errors_against_the_oracle(session, model, ids) -> list[float]:
+    """max |logits - oracle| / max |oracle| of the prefill and 6 greedy decode steps (the
+    oracle's tokens fed to both), then the session released."""
+    backend = await GpuBackend.build(session, model)
+    try:
+        return await oracle_errors(backend, model, ids)
+    finally:
+        backend.release()
+
+
+async def oracle_errors(backend, model, ids) -> list[float]:
+    """errors_against_the_oracle's errors on a backend built already (left running)."""
+    cpu = CpuBackend(model)
+    errors = []
+    got, want = (await backend.prefill(ids, Want("full"))).logits, cpu.prefill(ids)
+    for _ in range(6):
+        errors.append(float(np.abs(got - want).max()) / float(np.abs(want).max()))
+        token = int(np.argmax(want))
+        got, want = (await backend.decode_one(token, Want("full"))).logits, cpu.decode_one(token)
+    return errors

@@ -399,10 +399,14 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
     planned.append(partials)
     # The decode activations quantized once for a pre-quantized q4 mat-vec
     # (kernels/matvec_prequant.py): the lowering's scratch like the partials, written by the
-    # quantizer and read by the mat-vec right after it.
-    int8_x = Packer("int8_x", "scratch", ("STORAGE",), used["maxBufferSize"])
-    int8_x.add("decode.int8_x", int8_x_bytes(arch), s_align, "storage")
-    planned.append(int8_x)
+    # quantizer and read by the mat-vec right after it. A second one of the same size, in a
+    # buffer of its own (a dispatch may not bind one buffer both read-only and writable), for
+    # a residual projection that quantizes its output for the next mat-vec while its own input
+    # is in the first (kernels/matvec_quantize_out.py).
+    for name in ("int8_x", "int8_x_out"):
+        int8_x = Packer(name, "scratch", ("STORAGE",), used["maxBufferSize"])
+        int8_x.add(f"decode.{name}", int8_x_bytes(arch), s_align, "storage")
+        planned.append(int8_x)
 
     # staging (one bounded upload chunk) and readback (the result words and one logits row).
     staging = Packer("staging", "staging", ("MAP_WRITE", "COPY_SRC"), used["maxBufferSize"])

@@ -18,6 +18,8 @@ norm-into-matmul then folds away).
     quantize-into-attention    decode    attention quantizes its output for an o projection    (int8: -1)
                                          on activations quantized once (lowering decides, by
                                          what the tuning stage measured)
+    quantize-into-matmul       decode    o and down quantize x for the norm-input mat-vecs      (int8: -2)
+                                         that read it next (likewise decided in lowering)
 
 (The counts are for a decode layer whose q|k|v and gate|up stack; tests/test_program.py
 checks each rule against the reference numerically on the GPU.) Prefill multiplies with the
@@ -188,6 +190,24 @@ def quantize_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
     return out
 
 
+def quantize_into_matmul(ops: list[Op], layout: Layout) -> list[Op]:
+    """A residual projection (a matmul adding into x: o, down) whose x only norm-input mat-vecs
+    read before x is written again (gate|up, the next layer's q|k|v, the head) may quantize x
+    for them (kernels/matvec_quantize_out.py): marked here, decided in lowering, which knows
+    what tuning chose. Where its readers run on activations quantized once with the norm from
+    the units' squares ("xq2s"), their quantize_x launch goes (two dispatches a layer fewer),
+    unless the tuning stage timed the whole step faster without fused quantizers
+    (attention_xq.CHOICE)."""
+    out = list(ops)
+    for i, op in enumerate(out):
+        if op.kind != "matmul" or not op.option("accumulate"):
+            continue
+        readers = _consumers(out, i, op.write("y"))
+        if readers and all(out[j].kind == "matmul" and out[j].option("input") == "norm" for j in readers):
+            out[i] = _with(op, quantize_out=True)
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     name: str
@@ -202,6 +222,7 @@ RULES = (
     Rule("swiglu-into-down", swiglu_into_down, ("decode",)),
     Rule("rope-kv-into-attention", rope_kv_into_attention, ("decode",)),
     Rule("quantize-into-attention", quantize_into_attention, ("decode",)),
+    Rule("quantize-into-matmul", quantize_into_matmul, ("decode",)),
 )
 ALL = tuple(rule.name for rule in RULES)
 # What admission uses unless told otherwise. rope-kv-into-attention is left out: measured on the
@@ -210,6 +231,7 @@ ALL = tuple(rule.name for rule in RULES)
 # quantize-into-attention is in: it only marks attention, and whether a session's attention
 # quantizes for o is measured at admission (the tuning stage times the whole step both ways,
 # backends/gpu/tuning.py _step_check); unmeasured, lowering lets it (one launch fewer).
+# quantize-into-matmul likewise (the same step timing covers both).
 DEFAULT = tuple(name for name in ALL if name != "rope-kv-into-attention")
 
 

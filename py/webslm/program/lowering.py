@@ -41,7 +41,7 @@ import dataclasses
 import numpy as np
 
 from ..kernels import (attention, attention_rope, attention_xq, embed, gemm, gemm_split, head_norm, logits, matvec,
-                       matvec_prequant, norm, rope_kv, scale, swiglu)
+                       matvec_prequant, matvec_quantize_out, norm, rope_kv, scale, swiglu)
 from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -164,27 +164,41 @@ class Lowering:
 
     # -- ops -> launches ------------------------------------------------------------------------
     def lower(self, op: Op, schedule: str, tokens: int, start: int, readback: str = "argmax",
-              long_attention: bool = False, x_quantized: bool = False) -> list[Launch]:
+              long_attention: bool = False, x_quantized: str | None = None,
+              quantize_out: tuple | None = None) -> list[Launch]:
         """The launches of `op` in a step of `tokens` tokens at `start` ([] for a copy, or a
-        reduce when the whole logits row is read back). `x_quantized`: a matmul whose input an
-        earlier launch of the same recording quantized already (output_quantizer)."""
+        reduce when the whole logits row is read back). For a matmul, from `lower_ops`:
+        `x_quantized`, the scratch ("int8_x", "int8_x_out") where an earlier launch of the same
+        recording left its input quantized already (output_quantizer,
+        matmul_output_quantizer); `quantize_out`, the latter's answer for this op, to quantize
+        its own output for its readers."""
         if op.kind == "matmul":
-            return self._matmul(op, schedule, tokens, start, readback, long_attention, x_quantized)
+            return self._matmul(op, schedule, tokens, start, readback, long_attention, x_quantized, quantize_out)
         return getattr(self, f"_{op.kind}")(op, schedule, tokens, start, readback, long_attention)
 
     def lower_ops(self, ops: list[Op], schedule: str, tokens: int, start: int, readback: str = "argmax",
                   long_attention: bool = False) -> list[tuple[Op, Launch]]:
         """(op, launch) of every launch of `ops` recorded together, in order: a matmul whose input
-        an attention launch before it among `ops` quantized already takes no quantize_x launch
-        (a layer's own attention decides for its readers; tuning's launches of one form alone,
-        with no attention among them, keep theirs)."""
-        out, quantized = [], set()      # activations an attention launch here also wrote as int8_x
-        for op in ops:
+        a launch before it among `ops` quantized already (an attention for o, a residual
+        projection for the norm-input mat-vecs after it) takes no quantize_x launch. A residual
+        projection quantizes its output only where a reader of it follows among `ops` (tuning's
+        launches of one form alone, with no reader among them, keep the plain kernel; a
+        layer's own attention decides for its readers)."""
+        out, quantized = [], {}     # activation ref -> the scratch a launch here also wrote it to as int8
+        for i, op in enumerate(ops):
+            quantize_out = None
+            if op.kind == "matmul" and schedule == "decode" and any(
+                    r.kind == "matmul" and r.read("x") == op.write("y") for r in ops[i + 1:]):
+                quantize_out = self.matmul_output_quantizer(op)
             launches = self.lower(op, schedule, tokens, start, readback, long_attention,
-                                  x_quantized=op.kind == "matmul" and op.read("x") in quantized)
-            quantized -= {ref for _, ref in op.writes}
+                                  x_quantized=quantized.get(op.read("x")) if op.kind == "matmul" else None,
+                                  quantize_out=quantize_out)
+            for _, ref in op.writes:
+                quantized.pop(ref, None)
             if any(launch.kernel.startswith(attention_xq.KERNEL_PREFIX) for launch in launches):
-                quantized.add(op.write("out"))
+                quantized[op.write("out")] = "int8_x"
+            if any(launch.kernel.startswith(matvec_quantize_out.PREFIX) for launch in launches):
+                quantized[op.write("y")] = "int8_x_out"
             out += [(op, launch) for launch in launches]
         return out
 
@@ -242,7 +256,7 @@ class Lowering:
             y_stride = weights.rows                  # a stacked decode row: its members back to back
         return x_stride, y_stride
 
-    def _matmul(self, op, schedule, tokens, start, readback, long_attention, x_quantized=False):
+    def _matmul(self, op, schedule, tokens, start, readback, long_attention, x_quantized=None, quantize_out=None):
         piece = op.option("piece", 0)
         weights, row_start = weight_of(self.manifest, self.splits, op.read("w"), piece)
         parts = [Binding(part, op.read("w"), part=part, piece=piece) for part in part_names(weights)]
@@ -274,13 +288,24 @@ class Lowering:
                 if need > self.int8_x_bytes:
                     raise matvec.MatvecShapeError("binding-size", f"{op.name}: its quantized activations need "
                                                   f"{need} bytes; the plan's decode.int8_x holds {self.int8_x_bytes}")
-                xq = Binding("xq", "int8_x")
+                xq = Binding("xq", x_quantized or "int8_x")
                 label = op.label.split("#")[0]
+                if quantize_out is not None:      # y's int8 for its readers too (matmul_output_quantizer)
+                    natural, norm_weight = quantize_out
+                    out = matvec_quantize_out.plan(self.device, q.matvec, weights, m, natural)
+                    if matvec_quantize_out.out_bytes(weights.rows, m, residual) > self.int8_x_bytes:
+                        raise matvec.MatvecShapeError("binding-size", f"{op.name}: its output quantized needs more "
+                                                      f"than the plan's decode.int8_x_out holds")
+                    qout = self._launch(op, out, parts + [xq, Binding("next_norm", norm_weight)],
+                                        [y, Binding("xq_out", "int8_x_out")])
+                    matvec_launch = qout
+                else:
+                    matvec_launch = self._launch(op, q.matvec, parts + [xq], [y])
                 if x_quantized:
-                    return [self._launch(op, q.matvec, parts + [xq], [y])]
+                    return [matvec_launch]
                 return [Launch(q.quantize.kernel, dict(q.quantize.overrides), q.quantize.params, q.quantize.grid,
                                tuple(inputs[name] for name in q.quantize.inputs), (xq,), f"{label} quantize"),
-                        self._launch(op, q.matvec, parts + [xq], [y])]
+                        matvec_launch]
             if choice is not None:
                 extra["variant"] = choice.variant
             p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode, accumulate=accumulate, **extra)
@@ -393,6 +418,53 @@ class Lowering:
                     or matvec_prequant.x_units(weights) * matvec_prequant.UNIT != self.arch.n_heads * self.arch.head_dim):
                 return None
             forms.add((bool(matvec_prequant.VARIANTS[choice.variant]), weights.encoding == "q8"))
+        return forms.pop() if len(forms) == 1 else None
+
+    def matmul_output_quantizer(self, op: Op) -> tuple[bool, str] | None:
+        """(OUT_NATURAL, the readers' norm weight ref) for a decode matmul that quantizes its own
+        output for the mat-vecs reading it next (kernels/matvec_quantize_out.py), or None where it
+        does not: the op is marked `quantize_out` (fusion rule quantize-into-matmul), is whole
+        (no row pieces) and on the pre-quantized path itself, the tuning stage did not find the
+        step faster without fused quantizers (attention_xq.CHOICE), and every reader of its
+        output before it is written again is a norm-input mat-vec whose choice is "xq2s" (its
+        1/rms from the units' squares, no header) with this op's RESIDUAL, on exactly its rows
+        in units of 32, one byte order and one norm weight among them."""
+        if not op.option("quantize_out") or op.kind != "matmul" or op.option("piece", 0):
+            return None
+        measured = self.choices.get(attention_xq.CHOICE)
+        if measured is not None and not measured.quantize:
+            return None
+        key, weights = self.matvec_form(op)
+        own = self.choices.get(key)
+        if (own is None or own.variant not in matvec_prequant.VARIANTS or own.variant in matvec_prequant.SQUARES
+                or weights.rows % matvec_quantize_out.UNIT_ROWS or "+" in op.read("w")
+                or len(weight_pieces(self.manifest, self.splits, op.read("w")[2:])) > 1):
+            return None
+        if self._decode_ops is None:
+            from ..plan.memory import plan_programs        # (the planner imports this module)
+            self._decode_ops = list(plan_programs(self.model, self.plan)["decode"].ops)
+        ops = self._decode_ops
+        at = next((i for i, o in enumerate(ops) if o.name == op.name), None)
+        if at is None:
+            return None
+        readers = []
+        for later in ops[at + 1:]:
+            if any(ref == op.write("y") for _, ref in later.reads):
+                readers.append(later)
+            if any(ref == op.write("y") for _, ref in later.writes):
+                break
+        forms = set()
+        for reader in readers:
+            if reader.kind != "matmul" or reader.option("input") != "norm" or reader.read("x") != op.write("y"):
+                return None
+            key, reader_weights = self.matvec_form(reader)
+            choice = self.choices.get(key)
+            if (choice is None or choice.variant not in matvec_prequant.SQUARES
+                    or matvec_prequant.VARIANTS[choice.variant] != matvec_prequant.VARIANTS[own.variant]
+                    or not matvec_prequant.serves(self.device, reader_weights)
+                    or matvec_prequant.x_units(reader_weights) * matvec_prequant.UNIT != weights.rows):
+                return None
+            forms.add((reader_weights.encoding == "q8", reader.read("weight")))
         return forms.pop() if len(forms) == 1 else None
 
     # -- the family plans behind the position-dependent ops ----------------------------------------

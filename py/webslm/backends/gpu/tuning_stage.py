@@ -152,16 +152,18 @@ class Stage:
                 f"{a.n_layers} layers of {a.hidden}")
 
     def attention_quantizes(self, choices: dict) -> bool:
-        """Whether the stage's decode step with `choices` has attention quantize for o
-        (lowering.output_quantizer; never past the single-pass length)."""
-        if not self.forward.single_pass_at(self.position):
-            return False
+        """Whether the stage's decode step with `choices` has a launch quantize another op's
+        input: decode attention for o (lowering.output_quantizer; never past the single-pass
+        length) or a residual projection for the norm-input mat-vecs after it
+        (lowering.matmul_output_quantizer)."""
         saved = dict(self.lowering.choices)
         self.lowering.choices.clear()
         self.lowering.choices.update(choices)
+        ops = self.forward.programs["decode"].ops
         try:
-            return any(self.lowering.output_quantizer(op) is not None
-                       for op in self.forward.programs["decode"].ops if op.kind == "attention")
+            return (any(self.lowering.matmul_output_quantizer(op) is not None for op in ops if op.kind == "matmul")
+                    or (self.forward.single_pass_at(self.position)
+                        and any(self.lowering.output_quantizer(op) is not None for op in ops if op.kind == "attention")))
         finally:
             self.lowering.choices.clear()
             self.lowering.choices.update(saved)
