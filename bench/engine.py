@@ -250,9 +250,10 @@ async def bench_model(path: str, args, tuning: str = "auto") -> dict:
     model = webslm.open_model(path)
     a = model.architecture
     started = time.perf_counter()
+    words = [word for word in args.fusions.split(",") if word]
     fusions = None if args.fusions == "default" else ALL if args.fusions == "all" else tuple(
-        rule for word in args.fusions.split(",") if word
-        for rule in (fusion.DEFAULT if word == "default" else (word,)))
+        rule for word in words if not word.startswith("-")
+        for rule in (fusion.DEFAULT if word == "default" else (word,)) if "-" + rule not in words)
     exact = tuning == "exact"              # "exact": measured, but int8 activations not allowed
     later = tuning == "later"              # "later": admitted on the rule, measured once built (retune)
     session = await admit(NativeGpu(), model, AdmissionPolicy(context=args.context, fusions=fusions,
@@ -402,7 +403,8 @@ if __name__ == "__main__":
     parser.add_argument("--fusions", default="default", help="comma-separated program/fusion.py rules, '' for "
                                                               "none, 'all' for every rule, 'default' (the default: "
                                                               "fusion.DEFAULT), also in a list: "
-                                                              "'default,quantize-into-attention'")
+                                                              "'default,rope-kv-into-attention'; '-RULE' "
+                                                              "leaves a rule out: 'default,-quantize-into-matmul'")
     parser.add_argument("--matvec-tuning", action="append", default=[], metavar="ENC,..=FIELD=V,..",
                         help="A/B a decode mat-vec rule: e.g. 'q4k,q6k=units_per_invocation=8,min_workgroups=1024' "
                              "(kernels/matvec.py Tuning fields) for those encodings, instead of TUNINGS")
