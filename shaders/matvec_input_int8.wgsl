@@ -45,6 +45,7 @@ fn load_x(u: u32, m: u32) -> UnitX {
 fn input_finish(lane: u32, m: u32) -> f32 {
     if (ROW_NORM) {
         let total = workgroup_total(row_squares, lane);
+        row_squares = 0.0;          // a workgroup with several blocks of rows (matvec_quantize_out.wgsl) walks x again
         return inverseSqrt(total / f32(params.cols) + bitcast<f32>(params.aux));
     }
     return bitcast<f32>(xq[m * (1u + xq_unit_words() * params.units)].x);

@@ -5,3 +5,4 @@
 
 override ROW_BLOCKS: u32 = 2u;       // blocks of ROWS rows a workgroup: ROWS * ROW_BLOCKS = 32
 override OUT_NATURAL: bool = false;  // the reader's byte order: natural (q8), else nibble order
+override SWIGLU_OUT: bool = false;   // rows are gate | up; the reader takes silu(gate) * up

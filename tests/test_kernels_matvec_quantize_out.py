@@ -16,21 +16,25 @@ def _results(report):
 
 
 def test_golden_matvec_quantize_out_full(native_device, run):
-    """Every pre-quantized encoding, both byte widths and orders, one to sixteen rows a block:
-    y equal to the plain mat-vec's bit for bit, the units' bytes and scales to quantize_x_norm's
-    word for word, their two sums within SUMS_BOUND."""
+    """Every pre-quantized encoding, both byte widths and orders, one to sixteen rows a block,
+    both outputs (for a norm reader; gate|up for down, on a norm input of its own): y equal to
+    the plain mat-vec's bit for bit, the units' bytes and scales to quantize_x's word for word,
+    their two sums within SUMS_BOUND, gate|up's header equal."""
     report = run(golden.run_all(native_device, "full", families=[FAMILY]))
     assert report["passed"], report["failed"]
     results = _results(report)
     labels = " ".join(r["kernel"] for r in results)
     for encoding in matvec.PREQUANT_VARIANTS:
         assert f"_int8_{encoding}_" in labels, encoding
-    for form in ("OUT_NATURAL=0", "OUT_NATURAL=1", "RESIDUAL=0", "RESIDUAL=1", "ROW_BLOCKS=32", "ROW_BLOCKS=2"):
+    for form in ("OUT_NATURAL=0", "OUT_NATURAL=1", "RESIDUAL=0", "RESIDUAL=1", "ROW_BLOCKS=32", "ROW_BLOCKS=2",
+                 "SWIGLU_OUT=1", "ROW_NORM=1"):
         assert form in labels, form
     cases = [r["case"] for r in results]
-    for check in ("y against the plain mat-vec", "bytes and scales against quantize_x_norm",
-                  "sums against quantize_x_norm"):
-        assert sum(check in case for case in cases) * 3 == len(results), check
+    launches = sum("y against the plain mat-vec" in case for case in cases)
+    swiglu = sum("xq_out header" in case for case in cases)
+    assert 0 < swiglu < launches and len(results) == 3 * launches + swiglu
+    for check in ("bytes and scales against quantize_x", "sums against quantize_x"):
+        assert sum(check in case for case in cases) == launches, check
     exact = [r for r in results if r["rule"] == "exact"]
     assert all(r["mismatched"] == 0 for r in exact)
 
@@ -38,7 +42,7 @@ def test_golden_matvec_quantize_out_full(native_device, run):
 def test_golden_matvec_quantize_out_quick_is_small(native_device, run):
     report = run(golden.run_all(native_device, "quick", families=[FAMILY]))
     assert report["passed"], report["failed"]
-    assert 3 <= len(_results(report)) <= 12
+    assert 6 <= len(_results(report)) <= 16
 
 
 def _prequant_plan(device, rows, cols=256, **kwargs):
@@ -52,10 +56,14 @@ def test_rows_that_are_not_whole_units_are_refused(native_device):
         mqo.plan(native_device, p.matvec, weights, 1, False)
 
 
-def test_a_mat_vec_with_a_norm_of_its_own_is_refused(native_device):
-    weights, p = _prequant_plan(native_device, 64, input="norm", eps=1e-5, norm_elements=256, squares=True)
-    with pytest.raises(MatvecShapeError, match="ROW_NORM"):
-        mqo.plan(native_device, p.matvec, weights, 1, False)
+def test_gate_up_halves_that_are_not_whole_units_are_refused(native_device):
+    weights, p = _prequant_plan(native_device, 96)          # halves of 48 rows
+    with pytest.raises(MatvecShapeError, match="whole units"):
+        mqo.plan(native_device, p.matvec, weights, 1, False, swiglu=True)
+    weights, p = _prequant_plan(native_device, 128)
+    out = mqo.plan(native_device, p.matvec, weights, 1, False, swiglu=True)
+    assert out.grid == (2, 1, 1) and out.overrides["SWIGLU_OUT"] == 1
+    assert mqo.out_bytes(128, swiglu=True) == matvec_prequant.xq_bytes(2)
 
 
 def test_the_plan_owns_one_unit_a_workgroup(native_device):
@@ -81,7 +89,8 @@ def test_a_changed_unit_fails_the_comparison(native_device, run):
                                    quantized_only=True))
 
     def failed(got):
-        return [not r.passed for r in mqo._compare_units("k", "c", got[:, 4:], want[:, 4:], 5, y, g)]
+        values, squares = y.astype(np.float64) * g, y.astype(np.float64) ** 2
+        return [not r.passed for r in mqo._compare_units("k", "c", got[:, 4:], want[:, 4:], 5, values, squares)]
     assert failed(xq_out) == [False, False]
     for word, change in ((4 + 20 + 1, lambda v: v ^ (1 << 9)),          # unit 1's odd bytes, one bit
                          (4 + 8, lambda v: v + (1 << 23)),              # unit 0's scale d, doubled

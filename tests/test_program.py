@@ -83,9 +83,10 @@ def test_each_rule_on_top_of_the_ones_before_removes_dispatches(stacked_model):
             assert len(fused.ops) == len(before.ops) and fused.ops != before.ops
         elif rule.name == "quantize-into-attention":      # marks attention (none left after RoPE moved in);
             assert fused.ops == before.ops                # lowering removes a launch (test_quantize_into_attention.py)
-        elif rule.name == "quantize-into-matmul":         # marks o and down; lowering removes launches
+        elif rule.name == "quantize-into-matmul":         # marks o, gate|up, down; lowering removes launches
             assert len(fused.ops) == len(before.ops)      # (test_quantize_into_matmul.py)
-            assert [op.label for op in fused.ops if op.option("quantize_out")] == ["o", "down"] * arch.n_layers
+            marked = [op.label for op in fused.ops if op.option("quantize_out")]
+            assert marked == ["o", "gate_up", "down"] * arch.n_layers
         else:
             assert len(fused.ops) < len(before.ops), rule.name
         before = fused

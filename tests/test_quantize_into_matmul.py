@@ -1,8 +1,8 @@
 """The fusion rule quantize-into-matmul (program/fusion.py) and its lowering: a residual
 projection (o, down) writes the int8 input of the norm-input mat-vecs that read x next (gate|up,
 the next layer's q|k|v, the head) itself (kernels/matvec_quantize_out.py), where those run on
-activations quantized once with the norm from the units' squares ("xq2s"), so the step has no
-quantize_x launch between them. The bytes are quantize_x's; the two f32 sums a unit carries may differ
+activations quantized once with the norm from the units' squares ("xq2s"), and the stacked
+gate|up writes down's (silu(gate) * up), so the step has no quantize_x launch between them. The bytes are quantize_x's; the two f32 sums a unit carries may differ
 in their last bits (a compiler may contract their products differently in the two kernels:
 matvec_quantize_out.SUMS_BOUND), and int8 rounding downstream can amplify that into a few 1e-4
 of the logits on random weights: so the logits are checked against the CPU oracle with the
@@ -30,18 +30,19 @@ def model(stacked_slm_path):
     return webslm.open_model(stacked_slm_path)       # hidden 128: whole units of 32
 
 
-def test_the_rule_marks_the_residual_projections_read_by_norm_matmuls(model):
+def test_the_rule_marks_the_projections_read_by_quantizing_matmuls(model):
     arch = model.architecture
     layout = Layout({}, frozenset({"qkv", "gate_up"}))
     assert RULE in DEFAULT
     decode = fuse(reference(arch, "decode", 1, layout), layout, DEFAULT)
     marked = [op.label for op in decode.ops if op.kind == "matmul" and op.option("quantize_out")]
-    assert marked == ["o", "down"] * arch.n_layers
+    assert marked == ["o", "gate_up", "down"] * arch.n_layers
     assert len(decode.ops) == len(fuse(reference(arch, "decode", 1, layout), layout, WITHOUT).ops)
     prefill = fuse(reference(arch, "prefill", 64, layout), layout, DEFAULT)
     assert not any(op.option("quantize_out") for op in prefill.ops)     # prefill runs the GEMM
-    # without the norms folded into the mat-vecs, x is read by a norm op: nothing is marked
-    unfolded = tuple(rule for rule in DEFAULT if rule != "norm-into-matmul")
+    # without the norms folded into the mat-vecs x is read by a norm op, without SwiGLU in
+    # down gate|up by the swiglu op: those are not marked
+    unfolded = tuple(rule for rule in DEFAULT if rule not in ("norm-into-matmul", "swiglu-into-down"))
     assert not any(op.option("quantize_out") for op in fuse(reference(arch, "decode", 1, layout), layout,
                                                             unfolded).ops if op.kind == "matmul")
 
@@ -52,7 +53,7 @@ async def _session(gpu, model, fusions, cache, ids):
     session = await admit(gpu, model, AdmissionPolicy(fusions=fusions, tuning="force", tuning_budget_s=600.0),
                           tuning_cache=cache)
     assert session.tuning.source == "cached"
-    kernels, self_test = {name for name, _ in session.kernels}, session.self_test
+    kernels, self_test = set(session.kernels), session.self_test
     backend = await GpuBackend.build(session, model)
     try:
         forward = backend.forward
@@ -69,14 +70,15 @@ def test_o_and_down_quantize_for_their_readers_within_the_int8_bound(native_gpu,
     fused_labels, fused_kernels, self_test, errors = run(_session(native_gpu, model, DEFAULT, cache, ids))
     plain_labels, plain_kernels, _, plain_errors = run(_session(native_gpu, model, WITHOUT, cache, ids))
     layers = model.architecture.n_layers
-    # gate|up's, the later layers' q|k|v's and the head's quantize_x launches are gone; the
-    # first layer's q|k|v reads the embedding and keeps its own
+    # gate|up's, down's, the later layers' q|k|v's and the head's quantize_x launches are
+    # gone; the first layer's q|k|v reads the embedding and keeps its own
     assert plain_labels.count("gate_up quantize") == layers and "gate_up quantize" not in fused_labels
+    assert plain_labels.count("down quantize") == layers and "down quantize" not in fused_labels
     assert plain_labels.count("qkv quantize") == layers and fused_labels.count("qkv quantize") == 1
     assert plain_labels.count("head quantize") == 1 and "head quantize" not in fused_labels
-    assert len(fused_labels) == len(plain_labels) - 2 * layers
-    assert any(name.startswith("qout_") for name in fused_kernels), fused_kernels
-    assert not any(name.startswith("qout_") for name in plain_kernels)
+    assert len(fused_labels) == len(plain_labels) - 3 * layers
+    assert {dict(o)["SWIGLU_OUT"] for name, o in fused_kernels if name.startswith("qout_")} == {0, 1}
+    assert not any(name.startswith("qout_") for name, _ in plain_kernels)
     # admission's self-test ran the plan's quantizing pipelines (else "self-test-incomplete")
     assert "matvec_quantize_out" in self_test["families"]
     assert any(name.startswith("qout_") for name in self_test["kernels"])
@@ -86,15 +88,15 @@ def test_o_and_down_quantize_for_their_readers_within_the_int8_bound(native_gpu,
 
 
 def test_readers_not_on_squares_keep_their_quantizers(native_gpu, model, measured, run):
-    """Readers on "xq2" (the 1/rms in a header only a whole-row quantizer writes): lowering
-    leaves o and down plain; and a cached choice that the step was faster without fused
+    """Norm readers on "xq2" (the 1/rms in a header only a whole-row quantizer writes): lowering
+    leaves o and down plain (gate|up still quantizes for down); and a cached choice that the step was faster without fused
     quantizers (attention_xq.CHOICE, which covers both kinds) keeps every quantize_x launch."""
     from webslm.backends.gpu import tuning_cache
     from webslm.kernels import attention_xq
     prompt = [1, 2, 3]
     labels, kernels, _, _ = run(_session(native_gpu, model, DEFAULT, prequantized_entries(measured[0]), prompt))
-    assert labels.count("gate_up quantize") == model.architecture.n_layers
-    assert not any(name.startswith("qout_") for name in kernels)
+    assert labels.count("gate_up quantize") == model.architecture.n_layers and "down quantize" not in labels
+    assert {dict(o).get("SWIGLU_OUT") for name, o in kernels if name.startswith("qout_")} == {1}
     cache = prequantized_entries(measured[0], norm_variant="xq2s")
     identity, bundle = next(iter(cache)).split("|")[:2]
     a = model.architecture
@@ -103,4 +105,5 @@ def test_readers_not_on_squares_keep_their_quantizers(native_gpu, model, measure
     cache[tuning_cache.cache_key(identity, bundle + "0" * 16, form)] = {"choice": {"quantize": False}}
     labels, kernels, _, _ = run(_session(native_gpu, model, DEFAULT, cache, prompt))
     assert labels.count("gate_up quantize") == a.n_layers and labels.count("o quantize") == a.n_layers
-    assert not any(name.startswith("qout_") for name in kernels)
+    assert labels.count("down quantize") == a.n_layers
+    assert not any(name.startswith("qout_") for name, _ in kernels)

@@ -18,8 +18,9 @@ norm-into-matmul then folds away).
     quantize-into-attention    decode    attention quantizes its output for an o projection    (int8: -1)
                                          on activations quantized once (lowering decides, by
                                          what the tuning stage measured)
-    quantize-into-matmul       decode    o and down quantize x for the norm-input mat-vecs      (int8: -2)
-                                         that read it next (likewise decided in lowering)
+    quantize-into-matmul       decode    o and down quantize x for the norm-input mat-vecs,      (int8: -3)
+                                         gate|up silu(gate) * up for down (likewise decided
+                                         in lowering)
 
 (The counts are for a decode layer whose q|k|v and gate|up stack; tests/test_program.py
 checks each rule against the reference numerically on the GPU.) Prefill multiplies with the
@@ -191,19 +192,21 @@ def quantize_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
 
 
 def quantize_into_matmul(ops: list[Op], layout: Layout) -> list[Op]:
-    """A residual projection (a matmul adding into x: o, down) whose x only norm-input mat-vecs
-    read before x is written again (gate|up, the next layer's q|k|v, the head) may quantize x
-    for them (kernels/matvec_quantize_out.py): marked here, decided in lowering, which knows
-    what tuning chose. Where its readers run on activations quantized once with the norm from
-    the units' squares ("xq2s"), their quantize_x launch goes (two dispatches a layer fewer),
-    unless the tuning stage timed the whole step faster without fused quantizers
-    (attention_xq.CHOICE)."""
+    """A decode matmul whose output only mat-vecs that quantize it again read next may quantize
+    it for them (kernels/matvec_quantize_out.py): a residual projection (a matmul adding into x:
+    o, down) read through a norm (gate|up, the next layer's q|k|v, the head), and the stacked
+    gate|up read by down's SwiGLU input. Marked here, decided in lowering, which knows what
+    tuning chose: where the readers run on activations quantized once (norm readers with the
+    norm from the units' squares, "xq2s"), their quantize_x launches go (three a layer), unless
+    the tuning stage timed the whole step faster without fused quantizers (attention_xq.CHOICE)."""
     out = list(ops)
     for i, op in enumerate(out):
-        if op.kind != "matmul" or not op.option("accumulate"):
+        if op.kind != "matmul":
             continue
         readers = _consumers(out, i, op.write("y"))
-        if readers and all(out[j].kind == "matmul" and out[j].option("input") == "norm" for j in readers):
+        mode = "norm" if op.option("accumulate") else "swiglu"
+        if readers and all(out[j].kind == "matmul" and out[j].option("input") == mode
+                           and out[j].read("x") == op.write("y") for j in readers):
             out[i] = _with(op, quantize_out=True)
     return out
 

@@ -37,6 +37,7 @@ changes; past the single-pass length it adds the combine pass (`long_attention`)
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -93,6 +94,13 @@ def weight_of(manifest, splits: list[dict], ref: str, piece: int = 0) -> tuple[W
 def part_names(weights: Weights) -> tuple[str, ...]:
     """The kernels' weight bindings in order: q4/q5 "offset" bind their scales in the mins slot."""
     return weights.binding_names()
+
+
+class OutputQuantizer(NamedTuple):
+    """How a matmul quantizes its output for its readers (Lowering.matmul_output_quantizer)."""
+    natural: bool                  # the readers' byte order: natural (q8), else nibble order
+    next_norm: str | None          # the norm-input readers' norm weight ref; None for swiglu
+    swiglu: bool                   # the stacked gate|up for swiglu-input readers (down)
 
 
 class Lowering:
@@ -197,8 +205,9 @@ class Lowering:
                 quantized.pop(ref, None)
             if any(launch.kernel.startswith(attention_xq.KERNEL_PREFIX) for launch in launches):
                 quantized[op.write("out")] = "int8_x"
-            if any(launch.kernel.startswith(matvec_quantize_out.PREFIX) for launch in launches):
-                quantized[op.write("y")] = "int8_x_out"
+            for launch in launches:
+                if launch.kernel.startswith(matvec_quantize_out.PREFIX):
+                    quantized[op.write("y")] = launch.outputs[-1].ref       # xq_out's scratch
             out += [(op, launch) for launch in launches]
         return out
 
@@ -291,14 +300,17 @@ class Lowering:
                 xq = Binding("xq", x_quantized or "int8_x")
                 label = op.label.split("#")[0]
                 if quantize_out is not None:      # y's int8 for its readers too (matmul_output_quantizer)
-                    natural, norm_weight = quantize_out
-                    out = matvec_quantize_out.plan(self.device, q.matvec, weights, m, natural)
-                    if matvec_quantize_out.out_bytes(weights.rows, m, residual) > self.int8_x_bytes:
+                    out = matvec_quantize_out.plan(self.device, q.matvec, weights, m, quantize_out.natural,
+                                                   quantize_out.swiglu)
+                    if matvec_quantize_out.out_bytes(weights.rows, m, residual, quantize_out.swiglu) > self.int8_x_bytes:
                         raise matvec.MatvecShapeError("binding-size", f"{op.name}: its output quantized needs more "
-                                                      f"than the plan's decode.int8_x_out holds")
-                    qout = self._launch(op, out, parts + [xq, Binding("next_norm", norm_weight)],
-                                        [y, Binding("xq_out", "int8_x_out")])
-                    matvec_launch = qout
+                                                      f"than the plan's int8 scratch holds")
+                    # into the int8 scratch its own input is not in (the two are the same size);
+                    # with swiglu no norm weight is read: the weight codes are bound in its place
+                    target = "int8_x" if x_quantized == "int8_x_out" else "int8_x_out"
+                    norm = (Binding("next_norm", quantize_out.next_norm) if quantize_out.next_norm is not None
+                            else dataclasses.replace(parts[0], role="next_norm"))
+                    matvec_launch = self._launch(op, out, parts + [xq, norm], [y, Binding("xq_out", target)])
                 else:
                     matvec_launch = self._launch(op, q.matvec, parts + [xq], [y])
                 if x_quantized:
@@ -420,15 +432,16 @@ class Lowering:
             forms.add((bool(matvec_prequant.VARIANTS[choice.variant]), weights.encoding == "q8"))
         return forms.pop() if len(forms) == 1 else None
 
-    def matmul_output_quantizer(self, op: Op) -> tuple[bool, str] | None:
-        """(OUT_NATURAL, the readers' norm weight ref) for a decode matmul that quantizes its own
-        output for the mat-vecs reading it next (kernels/matvec_quantize_out.py), or None where it
-        does not: the op is marked `quantize_out` (fusion rule quantize-into-matmul), is whole
-        (no row pieces) and on the pre-quantized path itself, the tuning stage did not find the
-        step faster without fused quantizers (attention_xq.CHOICE), and every reader of its
-        output before it is written again is a norm-input mat-vec whose choice is "xq2s" (its
-        1/rms from the units' squares, no header) with this op's RESIDUAL, on exactly its rows
-        in units of 32, one byte order and one norm weight among them."""
+    def matmul_output_quantizer(self, op: Op) -> "OutputQuantizer | None":
+        """How a decode matmul quantizes its own output for the mat-vecs reading it next
+        (kernels/matvec_quantize_out.py), or None where it does not: the op is marked
+        `quantize_out` (fusion rule quantize-into-matmul), is on the pre-quantized path itself
+        with no row pieces, the tuning stage did not find the step faster without fused
+        quantizers (attention_xq.CHOICE), and the readers of its output before it is written
+        again are all on the pre-quantized path with this op's RESIDUAL, one byte order and one
+        input of exactly its rows in units of 32: either norm-input mat-vecs on "xq2s" (the
+        1/rms from the units' squares, no header) with one norm weight, or, for the stacked
+        gate|up, swiglu-input mat-vecs (down) on half its rows."""
         if not op.option("quantize_out") or op.kind != "matmul" or op.option("piece", 0):
             return None
         measured = self.choices.get(attention_xq.CHOICE)
@@ -436,36 +449,46 @@ class Lowering:
             return None
         key, weights = self.matvec_form(op)
         own = self.choices.get(key)
-        if (own is None or own.variant not in matvec_prequant.VARIANTS or own.variant in matvec_prequant.SQUARES
-                or weights.rows % matvec_quantize_out.UNIT_ROWS or "+" in op.read("w")
-                or len(weight_pieces(self.manifest, self.splits, op.read("w")[2:])) > 1):
+        tensors = op.read("w")[2:].split("+")
+        if (own is None or own.variant not in matvec_prequant.VARIANTS or len(tensors) > 2
+                or any(len(weight_pieces(self.manifest, self.splits, t)) > 1 for t in tensors)):
             return None
+        readers = self._readers(op)
+        forms = set()
+        for reader in readers:
+            mode = reader.option("input", "plain")
+            if reader.kind != "matmul" or reader.read("x") != op.write("y") or mode not in ("norm", "swiglu"):
+                return None
+            key, reader_weights = self.matvec_form(reader)
+            choice = self.choices.get(key)
+            swiglu = mode == "swiglu"
+            rows = weights.rows // 2 if swiglu else weights.rows
+            if (choice is None or choice.variant not in matvec_prequant.VARIANTS
+                    or (not swiglu and choice.variant not in matvec_prequant.SQUARES)
+                    or (swiglu and (len(tensors) != 2 or weights.rows % 2))
+                    or matvec_prequant.VARIANTS[choice.variant] != matvec_prequant.VARIANTS[own.variant]
+                    or not matvec_prequant.serves(self.device, reader_weights)
+                    or matvec_prequant.x_units(reader_weights) * matvec_prequant.UNIT != rows
+                    or rows % matvec_quantize_out.UNIT_ROWS):
+                return None
+            forms.add(OutputQuantizer(reader_weights.encoding == "q8", None if swiglu else reader.read("weight"),
+                                      swiglu))
+        return forms.pop() if len(forms) == 1 else None
+
+    def _readers(self, op: Op) -> list[Op]:
+        """The decode program's ops after `op` that read its output before it is written again."""
         if self._decode_ops is None:
             from ..plan.memory import plan_programs        # (the planner imports this module)
             self._decode_ops = list(plan_programs(self.model, self.plan)["decode"].ops)
         ops = self._decode_ops
         at = next((i for i, o in enumerate(ops) if o.name == op.name), None)
-        if at is None:
-            return None
         readers = []
-        for later in ops[at + 1:]:
+        for later in ops[at + 1:] if at is not None else []:
             if any(ref == op.write("y") for _, ref in later.reads):
                 readers.append(later)
             if any(ref == op.write("y") for _, ref in later.writes):
                 break
-        forms = set()
-        for reader in readers:
-            if reader.kind != "matmul" or reader.option("input") != "norm" or reader.read("x") != op.write("y"):
-                return None
-            key, reader_weights = self.matvec_form(reader)
-            choice = self.choices.get(key)
-            if (choice is None or choice.variant not in matvec_prequant.SQUARES
-                    or matvec_prequant.VARIANTS[choice.variant] != matvec_prequant.VARIANTS[own.variant]
-                    or not matvec_prequant.serves(self.device, reader_weights)
-                    or matvec_prequant.x_units(reader_weights) * matvec_prequant.UNIT != weights.rows):
-                return None
-            forms.add((reader_weights.encoding == "q8", reader.read("weight")))
-        return forms.pop() if len(forms) == 1 else None
+        return readers
 
     # -- the family plans behind the position-dependent ops ----------------------------------------
     def _chunk_at(self, start: int) -> int:
