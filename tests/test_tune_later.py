@@ -111,7 +111,8 @@ def test_tuning_later_admits_on_the_rule_and_a_retune_takes_the_measured_choices
     again, before, after, names, deferred, dispatches, positions = run(go())
     assert again.source == "cached" and again.later is None and not deferred, again
     assert positions[1] == positions[0] == len(ids) + 3, positions     # the conversation kept
-    assert {"quantize_x_norm", "quantize_x_swiglu"} <= names, names       # adopted: compiled for the swap
+    assert "quantize_x_norm" in names, names                              # adopted: compiled for the swap
+    assert "quantize_x_swiglu" in names or any(name.startswith("qout_") for name in names), names
     assert dispatches[1] > dispatches[0], dispatches                      # the step recorded again: quantizers
     assert max(before) <= LOGIT_TOLERANCE, before
     assert max(after) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, after             # decode steps on the new choices
