@@ -107,3 +107,35 @@ def test_readers_not_on_squares_keep_their_quantizers(native_gpu, model, measure
     assert labels.count("gate_up quantize") == a.n_layers and labels.count("o quantize") == a.n_layers
     assert labels.count("down quantize") == a.n_layers
     assert not any(name.startswith("qout_") for name, _ in kernels)
+
+
+# -- measured at admission: the step with the norm forms on "xq2s" (tuning._step_check) ----------
+
+@pytest.mark.parametrize("int8_us, squares_us, expect", [(95.0, 90.0, "xq2s"), (90.0, 95.0, "xq2")])
+def test_the_step_check_tries_the_norm_forms_on_squares(run, int8_us, squares_us, expect):
+    """A norm form that took "xq2" alone: the step is also timed with it on "xq2s", where its
+    producer could then quantize for it, and the faster int8 step is kept."""
+    from webslm.backends.gpu import timing, tuning
+    from webslm.kernels import attention_xq, matvec
+    norm, plain = "q4[] 256x64 norm", "q4[] 64x64 plain +y"
+    report = tuning.TuningReport({norm: matvec.Choice("xq2", 32, 4), plain: matvec.Choice("xq2", 32, 4)},
+                                 {norm: {"rule_us": 9.0}, plain: {"rule_us": 9.0}}, "measured")
+    exact = {norm: matvec.Choice("", 32, 8), plain: matvec.Choice("", 32, 8)}
+    timed = []
+
+    def fused(choices):          # lowering's producers quantize only for readers on "xq2s"
+        return choices[norm].variant == "xq2s"
+
+    async def seconds_per_step(choices):
+        if choices[norm].variant == "":
+            timed.append("exact")
+        elif attention_xq.CHOICE in choices:
+            timed.append("unfused")
+        else:
+            timed.append(choices[norm].variant)
+        return {"exact": 100.0, "unfused": 99.0, "xq2": int8_us, "xq2s": squares_us}[timed[-1]] * 1e-6
+    run(tuning._step_check(report, exact, seconds_per_step, fused))
+    assert set(timed) == {"xq2", "exact", "xq2s"} and len(timed) == 3 * 2 * timing.PAIRS
+    assert report.step_us == {"int8": int8_us, "exact": 100.0, "int8 squares": squares_us}
+    assert report.choices[norm].variant == expect and report.choices[plain].variant == "xq2"
+    assert attention_xq.CHOICE not in report.choices

@@ -532,21 +532,27 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
     Where decode attention would quantize for o in the int8 step (`attention_quantizes`, the
     program's quantize-into-attention, kernels/attention_xq.py), that step is also timed with
     the separate quantize_x launch instead ("int8 unfused"), and the faster of the two is the
-    int8 step: where it is the unfused one, attention_xq.CHOICE says so among the choices."""
+    int8 step: where it is the unfused one, attention_xq.CHOICE says so among the choices.
+    Where a norm-input form took "xq2" and its readers' producers could quantize for it on
+    "xq2s" (quantize-into-matmul, kernels/matvec_quantize_out.py, which needs the norm from the
+    units' squares), the step with those forms on "xq2s" is timed too ("int8 squares"): each
+    form alone does not show the launch its producer then saves."""
     keys = [key for key, choice in report.choices.items()
             if isinstance(choice, matvec.Choice) and choice.variant in matvec_prequant.VARIANTS]
     with_int8 = {key: choice for key, choice in report.choices.items() if key != attention_xq.CHOICE}
     without = {key: choice for key, choice in with_int8.items() if key not in keys}
     without |= {key: exact[key] for key in keys if exact.get(key) is not None}
     steps = {"int8": with_int8, "exact": without}
+    squares = _on_squares(with_int8)
+    if squares != with_int8 and attention_quantizes(squares):
+        steps["int8 squares"] = squares
     if attention_quantizes(with_int8):
         steps["int8 unfused"] = with_int8 | {attention_xq.CHOICE: attention_xq.OutputChoice(False)}
     times = dict(zip(steps, await timing.alternating([lambda c=c: seconds_per_step(c) for c in steps.values()])))
     report.step_us = {name: round(seconds * 1e6, 1) for name, seconds in times.items()}
-    report.choices = dict(with_int8)
-    if "int8 unfused" in times and times["int8 unfused"] < times["int8"]:
-        report.choices[attention_xq.CHOICE] = attention_xq.OutputChoice(False)
-    step_int8, step_exact = min(times["int8"], times.get("int8 unfused", times["int8"])), times["exact"]
+    fastest = min((name for name in times if name != "exact"), key=lambda name: times[name])
+    report.choices = dict(steps[fastest])
+    step_int8, step_exact = times[fastest], times["exact"]
     if step_int8 >= (1 - STEP_GAIN) * step_exact:
         report.choices = without
         for key in keys:
@@ -554,6 +560,16 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
         dropped = (f"int8 forms dropped: the decode step took {step_int8 * 1e6:.0f} us with them, "
                    f"{step_exact * 1e6:.0f} us without")
         report.reason = f"{report.reason}; {dropped}" if report.reason else dropped   # a spent budget stays said
+
+
+def _on_squares(choices: dict) -> dict:
+    """`choices` with every norm-input form on two-byte int8 activations ("xq2") moved to the
+    same launch on "xq2s" (its 1/rms from the units' squares: matvec_prequant.SQUARES)."""
+    squares = next(iter(matvec_prequant.SQUARES))
+    return {key: dataclasses.replace(choice, variant=squares)
+            if isinstance(choice, matvec.Choice) and choice.variant == matvec_prequant.VARIANT
+            and key.split()[2] == "norm" else choice
+            for key, choice in choices.items()}
 
 
 async def _runoff(stage: Stage, ops: list, finalists: list) -> dict:
