@@ -176,4 +176,4 @@ def test_a_context_within_one_pass_compiles_no_quantizer_for_o(native_gpu, model
     fused, plain = run(kernels(DEFAULT)), run(kernels(WITHOUT))
     assert any(name.startswith("attention_decode_xq_") for name in fused)
     assert "quantize_x_plain" not in fused and "quantize_x_plain" in plain
-    assert {"quantize_x_norm", "quantize_x_swiglu"} <= fused
+    assert "quantize_x_norm" in fused          # (down's input: gate|up quantizes it, quantize-into-matmul)
