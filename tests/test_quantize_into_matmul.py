@@ -139,3 +139,36 @@ def test_the_step_check_tries_the_norm_forms_on_squares(run, int8_us, squares_us
     assert report.step_us == {"int8": int8_us, "exact": 100.0, "int8 squares": squares_us}
     assert report.choices[norm].variant == expect and report.choices[plain].variant == "xq2"
     assert attention_xq.CHOICE not in report.choices
+
+
+# -- unstacked q, k, v (a Q4_K_M mix): one quantizer serves the three -----------------------------
+
+def test_unstacked_readers_of_one_x_share_one_quantizer(native_gpu, run, tmp_path):
+    """llama.cpp's Q4_K_M mix keeps q, k and v apart (v is q6k in some layers). On the header
+    form ("xq2", nothing quantizes for them) q's quantize_x launch leaves the bytes k's and v's
+    would write, so Lowering.lower_ops records it once a layer; the logits stay within the
+    two-byte int8 bound of the CPU oracle."""
+    import importlib.util
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "synthetic_model.py"
+    spec = importlib.util.spec_from_file_location("synthetic_model", script)
+    synthetic = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(synthetic)
+    synthetic.write_synthetic(tmp_path / "q4k_m.slm", "kquant", scheme="q4k_m")
+    model = webslm.open_model(tmp_path / "q4k_m.slm")
+
+    async def go():
+        session = await admit(native_gpu, model, AdmissionPolicy(tuning="int8", context=64))
+        backend = await GpuBackend.build(session, model)
+        try:
+            forward = backend.forward
+            dispatches, _ = await forward.record("decode", forward.programs["decode"].ops, 1, 0)
+            labels = [forward.labels[id(d)] for d in dispatches]
+            return labels, await oracle_errors(backend, model, [5, 17, 99, 250, 3, 42, 7])
+        finally:
+            backend.release()
+    labels, errors = run(go())
+    layers = model.architecture.n_layers
+    assert labels.count("q quantize") == layers and "k quantize" not in labels and "v quantize" not in labels
+    assert labels.count("k") == labels.count("v") == layers
+    assert max(errors[1:]) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, errors

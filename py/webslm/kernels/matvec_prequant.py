@@ -76,8 +76,12 @@ QUANTIZE_WG = 64
 QUANTIZE_WG_NORM = 256
 
 
+QUANTIZER_PREFIX = "quantize_x_"
+QUANTIZER_PARAMS = (1, 3, 5, 7)     # the params words quantize_x reads: cols, units, x_stride, aux
+
+
 def quantize_name(input: str) -> str:
-    return f"quantize_x_{input}"
+    return f"{QUANTIZER_PREFIX}{input}"
 
 
 def _specs():

@@ -96,6 +96,19 @@ def part_names(weights: Weights) -> tuple[str, ...]:
     return weights.binding_names()
 
 
+def _is_quantizer(launch: Launch) -> bool:
+    return launch.kernel.startswith(matvec_prequant.QUANTIZER_PREFIX)
+
+
+def _same_quantizer(a: Launch | None, b: Launch) -> bool:
+    """Whether two quantize_x launches write the same bytes: one kernel and overrides, grid and
+    inputs, and the params words the quantizer reads (cols, units, x_stride, aux: the two
+    launches read two mat-vecs' params slots, whose rows differ)."""
+    return (a is not None and (a.kernel, a.overrides, a.grid, a.inputs, a.outputs) ==
+            (b.kernel, b.overrides, b.grid, b.inputs, b.outputs)
+            and all(int(a.params[w]) == int(b.params[w]) for w in matvec_prequant.QUANTIZER_PARAMS))
+
+
 class OutputQuantizer(NamedTuple):
     """How a matmul quantizes its output for its readers (Lowering.matmul_output_quantizer)."""
     natural: bool                  # the readers' byte order: natural (q8), else nibble order
@@ -187,12 +200,15 @@ class Lowering:
     def lower_ops(self, ops: list[Op], schedule: str, tokens: int, start: int, readback: str = "argmax",
                   long_attention: bool = False) -> list[tuple[Op, Launch]]:
         """(op, launch) of every launch of `ops` recorded together, in order: a matmul whose input
-        a launch before it among `ops` quantized already (an attention for o, a residual
-        projection for the norm-input mat-vecs after it) takes no quantize_x launch. A residual
-        projection quantizes its output only where a reader of it follows among `ops` (tuning's
-        launches of one form alone, with no reader among them, keep the plain kernel; a
-        layer's own attention decides for its readers)."""
-        out, quantized = [], {}     # activation ref -> the scratch a launch here also wrote it to as int8
+        a launch before it among `ops` quantized already takes no quantize_x launch: an attention
+        for o, a mat-vec for the mat-vecs reading its output (matmul_output_quantizer), or an
+        earlier reader's own identical quantize_x (q, k and v unstacked, as a Q4_K_M model's
+        are, read one x: one quantizer serves them). A mat-vec quantizes its output only where a
+        reader of it follows among `ops` (tuning's launches of one form alone, with no reader
+        among them, keep the plain kernel; a layer's own attention decides for its readers)."""
+        out = []
+        quantized = {}      # activation ref -> the scratch a launch here also wrote it to as int8
+        prepared = {}       # activation ref -> (scratch, quantize_x launch) that left it there
         for i, op in enumerate(ops):
             quantize_out = None
             if op.kind == "matmul" and schedule == "decode" and any(
@@ -201,11 +217,19 @@ class Lowering:
             launches = self.lower(op, schedule, tokens, start, readback, long_attention,
                                   x_quantized=quantized.get(op.read("x")) if op.kind == "matmul" else None,
                                   quantize_out=quantize_out)
+            if (op.kind == "matmul" and launches and _is_quantizer(launches[0])
+                    and _same_quantizer(prepared.get(op.read("x"), (None, None))[1], launches[0])):
+                launches = launches[1:]       # its bytes are in int8_x already, from the same launch
             for _, ref in op.writes:
                 quantized.pop(ref, None)
-            if any(launch.kernel.startswith(attention_xq.KERNEL_PREFIX) for launch in launches):
-                quantized[op.write("out")] = "int8_x"
+                prepared.pop(ref, None)
             for launch in launches:
+                written = {b.ref for b in launch.outputs}
+                prepared = {ref: entry for ref, entry in prepared.items() if entry[0] not in written}
+                if op.kind == "matmul" and _is_quantizer(launch):
+                    prepared[op.read("x")] = (launch.outputs[0].ref, launch)
+                if launch.kernel.startswith(attention_xq.KERNEL_PREFIX):
+                    quantized[op.write("out")] = "int8_x"
                 if launch.kernel.startswith(matvec_quantize_out.PREFIX):
                     quantized[op.write("y")] = launch.outputs[-1].ref       # xq_out's scratch
             out += [(op, launch) for launch in launches]
