@@ -14,6 +14,7 @@ own plan functions, before any GPU work.
                      or, measured faster ("xq"):
                      quantize_x_<input>, then             x (+ norm weight)              int8_x
                      matvec_int8_q4_dot4                  weight parts, int8_x           y
+                     or qout_matvec_int8_* (its readers' int8 too: below)   (+ int8_x_out or int8_x)
     matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
     rope_kv          rope_kv_append[_bias]_<kv dtype>     rope_table (+ q, k, v biases)  qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
@@ -29,6 +30,9 @@ output for the o projection when every mat-vec reading it is on the pre-quantize
 byte form, and the step is one pass (`output_quantizer`); `lower_ops`, which lowers the ops of
 one recording in order, then lowers those mat-vecs with `x_quantized`, without their
 quantize_x launch (the recorder, backends/gpu/forward.py, and admission's pipeline list).
+Likewise a decode matmul marked `quantize_out` (fusion rule quantize-into-matmul: o, gate|up,
+down) writes its readers' int8 input itself (`matmul_output_quantizer`,
+kernels/matvec_quantize_out.py), into the int8 scratch its own input is not in.
 
 The head always multiplies one row (the mat-vec, in both schedules). Decode attention has one
 head grouping and grid for every position (the full cache's), so a decode recording never
@@ -186,7 +190,7 @@ class Lowering:
     # -- ops -> launches ------------------------------------------------------------------------
     def lower(self, op: Op, schedule: str, tokens: int, start: int, readback: str = "argmax",
               long_attention: bool = False, x_quantized: str | None = None,
-              quantize_out: tuple | None = None) -> list[Launch]:
+              quantize_out: OutputQuantizer | None = None) -> list[Launch]:
         """The launches of `op` in a step of `tokens` tokens at `start` ([] for a copy, or a
         reduce when the whole logits row is read back). For a matmul, from `lower_ops`:
         `x_quantized`, the scratch ("int8_x", "int8_x_out") where an earlier launch of the same
