@@ -21,7 +21,8 @@
 // (int8_pack.wgsl), the function quantize_x runs, on values computed with the same operations
 // in the same order: the bytes are those quantize_x would make from y.
 
-// Its overrides, ROW_BLOCKS and OUT_NATURAL, are declared in matvec_quantize_out_overrides.wgsl.
+// Its overrides, ROW_BLOCKS, OUT_NATURAL and SWIGLU_OUT, are declared in
+// matvec_quantize_out_overrides.wgsl.
 
 @group(0) @binding(X_BINDING + 2u) var<storage, read> next_norm: array<vec4<f32>>;
 @group(0) @binding(X_BINDING + 3u) var<storage, read_write> xq_out: array<vec4<u32>>;

@@ -121,8 +121,16 @@ def gemma3_270m_slm_path(tmp_path_factory):
     return out
 
 
-def synthetic_slm(tmp_path_factory, shape: str):
-    """bench/synthetic_model.py's artifact of `shape`, written once into a temporary folder."""
+@pytest.fixture(scope="session")
+def q4k_m_slm_path(tmp_path_factory):
+    """llama.cpp's Q4_K_M mix on the small k-quant shape (--shape kquant --encoding q4k_m):
+    q4k layers, q6k in some, q, k and v not stacked."""
+    return synthetic_slm(tmp_path_factory, "kquant", scheme="q4k_m")
+
+
+def synthetic_slm(tmp_path_factory, shape: str, **options):
+    """bench/synthetic_model.py's artifact of `shape`, written once into a temporary folder
+    (`options`: write_synthetic's, e.g. scheme)."""
     import importlib.util
     import pathlib
     script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "synthetic_model.py"
@@ -130,7 +138,7 @@ def synthetic_slm(tmp_path_factory, shape: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     path = tmp_path_factory.mktemp(f"{shape}_model") / f"{shape}.slm"
-    module.write_synthetic(path, shape)
+    module.write_synthetic(path, shape, **options)
     return path
 
 

@@ -143,19 +143,12 @@ def test_the_step_check_tries_the_norm_forms_on_squares(run, int8_us, squares_us
 
 # -- unstacked q, k, v (a Q4_K_M mix): one quantizer serves the three -----------------------------
 
-def test_unstacked_readers_of_one_x_share_one_quantizer(native_gpu, run, tmp_path):
+def test_unstacked_readers_of_one_x_share_one_quantizer(native_gpu, run, q4k_m_slm_path):
     """llama.cpp's Q4_K_M mix keeps q, k and v apart (v is q6k in some layers). On the header
     form ("xq2", nothing quantizes for them) q's quantize_x launch leaves the bytes k's and v's
     would write, so Lowering.lower_ops records it once a layer; the logits stay within the
     two-byte int8 bound of the CPU oracle."""
-    import importlib.util
-    import pathlib
-    script = pathlib.Path(__file__).resolve().parents[1] / "bench" / "synthetic_model.py"
-    spec = importlib.util.spec_from_file_location("synthetic_model", script)
-    synthetic = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(synthetic)
-    synthetic.write_synthetic(tmp_path / "q4k_m.slm", "kquant", scheme="q4k_m")
-    model = webslm.open_model(tmp_path / "q4k_m.slm")
+    model = webslm.open_model(q4k_m_slm_path)
 
     async def go():
         session = await admit(native_gpu, model, AdmissionPolicy(tuning="int8", context=64))

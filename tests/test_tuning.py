@@ -12,9 +12,7 @@ Timings themselves are not asserted (lavapipe's numbers mean nothing for a GPU).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
@@ -29,7 +27,6 @@ from tuning_models import (FORCED, INT8_LOGIT_TOLERANCE, INT8_TWO_BYTE_LOGIT_TOL
                            LOGIT_TOLERANCE, errors_against_the_oracle, prequantized_entries)
 
 pytestmark = pytest.mark.usefixtures("self_test_once")
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +144,11 @@ def test_two_bytes_an_activation_bring_the_pre_quantized_path_close_to_the_exact
     assert max(two[1:]) <= INT8_TWO_BYTE_LOGIT_TOLERANCE, two
 
 
-def test_pre_quantized_k_quant_matvecs_run_a_q4_k_m_model_within_the_int8_bound(native_gpu, run, tmp_path):
+def test_pre_quantized_k_quant_matvecs_run_a_q4_k_m_model_within_the_int8_bound(native_gpu, run, q4k_m_slm_path):
     """llama.cpp's Q4_K_M mix (bench/synthetic_model.py --shape kquant --encoding q4k_m): its
     q4k and q6k forms (the tied q6k head, attn_v and ffn_down in the more-bits layer) on the
     pre-quantized path, the same bound."""
-    spec = importlib.util.spec_from_file_location("synthetic_model", ROOT / "bench" / "synthetic_model.py")
-    synthetic = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(synthetic)
-    synthetic.write_synthetic(tmp_path / "q4k_m.slm", "kquant", scheme="q4k_m")
-    model = webslm.open_model(tmp_path / "q4k_m.slm")
+    model = webslm.open_model(q4k_m_slm_path)
 
     async def go():
         session = await admit(native_gpu, model, FORCED)

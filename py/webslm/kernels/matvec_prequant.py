@@ -77,6 +77,7 @@ QUANTIZE_WG_NORM = 256
 
 
 QUANTIZER_PREFIX = "quantize_x_"
+QUANTIZING_PREFIX = "qout_"         # the mat-vecs that quantize their output too (matvec_quantize_out.py)
 QUANTIZER_PARAMS = (1, 3, 5, 7)     # the params words quantize_x reads: cols, units, x_stride, aux
 
 
@@ -195,7 +196,8 @@ def _launches(ctx: GoldenContext, case, residual: int, shapes: list, squares: bo
         # A quantizer whose mat-vec the plan runs only in its quantizing form (that form's
         # pipeline, matvec_quantize_out.py, reads it): with the plain mat-vec of the case's
         # weight format, where the plan has a quantizing mat-vec of that format.
-        qout = {weight_format(name, dict(items)) for name, items in ctx.planned if name.startswith("qout_")}
+        qout = {weight_format(name, dict(items)) for name, items in ctx.planned
+                if name.startswith(QUANTIZING_PREFIX)}
         matvecs = [p.matvec.overrides] if weight_format(p.matvec.kernel, p.matvec.overrides) in qout else []
     elif matvecs and not quantizers:
         # A mat-vec whose input only a quantizing mat-vec writes in the plan: with the

@@ -1,38 +1,41 @@
-"""The residual projection that quantizes its own output for the next mat-vec
+"""The mat-vec that quantizes its own output for the next mat-vec
 (shaders/matvec_quantize_out.wgsl): registry entries, host side, golden tests.
 
     qout_matvec_int8_<enc>_<variant>[_subgroup]   the pre-quantized mat-vec of that encoding
         (matvec_prequant.py), entry main_quantize_out; overrides its own (WG, ROWS, RESIDUAL,
-        ACCUMULATE, ...; ROW_NORM 0 only) and ROW_BLOCKS = 32 / ROWS, OUT_NATURAL 0|1
+        ACCUMULATE, ROW_NORM, ...) and ROW_BLOCKS = 32 / ROWS, OUT_NATURAL 0|1, SWIGLU_OUT 0|1
 
-In the decode step of a Llama-shaped model the o and down projections add into the residual
-stream x (ACCUMULATE), and the next mat-vec (gate|up, the next layer's q|k|v, the head) reads x
-through its RMSNorm. On activations quantized once ("xq2s": matvec_prequant.py) that reader
-needs a quantize_x launch between the two mat-vecs, which reads back the x the projection just
-wrote: 3.3 us a launch on the H200 in the Llama-8B step, two a layer (docs/RESULTS.md). This
-kernel writes those bytes itself. Each workgroup owns 32 consecutive output rows (one unit of
-the reader's input) in 32 / ROWS blocks of the plain kernel's ROWS, and after its last block
-quantizes the 32 values it just stored with quantize_unit, the function quantize_x runs, on the
-same f32 values in the same order: xq_out is quantize_x_norm's UNIT_SQUARES output for that y,
-word for word, and y is the plain kernel's, bit for bit (the same row sums in the same order).
+On activations quantized once (matvec_prequant.py) each reader of a mat-vec's output needs a
+quantize_x launch that reads back what the mat-vec just wrote: 3.3-6.2 us a launch on the H200
+in the Llama-8B step, three a layer (docs/RESULTS.md). This kernel writes those bytes itself,
+for two kinds of reader:
+    norm    o and down add into the residual stream x (ACCUMULATE); gate|up, the next layer's
+            q|k|v and the head read x through their RMSNorm, on "xq2s" (the 1/rms from the
+            units' squares): units of y * g with the sum of y's squares, no header
+    swiglu  (SWIGLU_OUT) the stacked gate|up (gate rows 0 .. R/2, up R/2 .. R), whose
+            silu(gate) * up the down projection reads: those units and the header's scale 1
+Each workgroup owns one unit of the reader's input, 32 output rows (SWIGLU_OUT: 32 gate and the
+32 up rows), in 32 / ROWS blocks of the plain kernel's ROWS, and after its last block quantizes
+the values it just stored with quantize_unit, the function quantize_x runs, on values computed
+with the same operations: xq_out's bytes and scales are quantize_x's for that y, word for word,
+and y is the plain kernel's, bit for bit (the same row sums in the same order). The units' two
+f32 sums may differ in their last bits (SUMS_BOUND).
 
 Bindings: the pre-quantized mat-vec's (params, weight parts, xq, y), then
-    next_norm  (read-only) the reader's norm weight g [rows] (whole vec4s)
-    xq_out     (storage) [M][1 + words * rows / 32] vec4<u32>: an unused header (the reader's
-               ROW_NORM takes its 1/rms from the units' squares), then per unit of 32 rows the
-               bytes of y * g, (d, sum, sum of y^2) and with RESIDUAL the residual bytes
+    next_norm  (read-only) the norm reader's weight g [rows] (whole vec4s; unused with SWIGLU_OUT)
+    xq_out     (storage) [M][1 + words * units] vec4<u32>, units = rows / 32 (SWIGLU_OUT: rows / 64)
 
-Whether a session uses it is measured: lowering takes it only where every reader of x is on the
-"xq2s" path with one byte form (program/lowering.py), and the tuning stage times the whole
-decode step with and without the fused quantizers and keeps the faster (attention_xq.CHOICE,
-which covers both). Fewer workgroups than the plain launch (one per 32 rows): on a small
-projection (Llama-1B's 2048 rows: 64 workgroups) the mat-vec itself may get slower; the step
-timing decides.
+Whether a session uses it is measured: lowering takes it only where every reader is on the
+pre-quantized path with one byte form (program/lowering.py matmul_output_quantizer), and the
+tuning stage times the whole decode step with and without the fused quantizers and keeps the
+faster (attention_xq.CHOICE, which covers both kinds). Fewer workgroups than the plain launch
+(one per 32 rows): on a small projection (Llama-1B's 2048 rows: 64 workgroups) the mat-vec
+itself may get slower; the step timing decides.
 
 Golden family "matvec_quantize_out": on random weights of every pre-quantized encoding, random,
-adversarial and extreme-scale activations and outputs, both byte widths and orders and several
-block shapes: y equal bit for bit to the plain pre-quantized mat-vec's on the same xq, and xq_out
-equal word for word to what quantize_x_norm (UNIT_SQUARES) makes from that y and g.
+adversarial and extreme-scale activations and outputs, both byte widths and orders, several
+block shapes and both kinds of reader: y equal bit for bit to the plain pre-quantized mat-vec's,
+xq_out's bytes and scales word for word quantize_x's from that y, its sums within SUMS_BOUND.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ from .golden import label as variant_label
 from .matvec import MatvecPlan, MatvecShapeError, Weights
 from .registry import KERNELS, KernelSpec, register
 
-PREFIX = "qout_"
+PREFIX = matvec_prequant.QUANTIZING_PREFIX
 UNIT_ROWS = matvec_prequant.UNIT        # output rows a workgroup owns: one unit of the reader's input
 
 
@@ -124,13 +127,9 @@ async def plain_run(ctx: GoldenContext, weights: Weights, x: np.ndarray, y0: np.
                     residual: bool, workgroup: int | None, rows_per_group: int | None,
                     in_norm: np.ndarray | None = None) -> np.ndarray:
     """y of the plain pre-quantized mat-vec with the same launch shape (the reference for y)."""
-    base, xq = await _quantized_input(ctx, weights, x, y0, residual, workgroup, rows_per_group, in_norm)
-    kernel = await ctx.kernel(base.matvec.kernel, **base.matvec.overrides)
-    m = np.atleast_2d(x).shape[0]
-    output = (m * weights.rows, np.float32) if y0 is None else np.asarray(y0, np.float32).reshape(-1).copy()
-    (y,) = await runner.run_once(ctx.device, kernel, base.matvec.params, [*weights.bindings(), xq], [output],
-                                 base.matvec.grid)
-    return y.reshape(m, weights.rows)
+    norm = {} if in_norm is None else {"input": "norm", "norm_weight": in_norm, "eps": 1e-5, "squares": True}
+    return await matvec_prequant.run(ctx, weights, np.atleast_2d(x), y0=y0, workgroup=workgroup,
+                                     rows_per_group=rows_per_group, residual=residual, **norm)
 
 
 async def _quantized_input(ctx, weights, x, y0, residual, workgroup, rows_per_group, in_norm):

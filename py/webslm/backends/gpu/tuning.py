@@ -245,7 +245,7 @@ async def tune(device, model, plan, buffers, *, cache: Mapping[str, dict] | None
         if any(report.choices.get(key) is not None and report.choices[key].variant in matvec_prequant.VARIANTS
                for key in measured):
             await _step_check(report, exact, lambda choices: stage.seconds_per_step(choices),
-                              stage.attention_quantizes)
+                              stage.quantizes_outputs)
             if "int8 unfused" in report.step_us and output_key is not None:
                 output = report.choices.get(attention_xq.CHOICE)
                 report.cache_entries[output_key] = {"step_us": dict(report.step_us),
@@ -521,7 +521,7 @@ STEP_GAIN = 0.03               # the whole step with int8 forms must be this muc
 
 async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | None],
                       seconds_per_step: Callable[[dict], Awaitable[float]],
-                      attention_quantizes: Callable[[dict], bool] = lambda choices: False) -> None:
+                      quantizes_outputs: Callable[[dict], bool] = lambda choices: False) -> None:
     """Keep the int8 choices only if the whole decode step is faster with them. Each int8
     form was timed alone, its quantizer and mat-vec as dependent dispatches; in the step its
     extra dispatch can cost more than that shows. Measured on the H200: SmolLM2's shape kept
@@ -529,10 +529,11 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
     the int8 forms on their best exact choice) are timed in pairs of rounds, forward and
     reversed (as the runoff); if the int8 step does not win by STEP_GAIN, the int8 forms go
     back to their exact choice and the report says so.
-    Where decode attention would quantize for o in the int8 step (`attention_quantizes`, the
-    program's quantize-into-attention, kernels/attention_xq.py), that step is also timed with
-    the separate quantize_x launch instead ("int8 unfused"), and the faster of the two is the
-    int8 step: where it is the unfused one, attention_xq.CHOICE says so among the choices.
+    Where a launch would quantize another op's input in the int8 step (`quantizes_outputs`:
+    decode attention for o, quantize-into-attention, kernels/attention_xq.py; a mat-vec for its
+    readers, quantize-into-matmul, kernels/matvec_quantize_out.py), that step is also timed with
+    the separate quantize_x launches instead ("int8 unfused"), and the faster is the int8 step:
+    where it is the unfused one, attention_xq.CHOICE says so among the choices.
     Where a norm-input form took "xq2" and its readers' producers could quantize for it on
     "xq2s" (quantize-into-matmul, kernels/matvec_quantize_out.py, which needs the norm from the
     units' squares), the step with those forms on "xq2s" is timed too ("int8 squares"): each
@@ -544,9 +545,9 @@ async def _step_check(report: TuningReport, exact: Mapping[str, matvec.Choice | 
     without |= {key: exact[key] for key in keys if exact.get(key) is not None}
     steps = {"int8": with_int8, "exact": without}
     squares = _on_squares(with_int8)
-    if squares != with_int8 and attention_quantizes(squares):
+    if squares != with_int8 and quantizes_outputs(squares):
         steps["int8 squares"] = squares
-    if attention_quantizes(with_int8):
+    if quantizes_outputs(with_int8):
         steps["int8 unfused"] = with_int8 | {attention_xq.CHOICE: attention_xq.OutputChoice(False)}
     times = dict(zip(steps, await timing.alternating([lambda c=c: seconds_per_step(c) for c in steps.values()])))
     report.step_us = {name: round(seconds * 1e6, 1) for name, seconds in times.items()}

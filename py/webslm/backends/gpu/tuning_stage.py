@@ -151,10 +151,10 @@ class Stage:
         return (f"{attention_xq.CHOICE} {shape.n_heads}/{shape.n_kv_heads}x{shape.head_dim} {shape.dtype}, "
                 f"{a.n_layers} layers of {a.hidden}")
 
-    def attention_quantizes(self, choices: dict) -> bool:
+    def quantizes_outputs(self, choices: dict) -> bool:
         """Whether the stage's decode step with `choices` has a launch quantize another op's
         input: decode attention for o (lowering.output_quantizer; never past the single-pass
-        length) or a residual projection for the norm-input mat-vecs after it
+        length) or a mat-vec for the mat-vecs reading its output
         (lowering.matmul_output_quantizer)."""
         saved = dict(self.lowering.choices)
         self.lowering.choices.clear()
