@@ -21,6 +21,7 @@ override ROW_NORM: bool = false;
 
 @group(0) @binding(X_BINDING) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(X_BINDING + 1u) var<storage, read_write> y: array<f32>;
+const INPUT_BINDINGS: u32 = 2u;   // xq, y: a fused entry point's bindings follow (matvec_rope_kv.wgsl)
 
 var<private> row_squares: f32 = 0.0;   // ROW_NORM: this invocation's share of sum(x^2)
 

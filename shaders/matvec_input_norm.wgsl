@@ -17,6 +17,7 @@
 @group(0) @binding(X_BINDING) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(X_BINDING + 1u) var<storage, read> norm_weight: array<vec4<f32>>;
 @group(0) @binding(X_BINDING + 2u) var<storage, read_write> y: array<f32>;
+const INPUT_BINDINGS: u32 = 3u;   // x, g, y: a fused entry point's bindings follow (matvec_rope_kv.wgsl)
 
 var<private> norm_squares: f32 = 0.0;   // this invocation's share of sum(x^2)
 
@@ -56,9 +57,11 @@ fn take_squares() -> f32 {
 }
 
 // After the loop: 1 / sqrt(mean(x^2) + eps) of the row, the same in every lane. Uniform
-// control flow (workgroup_total has barriers).
+// control flow (workgroup_total has barriers). Clears this lane's squares: an entry point that
+// runs row_block twice (matvec_rope_kv.wgsl) starts the second block's row from zero.
 fn input_finish(lane: u32, m: u32) -> f32 {
     let total = workgroup_total(norm_squares, lane);
+    norm_squares = 0.0;
     return inverseSqrt(total / f32(params.cols) + bitcast<f32>(params.aux));
 }
 

@@ -7,6 +7,7 @@
 
 @group(0) @binding(X_BINDING) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(X_BINDING + 1u) var<storage, read_write> y: array<f32>;
+const INPUT_BINDINGS: u32 = 2u;   // x, y: a fused entry point's bindings follow (matvec_rope_kv.wgsl)
 
 // Quad q (activations 4q .. 4q+3) of row m, for quads wholly below cols.
 fn x_full(m: u32, q: u32) -> vec4<f32> {

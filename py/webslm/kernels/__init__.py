@@ -9,7 +9,7 @@ from . import registry  # noqa: F401  (first: the families register into it)
 
 FAMILY_MODULES = ("probe", "matvec", "matvec_cases", "matvec_variants", "matvec_prequant", "gemm", "gemm_cases", "gemm_split",
                   "logits", "kv_cache", "attention", "attention_cases", "norm", "rope", "swiglu", "embed", "rope_kv",
-                  "attention_rope", "attention_xq", "matvec_quantize_out", "head_norm", "scale")
+                  "attention_rope", "attention_xq", "matvec_quantize_out", "matvec_rope_kv", "head_norm", "scale")
 
 for _module in FAMILY_MODULES:
     importlib.import_module(f"{__name__}.{_module}")
