@@ -18,14 +18,14 @@ def _results(report):
 
 def test_golden_matvec_rope_kv_full(native_device, run):
     """Exact norm-input encodings and pre-quantized ones, both conventions and cache types,
-    ROWS 2 to 16, head_dim 32 to 128, the first and the last cache row: y's k and v rows equal
+    ROWS 4 to 16, head_dim 8 to 128, the first and the last cache row: y's k and v rows equal
     to the plain mat-vec's bit for bit, q and the caches as rope_kv_append's rules allow."""
     report = run(golden.run_all(native_device, "full", families=[FAMILY]))
     assert report["passed"], report["failed"]
     results = _results(report)
     labels = " ".join(r["kernel"] for r in results)
     for form in ("rkv_matvec_norm_q4", "rkv_matvec_norm_q8", "rkv_matvec_norm_f16", "rkv_matvec_norm_q4k",
-                 "ADJACENT=0", "ADJACENT=1", "KV_F16=0", "KV_F16=1", "ROWS=2", "ROWS=16"):
+                 "ADJACENT=0", "ADJACENT=1", "KV_F16=0", "KV_F16=1", "ROWS=4", "ROWS=16"):
         assert form in labels, form
     if "subgroups" in native_device.features:     # the int8 forms need dot4 (lavapipe has it)
         assert "rkv_matvec_int8_q4_dot4" in labels and "rkv_matvec_int8_q6k_xq" in labels
@@ -52,12 +52,13 @@ def _plan(device, heads=4, kv=2, e=32, rows_per_group=4, rotary=None, start=3, c
 def test_the_plan_carries_the_position_and_one_workgroup_a_pair_block(native_device):
     p = _plan(native_device, start=5)
     assert p.kernel.startswith(mrk.PREFIX) and p.overrides["ROWS"] == 4 and p.overrides["KV_F16"] == 1
-    assert int(p.params[8]) == 5 and int(p.params[10]) == 32 and int(p.params[14]) == 32 // 8
-    assert p.grid[0] * p.grid[1] == (4 + 4) * 32 // 8
+    assert int(p.params[8]) == 5 and int(p.params[10]) == 32 and int(p.params[14]) == 32 // 4
+    assert p.grid[0] * p.grid[1] == (4 + 4) * 32 // 4      # as many workgroups as the plain launch
 
 
-def test_one_row_a_block_becomes_two(native_device):
-    assert _plan(native_device, rows_per_group=1).overrides["ROWS"] == 2
+@pytest.mark.parametrize("rows_per_group", [1, 2])
+def test_fewer_than_four_rows_a_block_become_four(native_device, rows_per_group):
+    assert _plan(native_device, rows_per_group=rows_per_group).overrides["ROWS"] == 4
 
 
 @pytest.mark.parametrize("kwargs, problem", [
@@ -71,8 +72,8 @@ def test_what_the_kernel_cannot_do_is_refused(native_device, kwargs, problem):
         _plan(native_device, **kwargs)
 
 
-def test_a_launch_shape_whose_blocks_split_a_head_falls_back_to_two_rows(native_device):
-    assert _plan(native_device, e=8, rows_per_group=8, heads=2, kv=1).overrides["ROWS"] == 2
+def test_a_launch_shape_whose_blocks_split_a_head_falls_back_to_four_rows(native_device):
+    assert _plan(native_device, e=8, rows_per_group=16, heads=2, kv=1).overrides["ROWS"] == 4
 
 
 def test_the_checks_fail_a_q_row_rotated_by_the_wrong_position():

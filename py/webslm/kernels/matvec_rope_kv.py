@@ -7,9 +7,10 @@
 
 In a decode layer the q|k|v mat-vec is followed by rope_kv_append (kernels/rope_kv.py): one
 dispatch that reads back what the mat-vec just wrote. This kernel does that work in the
-mat-vec's epilogue. A workgroup owns a "pair block" of one head, 2 ROWS rows that hold every
-RoPE partner of its rows (rotate-half: ROWS rows and the ROWS rows half a head further), so it
-rotates them without reading another workgroup's output.
+mat-vec's epilogue. A workgroup owns a "pair block" of one head, ROWS rows that hold every
+RoPE partner of its rows (rotate-half: ROWS / 2 rows and the ROWS / 2 rows half a head further),
+computed in one pass over x as the plain kernel computes ROWS consecutive rows (as many
+workgroups as its launch), so it rotates them without reading another workgroup's output.
 
 Bindings: the mat-vec's (params, weight parts, x [, norm weight] or xq, y), then
     rope       (uniform) the same block as params: the mat-vec's 8 words, then start, half,
@@ -17,8 +18,9 @@ Bindings: the mat-vec's (params, weight parts, x [, norm weight] or xq, y), then
     table      (read-only) rope.rope_table's [table_rows][head_dim / 2] (cos, sin)
     k_cache, v_cache  (storage) the layer's caches, kv_cache.KvLayout arrays
 Limits, refused in `plan` before any GPU work: one token (decode), whole-head rotation
-(rotary_dim == head_dim) and no biases. ROWS is even (a pair block's f16 words are whole) and
-divides head_dim / 2: the mat-vec's own ROWS where it does, else 2.
+(rotary_dim == head_dim) and no biases. ROWS is 4, 8 or 16 and divides head_dim: the
+mat-vec's own ROWS where it is one of those, else 4 (each half of a pair block is whole f16
+words, and ROWS rows are one pass of matvec_main's sums).
 
 Rule (golden family "matvec_rope_kv"): y's k and v rows equal the plain mat-vec's of the same
 launch shape bit for bit; its q rows, the cache rows at `start` and everything else are what
@@ -39,7 +41,7 @@ from .rope import CONVENTIONS, rope_table
 from .rope_kv import RopeKvPlan, check_rope_kv, prior_cache
 
 PREFIX = "rkv_"
-ROWS = tuple(r for r in matvec.ROWS_PER_WORKGROUP if r % 2 == 0)     # a pair block's f16 words are whole
+ROWS = (4, 8, 16)      # a pair block's halves are whole f16 words (and at most 16 rows: matvec_main's Partials)
 EXTRA_BINDINGS = ("uniform", "read-only-storage", "storage", "storage")
 
 
@@ -70,15 +72,15 @@ def rope_words(matvec_params: np.ndarray, start: int, layout: KvLayout, heads: i
     """The fused launch's uniform block: the mat-vec's 8 words, then the RoPE and cache words."""
     e = layout.head_dim
     tail = runner.params_words(start, e // 2, e, layout.capacity, heads * e, layout.n_kv_heads * e,
-                               e // (2 * rows_per_group), 0)
+                               e // rows_per_group, 0)
     return np.concatenate([np.asarray(matvec_params, np.uint32)[:8], tail])
 
 
 def plan(device, matvec_plan: MatvecPlan, weights: Weights, heads: int, layout: KvLayout, rotary_dim: int,
          start: int, table_rows: int, convention: str) -> MatvecPlan:
     """The mat-vec `matvec_plan` (matvec.plan with input "norm", or matvec_prequant.plan(...).matvec)
-    as its RoPE + KV append form for one token at `start`: ROWS at least 2, one workgroup per
-    pair block. Refuses (KvShapeError) what the kernel cannot do; the params carry `start`
+    as its RoPE + KV append form for one token at `start`: one workgroup per pair block of its
+    ROWS rows (4 where its ROWS is not 4, 8 or 16 or splits a head). Refuses (KvShapeError) what the kernel cannot do; the params carry `start`
     (`rope_words`), which a decode step rewrites."""
     if convention not in CONVENTIONS:
         raise KvShapeError("shape", f"rope convention must be one of {sorted(CONVENTIONS)}, not {convention!r}")
@@ -93,10 +95,12 @@ def plan(device, matvec_plan: MatvecPlan, weights: Weights, heads: int, layout: 
         raise KvShapeError("position", f"position {start} is outside the cache ({layout.capacity}) or the "
                                        f"table ({table_rows})")
     layout.check_device(device.limits)
-    rows_per_group = max(2, matvec_plan.overrides["ROWS"])
-    if e % (2 * rows_per_group):
-        rows_per_group = 2        # head_dim is a multiple of 4 (KvLayout): pair blocks of 2 + 2 rows fit
-    groups = weights.rows // (2 * rows_per_group)
+    if matvec_plan.overrides.get("ACCUMULATE"):
+        raise KvShapeError("shape", "q|k|v is written, not added to (ACCUMULATE)")
+    rows_per_group = matvec_plan.overrides["ROWS"]
+    if rows_per_group not in ROWS or e % rows_per_group:
+        rows_per_group = 4        # head_dim is a multiple of 4 (KvLayout): pair blocks of 2 + 2 rows fit
+    groups = weights.rows // rows_per_group
     gx, gy, _ = runner.workgroup_grid(groups, device.limits["maxComputeWorkgroupsPerDimension"])
     overrides = dict(matvec_plan.overrides) | {"ROWS": rows_per_group, "ADJACENT": CONVENTIONS[convention],
                                                "KV_F16": int(layout.dtype == "f16")}
@@ -154,12 +158,13 @@ FAMILY = "matvec_rope_kv"
 #  ROWS, WG, int8, x scale)
 CASES = [
     ("SmolLM2-like q4", "q4", 9, 3, 64, 256, "rotate-half", "f16", 5, 40, 4, 64, False, 1.0),
-    ("q8 adjacent pairs, f32 cache", "q8", 4, 2, 32, 128, "adjacent-pair", "f32", 0, 8, 2, 32, False, 1.0),
+    ("q8 adjacent pairs, f32 cache, ROWS 2 -> 4", "q8", 4, 2, 32, 128, "adjacent-pair", "f32", 0, 8, 2, 32, False, 1.0),
     ("f16 weights, 16 rows a block", "f16", 2, 1, 64, 96, "rotate-half", "f16", 17, 18, 16, 128, False, 1.0),
     ("head_dim 128, the last position", "q4", 4, 1, 128, 128, "rotate-half", "f32", 63, 64, 8, 256, False, 1e3),
+    ("head_dim 8, 16 rows a block -> 4", "q8", 3, 1, 8, 64, "rotate-half", "f16", 1, 2, 16, 64, False, 1.0),
     ("q4k", "q4k", 2, 2, 32, 256, "adjacent-pair", "f16", 3, 4, 4, 64, False, 1.0),
     ("int8 q4 (xq2s)", "q4", 8, 2, 64, 256, "rotate-half", "f16", 9, 12, 4, 64, True, 1.0),
-    ("int8 q8 adjacent", "q8", 4, 4, 32, 256, "adjacent-pair", "f32", 2, 3, 2, 32, True, 1e-3),
+    ("int8 q8 adjacent", "q8", 4, 4, 32, 256, "adjacent-pair", "f32", 2, 3, 8, 32, True, 1e-3),
     ("int8 q6k, 16 rows", "q6k", 2, 1, 32, 256, "rotate-half", "f16", 0, 2, 16, 32, True, 1.0),
 ]
 QUICK_CASES = [CASES[0], CASES[5]]
@@ -186,9 +191,7 @@ def _planned_cases(ctx: GoldenContext) -> list[tuple]:
         int8 = base.name.startswith("matvec_int8_")
         encoding = next(e for e in matvec.VARIANTS if f"_{e}" in base.name.replace("_subgroup", "")
                         and base.name.replace("_subgroup", "").split("_")[2] == e)
-        e = 2 * o["ROWS"] * 2
-        cols = 256
-        out.append(("the plan's pipeline", encoding, 2, 1, max(e, 8), cols,
+        out.append(("the plan's pipeline", encoding, 2, 1, 2 * o["ROWS"], 256,
                     "adjacent-pair" if o["ADJACENT"] else "rotate-half", "f16" if o["KV_F16"] else "f32",
                     1, 4, o["ROWS"], o["WG"], int8, 1.0))
     return out
