@@ -17,20 +17,21 @@ def _results(report):
 
 
 def test_golden_matvec_rope_kv_full(native_device, run):
-    """Exact norm-input encodings and pre-quantized ones, both conventions and cache types,
+    """Exact norm-input encodings (q4 min and offset, q8, f16) and pre-quantized q4 in its three
+    byte forms, both conventions and cache types,
     ROWS 4 to 16, head_dim 8 to 128, the first and the last cache row: y's k and v rows equal
     to the plain mat-vec's bit for bit, q and the caches as rope_kv_append's rules allow."""
     report = run(golden.run_all(native_device, "full", families=[FAMILY]))
     assert report["passed"], report["failed"]
     results = _results(report)
     labels = " ".join(r["kernel"] for r in results)
-    for form in ("rkv_matvec_norm_q4", "rkv_matvec_norm_q8", "rkv_matvec_norm_f16", "rkv_matvec_norm_q4k",
+    for form in ("rkv_matvec_norm_q4", "rkv_matvec_norm_q8", "rkv_matvec_norm_f16", "ZERO_MIN=0", "SCALE_F16=0",
                  "ADJACENT=0", "ADJACENT=1", "KV_F16=0", "KV_F16=1", "ROWS=4", "ROWS=16"):
         assert form in labels, form
     if "subgroups" in native_device.features:     # the int8 forms need dot4 (lavapipe has it)
-        assert "rkv_matvec_int8_q4_dot4" in labels and "rkv_matvec_int8_q6k_xq" in labels
+        assert "rkv_matvec_int8_q4_dot4" in labels and "ROW_NORM=0" in labels and "RESIDUAL=0" in labels
     launches = sum("y's k and v rows against the plain mat-vec" in r["case"] for r in results)
-    assert launches >= 6
+    assert launches >= 9
     assert all(r["mismatched"] == 0 for r in results if r["rule"] == "exact")
 
 
@@ -96,3 +97,43 @@ def test_the_checks_fail_a_q_row_rotated_by_the_wrong_position():
     results = check_rope_kv("k", "late q", layout, q, k, v, table, start, "rotate-half", prior, prior, want, plan,
                             y, k_cache, v_cache)
     assert not results[0].passed
+
+
+# -- in a session: the step with the rule against the step without it --------------------------
+
+def _session_logits(gpu, model, fusions, tuning="off"):
+    import webslm  # noqa: F401
+    from webslm.admission.admit import AdmissionPolicy, admit
+    from webslm.backends.gpu import GpuBackend
+    from webslm.backends.scores import Want
+
+    async def go():
+        session = await admit(gpu, model, AdmissionPolicy(fusions=fusions, tuning=tuning, context=64))
+        backend = await GpuBackend.build(session, model)
+        try:
+            kernels = {name for name, _ in session.kernels}
+            rows = [(await backend.prefill([1, 5, 9, 200, 7, 3], Want("full"))).logits]
+            for _ in range(4):
+                rows.append((await backend.decode_one(int(np.argmax(rows[-1])), Want("full"))).logits)
+            return rows, kernels, backend.forward.programs["decode"].dispatches_per_layer()
+        finally:
+            backend.release()
+    return go()
+
+
+@pytest.mark.parametrize("tuning", ["off", "int8-s"])
+def test_the_fused_step_computes_what_the_step_without_it_does(native_gpu, stacked_slm_path, run, tuning):
+    """The stacked model's prefill and four decode steps with rope-kv-into-matmul and without:
+    5 dispatches a layer against 6, the fused kernel compiled (exact q4, or the pre-quantized q4
+    on "xq2s"), and the logits equal within 1e-6 of the largest (the fused y is the plain
+    kernel's bit for bit and the rotation the same expressions; on lavapipe they are equal)."""
+    import webslm
+    from webslm.program.fusion import DEFAULT
+    model = webslm.open_model(stacked_slm_path)
+    with_rule, kernels, per_layer = run(_session_logits(native_gpu, model, DEFAULT + ("rope-kv-into-matmul",), tuning))
+    without, plain_kernels, plain_per_layer = run(_session_logits(native_gpu, model, DEFAULT, tuning))
+    assert (per_layer, plain_per_layer) == (5, 6)
+    assert any(name.startswith(mrk.PREFIX) for name in kernels) and not any(
+        name.startswith(mrk.PREFIX) for name in plain_kernels)
+    for got, want in zip(with_rule, without):
+        assert float(np.abs(got - want).max()) <= 1e-6 * float(np.abs(want).max())

@@ -25,7 +25,7 @@ from webslm.plan.memory import plan_programs
 from webslm.kernels.kv_cache import KvShapeError
 from webslm.program.fusion import ALL, RULES, fuse
 from webslm.program.lowering import Lowering
-from webslm.program.ops import POSITIONAL_KINDS, Layout, reference
+from webslm.program.ops import Layout, reference
 
 FUSED_TOLERANCE = 1e-4
 DECODE_STEPS = 4
@@ -52,13 +52,18 @@ def test_the_reference_layer_is_the_cpu_oracles_steps(stacked_model):
 
 def test_every_rule_fused_gives_five_dispatches_a_layer_and_prefill_only_stacks(stacked_model):
     arch = stacked_model.architecture
-    layout = Layout({}, frozenset({"qkv", "gate_up"}))
+    layout = Layout({}, frozenset({"qkv", "gate_up"}), rope_matmul=True)
     decode = fuse(reference(arch, "decode", 1, layout), layout)
     assert decode.fusions == ALL
     assert [(op.label, op.kind) for op in decode.layer(0)] == [
-        ("qkv", "matmul"), ("attention", "attention_rope"), ("o", "matmul"), ("gate_up", "matmul"), ("down", "matmul")]
-    qkv, _, o, gate_up, down = decode.layer(1)
+        ("qkv", "matmul"), ("attention", "attention"), ("o", "matmul"), ("gate_up", "matmul"), ("down", "matmul")]
+    qkv, attention, o, gate_up, down = decode.layer(1)
     assert qkv.option("input") == "norm" and qkv.read("x") == "x" and qkv.read("weight") == "v:blk.1.attn_norm"
+    assert qkv.option("rope") and qkv.read("table") == "rope_table" and qkv.write("k_cache") == "kv:L1.k"
+    assert attention.option("quantize_out")             # quantize-into-attention marks it (lowering decides)
+    no_matmul_rope = fuse(reference(arch, "decode", 1, layout), layout,
+                          tuple(r for r in ALL if r != "rope-kv-into-matmul"))
+    assert [op.kind for op in no_matmul_rope.layer(0)][:2] == ["matmul", "attention_rope"]
     assert o.option("accumulate") and o.write("y") == "x" and gate_up.option("input") == "norm"
     assert down.option("input") == "swiglu" and down.option("accumulate") and down.read("x") == "gate_up"
     head = decode.after[0]                              # the final norm folded into the head
@@ -74,18 +79,21 @@ def test_every_rule_fused_gives_five_dispatches_a_layer_and_prefill_only_stacks(
 
 def test_each_rule_on_top_of_the_ones_before_removes_dispatches(stacked_model):
     arch = stacked_model.architecture
-    layout = Layout({}, frozenset({"qkv", "gate_up"}))
+    layout = Layout({}, frozenset({"qkv", "gate_up"}), rope_matmul=True)
     base = reference(arch, "decode", 1, layout)
     before = base
     for k, rule in enumerate(RULES):
         fused = fuse(base, layout, ALL[:k + 1])
         if rule.name == "residual-into-accumulate":       # turns the residual norms into plain ones
             assert len(fused.ops) == len(before.ops) and fused.ops != before.ops
-        elif rule.name == "quantize-into-attention":      # marks attention (none left after RoPE moved in);
-            assert fused.ops == before.ops                # lowering removes a launch (test_quantize_into_attention.py)
+        elif rule.name == "rope-kv-into-attention":       # RoPE + KV append went into q|k|v already
+            assert fused.ops == before.ops
+        elif rule.name == "quantize-into-attention":      # marks attention; lowering removes a launch
+            assert len(fused.ops) == len(before.ops)      # (test_quantize_into_attention.py)
+            assert [op.label for op in fused.ops if op.option("quantize_out")] == ["attention"] * arch.n_layers
         elif rule.name == "quantize-into-matmul":         # marks o, gate|up, down; lowering removes launches
             assert len(fused.ops) == len(before.ops)      # (test_quantize_into_matmul.py)
-            marked = [op.label for op in fused.ops if op.option("quantize_out")]
+            marked = [op.label for op in fused.ops if op.option("quantize_out") and op.kind == "matmul"]
             assert marked == ["o", "gate_up", "down"] * arch.n_layers
         else:
             assert len(fused.ops) < len(before.ops), rule.name
@@ -129,16 +137,32 @@ def test_the_plan_derives_slots_and_temporaries_from_the_program(stacked_model):
         plan_memory(stacked_model, SPEC_DEFAULT_LIMITS["core"], PlanPolicy(fusions=("no-such-rule",)))
 
 
-@pytest.mark.parametrize("fusions", [(), ALL], ids=["rope_kv and attention", "attention_rope"])
+def test_the_planner_lets_qkv_take_rope_where_its_kernel_fits_the_storage_buffers(stacked_model):
+    """The stacked q4 q|k|v's fused kernel binds 9 storage buffers: with WebGPU's default 8 a
+    stage the rule leaves RoPE + KV append alone; with 9 or more it takes them (5 dispatches)."""
+    core = SPEC_DEFAULT_LIMITS["core"]
+    for buffers, rope in ((None, False), (8, False), (9, True), (16, True)):
+        limits = core if buffers is None else {**core, "maxStorageBuffersPerShaderStage": buffers}
+        plan = plan_memory(stacked_model, limits, PlanPolicy(fusions=ALL))
+        decode = plan_programs(stacked_model, plan)["decode"]
+        assert plan.data["program"]["rope_matmul"] is rope
+        assert bool(decode.layer(0)[0].option("rope")) is rope and decode.dispatches_per_layer() == 5
+        assert [op.kind for op in decode.layer(0)][1] == ("attention" if rope else "attention_rope")
+
+
+@pytest.mark.parametrize("fusions", [(), ALL, tuple(r for r in ALL if r != "rope-kv-into-matmul")],
+                         ids=["rope_kv and attention", "q|k|v with RoPE", "attention_rope"])
 def test_a_decode_step_rewrites_the_params_lowering_plans_at_every_position(stacked_model, fusions):
     """The executor's per-token path (Lowering.decode_params: the family plan made once, its
     params re-derived per position) writes exactly what planning that position from scratch
     (lower) would, at every position of the cache, short and long attention alike."""
-    plan = plan_memory(stacked_model, SPEC_DEFAULT_LIMITS["core"], PlanPolicy(fusions=fusions, kv_dtype="f16"))
-    device = types.SimpleNamespace(limits={**SPEC_DEFAULT_LIMITS["core"], **KERNEL_LIMITS})
+    limits = {**SPEC_DEFAULT_LIMITS["core"], **KERNEL_LIMITS, "maxComputeWorkgroupsPerDimension": 65535}
+    plan = plan_memory(stacked_model, limits, PlanPolicy(fusions=fusions, kv_dtype="f16"))
+    device = types.SimpleNamespace(limits=limits, features=frozenset())
     lowering = Lowering(device, stacked_model, plan)
-    ops = {op.slot: op for op in plan_programs(stacked_model, plan)["decode"].ops if op.kind in POSITIONAL_KINDS}
-    assert sorted(op.kind for op in ops.values()) == (["attention_rope"] if fusions else ["attention", "rope_kv"])
+    ops = {op.slot: op for op in plan_programs(stacked_model, plan)["decode"].ops if op.positional}
+    kinds = {(): ["attention", "rope_kv"], ALL: ["attention", "matmul"]}.get(fusions, ["attention_rope"])
+    assert sorted(op.kind for op in ops.values()) == kinds
     assert lowering.capacity > lowering.single_pass          # both attention forms are crossed
     for op in ops.values():
         for position in range(lowering.capacity):

@@ -20,7 +20,7 @@ import webslm
 from webslm.admission.admit import AdmissionPolicy, admit
 from webslm.backends.gpu import timing, tuning, tuning_cache, tuning_stage
 from webslm.generate import prompt_ids
-from webslm.kernels import attention, attention_xq, matvec, matvec_prequant
+from webslm.kernels import attention, attention_xq, matvec, matvec_prequant, matvec_rope_kv
 from webslm.program.fusion import ALL
 
 from tuning_models import (FORCED, INT8_LOGIT_TOLERANCE, INT8_TWO_BYTE_LOGIT_TOLERANCE,
@@ -177,6 +177,14 @@ def test_a_launch_that_computes_the_wrong_rows_is_never_chosen(native_gpu, model
     def half_grid(device, weights, rows_per_group, m):
         return grid(device, weights, rows_per_group * 2 if rows_per_group == 16 else rows_per_group, m)
     monkeypatch.setattr(matvec, "grid", half_grid)
+    fused_plan = matvec_rope_kv.plan          # q|k|v with RoPE (rope-kv-into-matmul) has its own grid
+
+    def half_fused(*args, **kwargs):
+        p = fused_plan(*args, **kwargs)
+        if p.overrides["ROWS"] != 16:
+            return p
+        return p._replace(grid=(-(-p.grid[0] // 2), p.grid[1], p.grid[2]))
+    monkeypatch.setattr(matvec_rope_kv, "plan", half_fused)
 
     async def go():
         session = await admit(native_gpu, model, FORCED)

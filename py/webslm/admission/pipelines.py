@@ -12,16 +12,18 @@ from typing import Iterator
 import numpy as np
 
 from ..webgpu.interface import BufferUsage
+from ..kernels.matvec_rope_kv import STORAGE_BUFFERS_ASKED
 from ..kernels.registry import compile_kernel
 
 # Limits the kernels want beyond the plan's, capped by the adapter: workgroup memory for the
 # large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 512
 # invocations for the split-K GEMM tiles (256 for the other wide variants), and 9 storage
 # buffers a stage for the q5k mat-vec with its norm input (six weight parts, x, the norm weight,
-# the output: WebGPU's default is 8). An adapter that offers less cannot compile that kernel:
+# the output: WebGPU's default is 8; the planner lets a q|k|v mat-vec take RoPE + KV append only
+# where its fused kernel fits in as many, kernels/matvec_rope_kv.py). An adapter that offers less cannot compile that kernel:
 # admission then fails at "compile" and the CPU path answers.
 KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 512,
-                 "maxComputeWorkgroupSizeX": 512, "maxStorageBuffersPerShaderStage": 9}
+                 "maxComputeWorkgroupSizeX": 512, "maxStorageBuffersPerShaderStage": STORAGE_BUFFERS_ASKED}
 
 # Encodings the GPU kernels read (mat-vec, GEMM, embedding gather): every .slm encoding, GGUF's
 # Q5_0/Q5_1 (q5) and K-quants (q4k, q5k, q6k) included (kernels/kquant.py, docs/kernels.md).

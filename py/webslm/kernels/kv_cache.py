@@ -38,7 +38,7 @@ U32_LIMIT = runner.U32_LIMIT
 class KvShapeError(ValueError):
     """A KV cache or attention call whose shape or position the kernels cannot serve.
     `problem` names it: "head-dim", "head-ratio", "position", "offset-overflow",
-    "binding-size", "shape", "workgroup", "device"."""
+    "binding-size", "binding-count", "shape", "workgroup", "device"."""
 
     def __init__(self, problem: str, message: str):
         super().__init__(f"{problem}: {message}")

@@ -78,6 +78,9 @@ QUANTIZE_WG_NORM = 256
 
 QUANTIZER_PREFIX = "quantize_x_"
 QUANTIZING_PREFIX = "qout_"         # the mat-vecs that quantize their output too (matvec_quantize_out.py)
+ROPE_PREFIX = "rkv_"             # a mat-vec with RoPE + KV append in it (matvec_rope_kv.py)
+# The kernels made of a mat-vec with more work after it: a plan may run a mat-vec only so.
+DERIVED_PREFIXES = (QUANTIZING_PREFIX, ROPE_PREFIX)
 QUANTIZER_PARAMS = (1, 3, 5, 7)     # the params words quantize_x reads: cols, units, x_stride, aux
 
 
@@ -193,11 +196,11 @@ def _launches(ctx: GoldenContext, case, residual: int, shapes: list, squares: bo
     matvecs = ctx.launches(p.matvec.kernel, p.matvec.overrides, ("WG", "ROWS"))
     quantizers = ctx.launches(p.quantize.kernel, p.quantize.overrides)
     if quantizers and not matvecs:
-        # A quantizer whose mat-vec the plan runs only in its quantizing form (that form's
-        # pipeline, matvec_quantize_out.py, reads it): with the plain mat-vec of the case's
-        # weight format, where the plan has a quantizing mat-vec of that format.
+        # A quantizer whose mat-vec the plan runs only in a derived form (quantizing its output,
+        # matvec_quantize_out.py; with RoPE, matvec_rope_kv.py): with the plain mat-vec of the
+        # case's weight format, where the plan has a derived mat-vec of that format.
         qout = {weight_format(name, dict(items)) for name, items in ctx.planned
-                if name.startswith(QUANTIZING_PREFIX)}
+                if name.startswith(DERIVED_PREFIXES)}
         matvecs = [p.matvec.overrides] if weight_format(p.matvec.kernel, p.matvec.overrides) in qout else []
     elif matvecs and not quantizers:
         # A mat-vec whose input only a quantizing mat-vec writes in the plan: with the
@@ -348,7 +351,7 @@ async def golden_matvec_prequant(ctx: GoldenContext) -> list[GoldenResult]:
     for index, case in enumerate(_cases(ctx)):
         encoding = case.weights.encoding
         name = matvec.kernel_name(encoding, subgroups, "int8", matvec.PREQUANT_VARIANTS[encoding])
-        if not (ctx.uses(quantize_name(case.input)) and ctx.uses(name)):
+        if not (ctx.uses(quantize_name(case.input)) and any(ctx.uses(p + name) for p in ("",) + DERIVED_PREFIXES)):
             continue
         # at admission both widths, of which `_launches` keeps those the plan compiled; a norm
         # case also with its 1/rms from the units' squares ("xq2s", two bytes)

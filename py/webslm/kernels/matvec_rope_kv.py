@@ -17,7 +17,8 @@ Bindings: the mat-vec's (params, weight parts, x [, norm weight] or xq, y), then
                head_dim, capacity, q_rows, kv_rows, pair_blocks, 0 (`rope_words`)
     table      (read-only) rope.rope_table's [table_rows][head_dim / 2] (cos, sin)
     k_cache, v_cache  (storage) the layer's caches, kv_cache.KvLayout arrays
-Limits, refused in `plan` before any GPU work: one token (decode), whole-head rotation
+Limits, refused in `plan` before any GPU work: one token (decode), the device's storage buffers
+a stage (the weight parts and six more: q4 with its mins needs 9, q4k 11), whole-head rotation
 (rotary_dim == head_dim) and no biases. ROWS is 4, 8 or 16 and divides head_dim: the
 mat-vec's own ROWS where it is one of those, else 4 (each half of a pair block is whole f16
 words, and ROWS rows are one pass of matvec_main's sums).
@@ -29,29 +30,52 @@ bound, V bits exact, every other cache row unchanged.
 """
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
-from . import matvec, matvec_prequant, runner
-from .golden import GoldenContext, GoldenResult, compare_exact, golden
+from . import kquant, matvec, matvec_prequant, runner
+from .golden import GoldenContext, GoldenResult, compare_exact, golden, weight_format
 from .golden import label as variant_label
 from .kv_cache import KvLayout, KvShapeError
 from .matvec import MatvecPlan, Weights
 from .registry import KERNELS, KernelSpec, register
 from .rope import CONVENTIONS, rope_table
 from .rope_kv import RopeKvPlan, check_rope_kv, prior_cache
+from .weights import PART_NAMES
 
-PREFIX = "rkv_"
+PREFIX = matvec_prequant.ROPE_PREFIX
 ROWS = (4, 8, 16)      # a pair block's halves are whole f16 words (and at most 16 rows: matvec_main's Partials)
 EXTRA_BINDINGS = ("uniform", "read-only-storage", "storage", "storage")
+
+
+# Storage buffers a stage that admission asks the device for (admission/pipelines.py
+# KERNEL_LIMITS; WebGPU's default is 8), capped by the adapter.
+STORAGE_BUFFERS_ASKED = 9
 
 
 def kernel_name(matvec_kernel: str) -> str:
     return PREFIX + matvec_kernel
 
 
+def storage_buffers(encoding: str) -> int:
+    """Storage buffers the exact fused kernel of `encoding` binds (the pre-quantized one binds one
+    fewer): its weight parts, x, the norm weight, y, the table and the two caches."""
+    return len(PART_NAMES[encoding]) + 6
+
+
+def fits(encoding: str, adapter_limits: Mapping[str, int]) -> bool:
+    """Whether the fused kernel of `encoding` fits what a device of this adapter will allow."""
+    allowed = min(STORAGE_BUFFERS_ASKED, int(adapter_limits.get("maxStorageBuffersPerShaderStage", 8)))
+    return storage_buffers(encoding) <= allowed
+
+
 def _specs():
+    # only where the exact kernel fits the storage buffers admission asks for (q4, q8, f16, f32;
+    # not the k-quants or q5, whose parts take more): the planner never takes the others
     bases = [spec for name, spec in KERNELS.items()
-             if name.startswith(("matvec_norm_", "matvec_int8_")) and spec.entry_point == "main"]
+             if name.startswith(("matvec_norm_", "matvec_int8_")) and spec.entry_point == "main"
+             and storage_buffers(weight_format(name, {})[0]) <= STORAGE_BUFFERS_ASKED]
     for base in bases:
         enables = tuple(name for name in base.sources if name.startswith("enable_"))
         rest = tuple(name for name in base.sources if name not in enables)
@@ -74,6 +98,19 @@ def rope_words(matvec_params: np.ndarray, start: int, layout: KvLayout, heads: i
     tail = runner.params_words(start, e // 2, e, layout.capacity, heads * e, layout.n_kv_heads * e,
                                e // rows_per_group, 0)
     return np.concatenate([np.asarray(matvec_params, np.uint32)[:8], tail])
+
+
+START_WORD = 8          # the position's word in the fused launch's uniform block
+
+
+def params_at(words: np.ndarray, start: int, capacity: int) -> np.ndarray:
+    """A fused launch's params for another position: what a decode step rewrites. The launch
+    planned at the cache's last position vouches for every earlier one."""
+    if not 0 <= start < capacity:
+        raise KvShapeError("position", f"position {start} exceeds the capacity {capacity}")
+    out = words.copy()
+    out[START_WORD] = start
+    return out
 
 
 def plan(device, matvec_plan: MatvecPlan, weights: Weights, heads: int, layout: KvLayout, rotary_dim: int,
@@ -100,36 +137,44 @@ def plan(device, matvec_plan: MatvecPlan, weights: Weights, heads: int, layout: 
     rows_per_group = matvec_plan.overrides["ROWS"]
     if rows_per_group not in ROWS or e % rows_per_group:
         rows_per_group = 4        # head_dim is a multiple of 4 (KvLayout): pair blocks of 2 + 2 rows fit
+    name = kernel_name(matvec_plan.kernel)
+    storage = sum(kind != "uniform" for kind in KERNELS[name].bindings)
+    if storage > device.limits.get("maxStorageBuffersPerShaderStage", 8):
+        raise KvShapeError("binding-count", f"{name} binds {storage} storage buffers; the device allows "
+                                            f"{device.limits.get('maxStorageBuffersPerShaderStage', 8)} a stage")
     groups = weights.rows // rows_per_group
     gx, gy, _ = runner.workgroup_grid(groups, device.limits["maxComputeWorkgroupsPerDimension"])
     overrides = dict(matvec_plan.overrides) | {"ROWS": rows_per_group, "ADJACENT": CONVENTIONS[convention],
                                                "KV_F16": int(layout.dtype == "f16")}
-    return MatvecPlan(kernel_name(matvec_plan.kernel), overrides,
+    return MatvecPlan(name, overrides,
                       rope_words(matvec_plan.params, start, layout, heads, rows_per_group), (gx, gy, 1),
                       matvec_plan.inputs)
 
 
 async def run(ctx: GoldenContext, weights: Weights, x: np.ndarray, g: np.ndarray, heads: int, layout: KvLayout,
               table: np.ndarray, start: int, convention: str, k_prior: np.ndarray, v_prior: np.ndarray, *,
-              int8: bool = False, workgroup: int | None = None, rows_per_group: int | None = None
+              int8: bool = False, workgroup: int | None = None, rows_per_group: int | None = None,
+              residual: bool = True, squares: bool = True, variant: str | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict, MatvecPlan]:
     """(y, K cache, V cache, overrides, the mat-vec's plan) of one fused launch on fresh buffers:
-    y = W RMSNorm(x) g, exact (`int8`: x quantized by quantize_x_norm, "xq2s"), then RoPE and
+    y = W RMSNorm(x) g, exact (`variant` of the encoding's mat-vecs) or (`int8`) on x quantized
+    by quantize_x_norm (`residual`: two bytes; `squares`: "xq2s", else the header), then RoPE and
     the append at `start`."""
     xs, stride = matvec.padded_activations(np.atleast_2d(np.asarray(x, np.float32)))
     gp = matvec.padded_norm_weight(g, weights.cols)
     norm = {"eps": 1e-5, "norm_elements": weights.cols}
     if int8:
         base = matvec_prequant.plan(ctx.device, weights, 1, stride, weights.rows, "norm", False, **norm,
-                                    workgroup=workgroup, rows_per_group=rows_per_group, squares=True)
+                                    workgroup=workgroup, rows_per_group=rows_per_group, residual=residual,
+                                    squares=squares)
         quantizer = await ctx.kernel(base.quantize.kernel, **base.quantize.overrides)
         (xq,) = await runner.run_once(ctx.device, quantizer, base.quantize.params, [xs, gp],
-                                      [(matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), 1, True) // 4,
+                                      [(matvec_prequant.xq_bytes(matvec_prequant.x_units(weights), 1, residual) // 4,
                                         np.uint32)], base.quantize.grid)
         mv, inputs = base.matvec, [xq]
     else:
         mv = matvec.plan(ctx.device, weights, 1, stride, weights.rows, "norm", **norm, workgroup=workgroup,
-                         rows_per_group=rows_per_group)
+                         rows_per_group=rows_per_group, variant=variant)
         inputs = [xs, gp]
     p = plan(ctx.device, mv, weights, heads, layout, layout.head_dim, start, table.shape[0], convention)
     kernel = await ctx.kernel(p.kernel, **p.overrides)
@@ -145,7 +190,8 @@ async def plain_y(ctx: GoldenContext, weights: Weights, x: np.ndarray, g: np.nda
     norm = {"input": "norm", "norm_weight": g, "eps": 1e-5}
     if int8:
         return (await matvec_prequant.run(ctx, weights, np.atleast_2d(x), workgroup=overrides["WG"],
-                                          rows_per_group=overrides["ROWS"], squares=True, **norm)).reshape(-1)
+                                          rows_per_group=overrides["ROWS"], residual=bool(overrides["RESIDUAL"]),
+                                          squares=bool(overrides["ROW_NORM"]), **norm)).reshape(-1)
     own = {k: v for k, v in overrides.items() if k in KERNELS[matvec_kernel].overrides}
     return (await matvec.matvec(ctx, weights, np.atleast_2d(x), matvec_kernel, own, **norm)).reshape(-1)
 
@@ -155,64 +201,82 @@ async def plain_y(ctx: GoldenContext, weights: Weights, x: np.ndarray, g: np.nda
 FAMILY = "matvec_rope_kv"
 
 # (label, encoding, heads, kv heads, head_dim, cols, convention, cache dtype, start, capacity,
-#  ROWS, WG, int8, x scale)
+#  ROWS, WG, int8, x scale[, options: "format" (golden.weight_format's), int8 "residual" and
+#  "squares" (default: two bytes, "xq2s"), the exact "variant"])
 CASES = [
     ("SmolLM2-like q4", "q4", 9, 3, 64, 256, "rotate-half", "f16", 5, 40, 4, 64, False, 1.0),
     ("q8 adjacent pairs, f32 cache, ROWS 2 -> 4", "q8", 4, 2, 32, 128, "adjacent-pair", "f32", 0, 8, 2, 32, False, 1.0),
     ("f16 weights, 16 rows a block", "f16", 2, 1, 64, 96, "rotate-half", "f16", 17, 18, 16, 128, False, 1.0),
     ("head_dim 128, the last position", "q4", 4, 1, 128, 128, "rotate-half", "f32", 63, 64, 8, 256, False, 1e3),
     ("head_dim 8, 16 rows a block -> 4", "q8", 3, 1, 8, 64, "rotate-half", "f16", 1, 2, 16, 64, False, 1.0),
-    ("q4k", "q4k", 2, 2, 32, 256, "adjacent-pair", "f16", 3, 4, 4, 64, False, 1.0),
+    ("q4 offset zero, f32 scales, adjacent pairs", "q4", 2, 2, 32, 256, "adjacent-pair", "f16", 3, 4, 4, 64, False, 1.0,
+     {"format": ("q4", 64, "offset", "f32")}),
     ("int8 q4 (xq2s)", "q4", 8, 2, 64, 256, "rotate-half", "f16", 9, 12, 4, 64, True, 1.0),
     ("int8 q8 adjacent", "q8", 4, 4, 32, 256, "adjacent-pair", "f32", 2, 3, 8, 32, True, 1e-3),
-    ("int8 q6k, 16 rows", "q6k", 2, 1, 32, 256, "rotate-half", "f16", 0, 2, 16, 32, True, 1.0),
+    ("int8 q4 (xq2, the header), 16 rows", "q4", 2, 1, 32, 256, "rotate-half", "f16", 0, 2, 16, 32, True, 1.0,
+     {"squares": False}),
+    ("int8 q4 (xq, one byte)", "q4", 4, 2, 32, 256, "adjacent-pair", "f32", 1, 3, 4, 64, True, 10.0,
+     {"residual": False, "squares": False}),
 ]
-QUICK_CASES = [CASES[0], CASES[5]]
+QUICK_CASES = [CASES[0], CASES[6]]
 
 
-def _weights(rng, encoding: str, rows: int, cols: int) -> Weights:
-    if encoding in ("q4k", "q6k"):
-        from . import kquant
-        return kquant.random_weights(rng, encoding, rows, cols)
-    return matvec.random_weights_fast(rng, encoding, rows, cols)
+def _weights(rng, fmt: tuple, rows: int, cols: int) -> Weights:
+    """Random weights of `fmt` = golden.weight_format's (encoding, block, zero, scale type)."""
+    encoding, block, zero, scale_type = fmt
+    if encoding in kquant.ENCODINGS:
+        return kquant.random_weights(rng, encoding, rows, cols, block, zero, scale_type or "f16")
+    return matvec.random_weights_fast(rng, encoding, rows, cols, block or 32, zero or "min", scale_type or "f16")
+
+
+def _default_format(encoding: str) -> tuple:
+    return weight_format(f"matvec_{encoding}", {})
 
 
 def _planned_cases(ctx: GoldenContext) -> list[tuple]:
-    """The case list outside admission; at admission one case of each planned pipeline's
-    encoding, launch shape, convention and cache type."""
+    """(case, options) to run: the case list outside admission; at admission one case of each
+    planned pipeline, in its weight format, launch shape, convention, cache type and byte form."""
     if ctx.planned is None:
-        return QUICK_CASES if ctx.quick else CASES
+        return [(case[:14], case[14] if len(case) > 14 else {}) for case in (QUICK_CASES if ctx.quick else CASES)]
     out = []
     for name, items in sorted(ctx.planned):
         if not name.startswith(PREFIX):
             continue
         o = dict(items)
-        base = KERNELS[name[len(PREFIX):]]
-        int8 = base.name.startswith("matvec_int8_")
-        encoding = next(e for e in matvec.VARIANTS if f"_{e}" in base.name.replace("_subgroup", "")
-                        and base.name.replace("_subgroup", "").split("_")[2] == e)
-        out.append(("the plan's pipeline", encoding, 2, 1, 2 * o["ROWS"], 256,
-                    "adjacent-pair" if o["ADJACENT"] else "rotate-half", "f16" if o["KV_F16"] else "f32",
-                    1, 4, o["ROWS"], o["WG"], int8, 1.0))
+        base = name[len(PREFIX):]
+        int8 = base.startswith("matvec_int8_")
+        fmt = weight_format(base, o)
+        options = {"format": fmt, "variant": matvec.variant_of(base), "residual": bool(o.get("RESIDUAL", 1)),
+                   "squares": bool(o.get("ROW_NORM", 1))}
+        out.append((("the plan's pipeline", fmt[0], 2, 1, 2 * o["ROWS"], 256,
+                     "adjacent-pair" if o["ADJACENT"] else "rotate-half", "f16" if o["KV_F16"] else "f32",
+                     1, 4, o["ROWS"], o["WG"], int8, 1.0), options))
     return out
 
 
 @golden(FAMILY, kernels=(PREFIX,))
 async def golden_matvec_rope_kv(ctx: GoldenContext) -> list[GoldenResult]:
     results = []
-    for case in _planned_cases(ctx):
+    for case, options in _planned_cases(ctx):
         label, encoding, heads, kv, e, cols, convention, dtype, start, capacity, rows_per_group, wg, int8, scale = case
-        if int8 and not matvec_prequant.serves(ctx.device, _weights(ctx.rng, encoding, 32, cols)):
+        fmt = options.get("format") or _default_format(encoding)
+        weights = _weights(ctx.rng, fmt, (heads + 2 * kv) * e, cols)
+        if int8 and not matvec_prequant.serves(ctx.device, weights):
             continue
         layout = KvLayout(kv, capacity, e, dtype)
-        weights = _weights(ctx.rng, encoding, (heads + 2 * kv) * e, cols)
         x = (scale * ctx.rng.standard_normal(cols)).astype(np.float32)
         g = (1 + 0.5 * ctx.rng.standard_normal(cols)).astype(np.float32)
         table = rope_table(capacity, e, 1e4)
         k_prior, v_prior = prior_cache(ctx.rng, layout, start, 1), prior_cache(ctx.rng, layout, start, 1)
-        y, k_cache, v_cache, overrides, mv = await run(ctx, weights, x, g, heads, layout, table, start, convention,
-                                                       k_prior, v_prior, int8=int8, workgroup=wg,
-                                                       rows_per_group=rows_per_group)
+        try:
+            y, k_cache, v_cache, overrides, mv = await run(
+                ctx, weights, x, g, heads, layout, table, start, convention, k_prior, v_prior, int8=int8,
+                workgroup=wg, rows_per_group=rows_per_group, residual=options.get("residual", True),
+                squares=options.get("squares", True), variant=options.get("variant"))
+        except KvShapeError as exc:
+            if exc.problem != "binding-count" or ctx.planned is not None:
+                raise
+            continue            # a device with fewer storage buffers a stage (a browser's 8): not run
         name = variant_label(KERNELS[kernel_name(mv.kernel)], overrides)
         want = await plain_y(ctx, weights, x, g, mv.kernel, overrides, int8)
         what = (f"{label}: {encoding} {heads}/{kv} heads of {e}, K={cols}, {convention}, {dtype} cache, "

@@ -36,9 +36,13 @@ def _options(ctx: GoldenContext, int8_unit: int | None) -> list[tuple]:
     """The options the random cases take: QUICK_OPTIONS or OPTIONS; at admission the weight
     formats of the plan's own mat-vec pipelines (of the pre-quantized path's when `int8_unit`
     is given), each with the variant that serves it."""
-    planned = ctx.planned_formats("matvec_int8_" if int8_unit else "matvec_")
-    if planned is None:
+    if ctx.planned is None:
         return QUICK_OPTIONS if ctx.quick else OPTIONS
+    # the pre-quantized path's formats include those the plan runs only in a derived form (its
+    # quantizers still need a case: matvec_prequant.DERIVED_PREFIXES)
+    from .matvec_prequant import DERIVED_PREFIXES
+    prefixes = [p + "matvec_int8_" for p in ("",) + DERIVED_PREFIXES] if int8_unit else ["matvec_"]
+    planned = sorted({f for prefix in prefixes for f in ctx.planned_formats(prefix)}, key=str)
     variant = {"q4": "dot4", "q8": "dot4", "f16": "wide"}
     return [(f[0], variant[f[0]], *f[1:]) for f in planned if f[0] in variant]
 

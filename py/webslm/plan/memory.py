@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from ..kernels import matvec_rope_kv
 from ..program.fusion import ALL as ALL_FUSIONS, DEFAULT as DEFAULT_FUSIONS, fuse
 from ..program.ops import (SCHEDULES, Layout, Program, activation_bytes, ffn_padded, gemm_partials_floats,
                            int8_x_bytes, qkv_offsets, reference, weight_forms)
@@ -193,7 +194,8 @@ class MemoryPlan:
 
 # -- the schedules: the step program of one decode step and one prefill chunk --------------------
 
-def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int) -> tuple[dict[str, Program], Layout]:
+def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int,
+              adapter_limits: Mapping[str, int]) -> tuple[dict[str, Program], Layout]:
     """The fused step program of each schedule (program/ops.py, program/fusion.py). What the
     planner decided about the weights changes it: split tensors run one matmul per piece, and
     q|k|v (gate|up) multiply as one stacked matrix when every layer's group was laid out back
@@ -217,7 +219,11 @@ def _programs(manifest, resolved, splits: list[dict], groups: dict, s_align: int
     first = {"qkv": "attn_q", "gate_up": "ffn_gate"}
     stacks = frozenset(name for name, ok in contiguous.items()
                        if ok and all(f"blk.{i}.{first[name]}" in groups for i in range(arch.n_layers)))
-    layout = Layout(pieces, stacks, weight_forms(manifest))
+    # The q|k|v mat-vec may take RoPE + KV append (rope-kv-into-matmul) where its fused kernel's
+    # storage buffers fit the device (q4 with mins: 9; the k-quants need more).
+    rope_matmul = "qkv" in stacks and all(matvec_rope_kv.fits(manifest.tensors[f"blk.{i}.attn_q"].encoding,
+                                                              adapter_limits) for i in range(arch.n_layers))
+    layout = Layout(pieces, stacks, weight_forms(manifest), rope_matmul)
     return _build_programs(arch, resolved, layout), layout
 
 
@@ -231,7 +237,8 @@ def plan_programs(manifest, plan: "MemoryPlan") -> dict[str, Program]:
     admission run exactly these); checked op by op against the names the plan recorded."""
     manifest = getattr(manifest, "manifest", manifest)
     data = plan.data
-    layout = Layout(dict(data["program"]["pieces"]), frozenset(data["program"]["stacks"]), weight_forms(manifest))
+    layout = Layout(dict(data["program"]["pieces"]), frozenset(data["program"]["stacks"]), weight_forms(manifest),
+                    bool(data["program"].get("rope_matmul", False)))
     programs = _build_programs(manifest.architecture, data["policy"], layout)
     for schedule, program in programs.items():
         if [op.name for op in program.ops] != list(data["schedules"][schedule]["ops"]):
@@ -335,7 +342,7 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
 
     # The step program of each schedule: what runs, over which temporaries, with which params.
     groups = row_groups(manifest, binding, w_align)
-    programs, layout = _programs(manifest, resolved, splits, groups, s_align)
+    programs, layout = _programs(manifest, resolved, splits, groups, s_align, limits)
     steps = {s: programs[s].steps() for s in SCHEDULES}
 
     # metadata: one params slot per op label (and form) of each schedule's program (the host writes a
@@ -450,7 +457,8 @@ def plan_memory(manifest, limits: Mapping[str, int], policy: PlanPolicy = PlanPo
                           "layers": arch.n_layers, "fusions": list(programs[s].fusions),
                           "ops": [op.name for op in programs[s].ops], "slots": programs[s].slots()}
                       for s in SCHEDULES},
-        "program": {"stacks": sorted(layout.stacks), "pieces": dict(sorted(layout.pieces.items()))},
+        "program": {"stacks": sorted(layout.stacks), "pieces": dict(sorted(layout.pieces.items())),
+                    "rope_matmul": layout.rope_matmul},
         "exclusive_schedules": [list(SCHEDULES)],
         "buffers": [_as_json(b) for b in buffers],
         "regions": [_as_json(r) for r in regions],

@@ -15,6 +15,8 @@ own plan functions, before any GPU work.
                      quantize_x_<input>, then             x (+ norm weight)              int8_x
                      matvec_int8_q4_dot4                  weight parts, int8_x           y
                      or qout_matvec_int8_* (its readers' int8 too: below)   (+ int8_x_out or int8_x)
+                     or rkv_<either mat-vec> (q|k|v marked rope:  + rope_table    + k_cache, v_cache
+                     RoPE + KV append in it, kernels/matvec_rope_kv.py)
     matmul prefill   gemm[_tiled[_half]]_<enc>            x, weight parts                y (q|k|v: 3 sections)
     rope_kv          rope_kv_append[_bias]_<kv dtype>     rope_table (+ q, k, v biases)  qkv, k_cache, v_cache
     attention        attention_decode / _prefill          q, k_cache, v_cache            out (+ acc, ml)
@@ -46,7 +48,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..kernels import (attention, attention_rope, attention_xq, embed, gemm, gemm_split, head_norm, logits, matvec,
-                       matvec_prequant, matvec_quantize_out, norm, rope_kv, scale, swiglu)
+                       matvec_prequant, matvec_quantize_out, matvec_rope_kv, norm, rope_kv, scale, swiglu)
 from ..kernels.weights import Weights
 from .ops import Op, ffn_padded, qkv_offsets
 
@@ -339,16 +341,25 @@ class Lowering:
                     norm = (Binding("next_norm", quantize_out.next_norm) if quantize_out.next_norm is not None
                             else dataclasses.replace(parts[0], role="next_norm"))
                     matvec_launch = self._launch(op, out, parts + [xq, norm], [y, Binding("xq_out", target)])
+                elif op.option("rope"):
+                    fused = self._with_rope(q.matvec, weights, start)
+                    matvec_launch = self._launch(op, fused, parts + [xq, Binding("table", op.read("table"))],
+                                                 [y, *self._rope_caches(op)])
                 else:
                     matvec_launch = self._launch(op, q.matvec, parts + [xq], [y])
                 if x_quantized:
                     return [matvec_launch]
-                return [Launch(q.quantize.kernel, dict(q.quantize.overrides), q.quantize.params, q.quantize.grid,
+                # the two launches read one params block (the fused mat-vec's: its first words)
+                return [Launch(q.quantize.kernel, dict(q.quantize.overrides), matvec_launch.params, q.quantize.grid,
                                tuple(inputs[name] for name in q.quantize.inputs), (xq,), f"{label} quantize"),
                         matvec_launch]
             if choice is not None:
                 extra["variant"] = choice.variant
             p = matvec.plan(self.device, weights, m, x_stride, y_stride, input=mode, accumulate=accumulate, **extra)
+            if op.option("rope"):
+                return [self._launch(op, self._with_rope(p, weights, start),
+                                     parts + [inputs[name] for name in p.inputs] + [Binding("table", op.read("table"))],
+                                     [y, *self._rope_caches(op)])]
             return [self._launch(op, p, parts + [inputs[name] for name in p.inputs], [y])]
         if op.option("input", "plain") != "plain":
             raise ValueError(f"{op.name}: the prefill GEMM has no fused input")
@@ -375,6 +386,16 @@ class Lowering:
         return [self._launch(op, s.gemm, [x, *parts], [partials]),
                 Launch(s.reduce_kernel, dict(s.reduce_overrides), p.params, tuple(s.reduce_grid), (partials,), (y,),
                        f"{label} reduce")]
+
+    def _with_rope(self, p: matvec.MatvecPlan, weights: Weights, start: int) -> matvec.MatvecPlan:
+        """The q|k|v mat-vec `p` as its RoPE + KV append form at `start` (rope-kv-into-matmul)."""
+        a = self.arch
+        return matvec_rope_kv.plan(self.device, p, weights, a.n_heads, self.shape.layout, a.rope.rotary_dim, start,
+                                   self.capacity, a.rope.convention)
+
+    @staticmethod
+    def _rope_caches(op: Op) -> list[Binding]:
+        return [Binding("k_cache", op.write("k_cache")), Binding("v_cache", op.write("v_cache"))]
 
     def matvec_form(self, op: Op) -> tuple[str, Weights]:
         """(matvec.form_key, the piece's shape-only Weights) of a decode matmul op: what
@@ -545,12 +566,15 @@ class Lowering:
             heads_per_workgroup=self.decode_heads, chunk=chunk or self._chunk_at(start))
 
     def decode_params(self, op: Op, start: int) -> np.ndarray:
-        """The params of a position-dependent decode op (rope_kv, attention, attention_rope) at
+        """The params of a position-dependent decode op (rope_kv, attention, attention_rope, a q|k|v
+        mat-vec with RoPE) at
         `start`: all a decode step rewrites. Derived from the family's plan made once for the
         cache's last position with the long chunk (the widest case, so it vouches for every
         position; `params_at` re-checks the position), not planned again per token: a token's
         host work stays a few array writes. Equal to lower()'s params at every position
         (tests/test_program.py)."""
+        if op.kind == "matmul":         # rope-kv-into-matmul: the fused q|k|v mat-vec's block
+            return self._rope_matvec_params(op, start)
         plan = self._decode_plans.get(op.slot)
         if plan is None:
             last = self.capacity - 1
@@ -562,6 +586,16 @@ class Lowering:
         if op.kind == "rope_kv":
             return plan.params_at(start)
         return plan.params_at(start, self._chunk_at(start))
+
+    def _rope_matvec_params(self, op: Op, start: int) -> np.ndarray:
+        """The fused q|k|v mat-vec's params at `start`: lowered once for the cache's last position
+        (again after the tuning stage changed a choice: its launch shape is in the block), then
+        only the position word rewritten."""
+        cached = self._decode_plans.get(op.slot)
+        if cached is None or cached[0] != self.choices:
+            cached = (dict(self.choices), self.lower(op, "decode", 1, self.capacity - 1)[-1].params)
+            self._decode_plans[op.slot] = cached
+        return matvec_rope_kv.params_at(cached[1], start, self.capacity)
 
     def _reduce(self, op, schedule, tokens, start, readback, long_attention):
         if readback == "full":

@@ -103,6 +103,12 @@ class Op:
         return f"{self.label}@{form}" if form else self.label
 
     @property
+    def positional(self) -> bool:
+        """Whether the op's params depend on the position (a decode step rewrites its slot): RoPE +
+        KV append, attention, and a q|k|v mat-vec that does RoPE + KV append itself."""
+        return self.kind in POSITIONAL_KINDS or bool(self.option("rope"))
+
+    @property
     def step(self) -> str:
         """The planner's step: layer ops share one step per label ("layer.qkv")."""
         return f"layer.{self.label}" if self.layer is not None else self.name
@@ -135,12 +141,14 @@ def is_activation(ref: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """What the memory planner decided about the weights that changes the program: tensors cut
-    into row pieces (binding limits) and the row groups laid out back to back in every layer;
+    into row pieces (binding limits), the row groups laid out back to back in every layer, and
+    whether the stacked q|k|v's mat-vec with RoPE binds no more storage buffers than the device gives;
     and what the manifest says: the form of each layer weight whose kind is stored in more than
     one form across the layers (`weight_forms`)."""
     pieces: Mapping[str, int] = dataclasses.field(default_factory=dict)   # tensor -> pieces, when > 1
     stacks: frozenset[str] = frozenset()                                  # "qkv", "gate_up"
     forms: Mapping[str, str] = dataclasses.field(default_factory=dict)    # tensor -> form, mixed kinds only
+    rope_matmul: bool = False          # the stacked q|k|v's fused RoPE kernel fits the device (rope-kv-into-matmul)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,10 +196,9 @@ class Program:
         """Params slots, one per label; the position-dependent ones first (a decode step
         rewrites one contiguous range)."""
         labels = list(dict.fromkeys(op.slot for op in self.ops if op.kind not in NO_DISPATCH + ("reduce",)))
-        kinds = {op.slot: op.kind for op in self.ops}
+        positional = {op.slot: op.positional for op in self.ops}
         reductions = [f"reduce:{r}" for r in READBACKS[:2]] if any(op.kind == "reduce" for op in self.ops) else []
-        return [s for s in labels if kinds[s] in POSITIONAL_KINDS] + \
-               [s for s in labels if kinds[s] not in POSITIONAL_KINDS] + reductions
+        return [s for s in labels if positional[s]] + [s for s in labels if not positional[s]] + reductions
 
     def activations(self) -> list[str]:
         """Every activation the program reads or writes, in first-use order."""
@@ -362,10 +369,10 @@ def reference(arch, schedule: str, tokens: int, layout: Layout = Layout(), tied_
         sliding = bool(gemma) and gemma.layer_types[i] == "sliding"
         caches = (("k_cache", f"kv:L{i}.k"), ("v_cache", f"kv:L{i}.v"))
         rope_reads = (("table", "rope_table_local" if sliding else "rope_table"),)
-        rope_mode = ()
+        rope_mode = (("rotary", arch.rope.rotary_dim),) if arch.rope.rotary_dim != arch.head_dim else ()
         if arch.qkv_bias:
             rope_reads += tuple((f"bias_{x}", f"v:{b}attn_{x}.bias") for x in "qkv")
-            rope_mode = (("bias", True),)
+            rope_mode += (("bias", True),)
         ops.append(Op(p + "rope_kv", "rope_kv", rope_reads, (("qkv", "qkv"),) + caches, rope_mode, i))
         scratch = (("acc", "attn_acc"), ("ml", "attn_ml")) if schedule == "decode" else ()
         attention_mode = ()

@@ -17,7 +17,7 @@ import numpy as np
 from ...kernels.registry import KERNELS, compile_kernel
 from ...plan.memory import plan_programs
 from ...program.lowering import Binding, Launch, Lowering, part_names, weight_of
-from ...program.ops import NO_DISPATCH, POSITIONAL_KINDS, Op, base, is_activation
+from ...program.ops import NO_DISPATCH, Op, base, is_activation
 from ...webgpu.interface import BufferBinding, Copy, Dispatch
 from .host_embedding import HostEmbedding
 from .regions import ParamsTable, Regions, stacked
@@ -38,8 +38,8 @@ class Forward:
         self.tables = {s: ParamsTable(self.regions, s, p.slots()) for s, p in self.programs.items()}
         # The first op of each slot, positional ones first: all a params refresh needs to lower.
         self._slot_ops = {s: sorted({op.slot: op for op in reversed(p.ops) if op.kind not in NO_DISPATCH}.values(),
-                                    key=lambda op: op.kind not in POSITIONAL_KINDS) for s, p in self.programs.items()}
-        self._positional = {s: sum(1 for op in ops if op.kind in POSITIONAL_KINDS) for s, ops in self._slot_ops.items()}
+                                    key=lambda op: not op.positional) for s, p in self.programs.items()}
+        self._positional = {s: sum(1 for op in ops if op.positional) for s, ops in self._slot_ops.items()}
         self._compiled = dict(session.kernels)      # admission's pipelines, reused
         # A split table's rows come from the host (program/ops.py "host_embed").
         self.host_embedding = (HostEmbedding(model) if any(op.kind == "host_embed" for op in self.programs["decode"].ops)
@@ -77,7 +77,7 @@ class Forward:
                 table.set(op.slot, self.lowering.decode_params(op, start))
             return
         for op in self._slot_ops[schedule]:
-            if positional and op.kind not in POSITIONAL_KINDS:
+            if positional and not op.positional:
                 continue
             for readback in (("argmax", "top-k") if op.kind == "reduce" else ("argmax",)):
                 slot = self.slot(op, readback)

@@ -6,7 +6,8 @@ params table: nothing in them is live between steps) and times launches as the e
 them: dependent dispatches cycling through a form's layers' own weights, less the round trip of
 an empty submit and its read. Its whole-step timing runs decode steps at `position`, which
 write that row of every layer's KV cache (tune(position=): 0 at admission, the conversation's
-first free row in a retune). `checkpoint` (async, may raise) is where a retune is stopped.
+first free row in a retune); so does a q|k|v mat-vec with RoPE (rope-kv-into-matmul) timed as
+a form, which every launch here lowers at `position` too. `checkpoint` (async, may raise) is where a retune is stopped.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ class Stage:
         self.settles: list[tuple] = []                    # settle(): (seconds, first round, last round, trip)
         self.looks: list[float] = []                      # looks_slow's looks (seconds a dispatch)
         self.trip = 0.0                                   # the round trip timed rounds subtract (settle)
-        self.forward.set_params("decode", 1, position)    # the mat-vec params do not depend on it
+        self.forward.set_params("decode", 1, position)    # a q|k|v with RoPE writes that cache row
         device.write_buffer(*self.forward.tables["decode"].write())
 
     async def checkpoint_now(self) -> None:
@@ -82,7 +83,7 @@ class Stage:
         else:
             self.lowering.choices[key] = choice
         self._write_params(ops)
-        dispatches, _ = await self.forward.record("decode", ops, 1, 0)
+        dispatches, _ = await self.forward.record("decode", ops, 1, self.position)
         return dispatches
 
     def _write_params(self, ops) -> None:
@@ -90,7 +91,7 @@ class Stage:
         mat-vec on pre-quantized activations counts its units in 32s, not 16s)."""
         table = self.forward.tables["decode"]
         for op in ops:
-            table.set(self.forward.slot(op, "argmax"), self.lowering.lower(op, "decode", 1, 0)[0].params)
+            table.set(self.forward.slot(op, "argmax"), self.lowering.lower(op, "decode", 1, self.position)[0].params)
         self.device.write_buffer(*table.write())
 
     async def output(self, ops) -> np.ndarray:
@@ -98,7 +99,7 @@ class Stage:
         its quantizer, then the mat-vec), the mat-vec's output redirected into a scratch buffer
         that starts as a fixed y0 (ACCUMULATE adds to it; rows a launch skips keep it): the
         plan's own output may not be writable from the host (the logits are not)."""
-        launches = self.lowering.lower(ops[0], "decode", 1, 0)
+        launches = self.lowering.lower(ops[0], "decode", 1, self.position)
         self._write_params(ops[:1])
         y = self._bind("y", ops[0].write("y"))
         if self.scratch is None or self.scratch[1] < y.size:
@@ -110,8 +111,9 @@ class Stage:
         dispatches = []
         for i, launch in enumerate(launches):
             kernel = await self.forward.kernel(launch.kernel, launch.overrides)
-            outputs = ([BufferBinding(scratch, 0, y.size)] if i == len(launches) - 1
-                       else [self.forward.resolve("decode", b) for b in launch.outputs])
+            outputs = [self.forward.resolve("decode", b) for b in launch.outputs]
+            if i == len(launches) - 1:       # y (a q|k|v with RoPE also writes the stage's cache row)
+                outputs[0] = BufferBinding(scratch, 0, y.size)
             pending = {"read-only-storage": [self.forward.resolve("decode", b) for b in launch.inputs],
                        "storage": outputs}
             entries = [params if kind == "uniform" else pending[kind].pop(0) for kind in KERNELS[launch.kernel].bindings]
