@@ -566,13 +566,12 @@ class Lowering:
             heads_per_workgroup=self.decode_heads, chunk=chunk or self._chunk_at(start))
 
     def decode_params(self, op: Op, start: int) -> np.ndarray:
-        """The params of a position-dependent decode op (rope_kv, attention, attention_rope, a q|k|v
-        mat-vec with RoPE) at
-        `start`: all a decode step rewrites. Derived from the family's plan made once for the
-        cache's last position with the long chunk (the widest case, so it vouches for every
-        position; `params_at` re-checks the position), not planned again per token: a token's
-        host work stays a few array writes. Equal to lower()'s params at every position
-        (tests/test_program.py)."""
+        """The params of a position-dependent decode op (rope_kv, attention, attention_rope, a
+        q|k|v mat-vec with RoPE) at `start`: all a decode step rewrites. Derived from the
+        family's plan made once for the cache's last position with the long chunk (the widest
+        case, so it vouches for every position; `params_at` re-checks the position), not
+        planned again per token: a token's host work stays a few array writes. Equal to
+        lower()'s params at every position (tests/test_program.py)."""
         if op.kind == "matmul":         # rope-kv-into-matmul: the fused q|k|v mat-vec's block
             return self._rope_matvec_params(op, start)
         plan = self._decode_plans.get(op.slot)
