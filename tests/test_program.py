@@ -22,6 +22,7 @@ from webslm.backends.gpu import GpuBackend
 from webslm.backends.scores import Want
 from webslm.plan import SPEC_DEFAULT_LIMITS, PlanPolicy, plan_memory, verify
 from webslm.plan.memory import plan_programs
+from webslm.kernels import matvec
 from webslm.kernels.kv_cache import KvShapeError
 from webslm.program.fusion import ALL, RULES, fuse
 from webslm.program.lowering import Lowering
@@ -148,6 +149,23 @@ def test_the_planner_lets_qkv_take_rope_where_its_kernel_fits_the_storage_buffer
         assert plan.data["program"]["rope_matmul"] is rope
         assert bool(decode.layer(0)[0].option("rope")) is rope and decode.dispatches_per_layer() == 5
         assert [op.kind for op in decode.layer(0)][1] == ("attention" if rope else "attention_rope")
+
+
+def test_the_fused_qkv_params_follow_a_changed_choice(stacked_model):
+    """The q|k|v with RoPE keeps its lowered block between tokens, but its launch shape is in
+    it (the pair blocks a head): when the tuning stage changes that form's choice, the next
+    token's params are the new shape's, as lower() plans them."""
+    limits = {**SPEC_DEFAULT_LIMITS["core"], **KERNEL_LIMITS, "maxComputeWorkgroupsPerDimension": 65535}
+    plan = plan_memory(stacked_model, limits, PlanPolicy(fusions=ALL, kv_dtype="f16"))
+    lowering = Lowering(types.SimpleNamespace(limits=limits, features=frozenset()), stacked_model, plan)
+    qkv = next(op for op in plan_programs(stacked_model, plan)["decode"].ops if op.option("rope"))
+    form = lowering.matvec_form(qkv)[0]
+    head_dim = stacked_model.architecture.head_dim
+    for rows in (4, 8, 16, 4):
+        lowering.choices[form] = matvec.Choice("", 64, rows)
+        words = lowering.decode_params(qkv, 3)
+        np.testing.assert_array_equal(words, lowering.lower(qkv, "decode", 1, 3)[0].params)
+        assert int(words[8]) == 3 and int(words[14]) == head_dim // rows
 
 
 @pytest.mark.parametrize("fusions", [(), ALL, tuple(r for r in ALL if r != "rope-kv-into-matmul")],
