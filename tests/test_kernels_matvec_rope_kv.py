@@ -77,6 +77,16 @@ def test_a_launch_shape_whose_blocks_split_a_head_falls_back_to_four_rows(native
     assert _plan(native_device, e=8, rows_per_group=16, heads=2, kv=1).overrides["ROWS"] == 4
 
 
+def test_a_mat_vec_without_a_fused_form_is_refused(native_device):
+    """q4k's fused kernel would bind 11 storage buffers: it is not registered, and asking for it
+    is a typed refusal, not a KeyError."""
+    from webslm.kernels import kquant
+    weights = kquant.random_weights(np.random.default_rng(0), "q4k", (2 + 2) * 32, 256)
+    mv = matvec.plan(native_device, weights, 1, 256, weights.rows, "norm", eps=1e-5, norm_elements=256)
+    with pytest.raises(KvShapeError, match="no fused RoPE form"):
+        mrk.plan(native_device, mv, weights, 2, KvLayout(1, 4, 32, "f16"), 32, 0, 4, "rotate-half")
+
+
 def test_the_checks_fail_a_q_row_rotated_by_the_wrong_position():
     """check_rope_kv (the family's rule) on a y whose q rows were rotated one position late."""
     rng = np.random.default_rng(1)

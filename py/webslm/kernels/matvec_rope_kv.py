@@ -1,9 +1,10 @@
 """The stacked q|k|v mat-vec that also rotates q and k and appends k and v to the KV cache
 (shaders/matvec_rope_kv.wgsl): registry entries, host side, golden tests.
 
-    rkv_<mat-vec kernel>   every decode mat-vec with a norm input (matvec_norm_*) or on
-        activations quantized once (matvec_int8_*), entry main_rope_kv; its overrides and
-        ADJACENT 0|1 (rotate-half, adjacent-pair), KV_F16 0|1 (the caches' element type)
+    rkv_<mat-vec kernel>   the decode mat-vecs with a norm input (matvec_norm_*) or on
+        activations quantized once (matvec_int8_*) of q4, q8, f16 and f32, entry main_rope_kv;
+        their overrides and ADJACENT 0|1 (rotate-half, adjacent-pair), KV_F16 0|1 (the caches'
+        element type)
 
 In a decode layer the q|k|v mat-vec is followed by rope_kv_append (kernels/rope_kv.py): one
 dispatch that reads back what the mat-vec just wrote. This kernel does that work in the
@@ -18,7 +19,8 @@ Bindings: the mat-vec's (params, weight parts, x [, norm weight] or xq, y), then
     table      (read-only) rope.rope_table's [table_rows][head_dim / 2] (cos, sin)
     k_cache, v_cache  (storage) the layer's caches, kv_cache.KvLayout arrays
 Limits, refused in `plan` before any GPU work: one token (decode), the device's storage buffers
-a stage (the weight parts and six more: q4 with its mins needs 9, q4k 11), whole-head rotation
+a stage (the weight parts and six more: q4 with its mins needs 9; the k-quants and q5 would need
+10 to 12 and have no fused form), whole-head rotation
 (rotary_dim == head_dim) and no biases. ROWS is 4, 8 or 16 and divides head_dim: the
 mat-vec's own ROWS where it is one of those, else 4 (each half of a pair block is whole f16
 words, and ROWS rows are one pass of matvec_main's sums).
@@ -47,8 +49,6 @@ from .weights import PART_NAMES
 PREFIX = matvec_prequant.ROPE_PREFIX
 ROWS = (4, 8, 16)      # a pair block's halves are whole f16 words (and at most 16 rows: matvec_main's Partials)
 EXTRA_BINDINGS = ("uniform", "read-only-storage", "storage", "storage")
-
-
 # Storage buffers a stage that admission asks the device for (admission/pipelines.py
 # KERNEL_LIMITS; WebGPU's default is 8), capped by the adapter.
 STORAGE_BUFFERS_ASKED = 9
@@ -117,8 +117,9 @@ def plan(device, matvec_plan: MatvecPlan, weights: Weights, heads: int, layout: 
          start: int, table_rows: int, convention: str) -> MatvecPlan:
     """The mat-vec `matvec_plan` (matvec.plan with input "norm", or matvec_prequant.plan(...).matvec)
     as its RoPE + KV append form for one token at `start`: one workgroup per pair block of its
-    ROWS rows (4 where its ROWS is not 4, 8 or 16 or splits a head). Refuses (KvShapeError) what the kernel cannot do; the params carry `start`
-    (`rope_words`), which a decode step rewrites."""
+    ROWS rows (4 where its ROWS is not 4, 8 or 16 or splits a head). Refuses (KvShapeError)
+    what the kernel cannot do; the params carry `start` (`rope_words`), which a decode step
+    rewrites."""
     if convention not in CONVENTIONS:
         raise KvShapeError("shape", f"rope convention must be one of {sorted(CONVENTIONS)}, not {convention!r}")
     e = layout.head_dim
@@ -138,6 +139,9 @@ def plan(device, matvec_plan: MatvecPlan, weights: Weights, heads: int, layout: 
     if rows_per_group not in ROWS or e % rows_per_group:
         rows_per_group = 4        # head_dim is a multiple of 4 (KvLayout): pair blocks of 2 + 2 rows fit
     name = kernel_name(matvec_plan.kernel)
+    if name not in KERNELS:
+        raise KvShapeError("binding-count", f"{matvec_plan.kernel} has no fused RoPE form (its weight parts "
+                                            f"take more than {STORAGE_BUFFERS_ASKED} storage buffers with it)")
     storage = sum(kind != "uniform" for kind in KERNELS[name].bindings)
     if storage > device.limits.get("maxStorageBuffersPerShaderStage", 8):
         raise KvShapeError("binding-count", f"{name} binds {storage} storage buffers; the device allows "
