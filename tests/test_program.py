@@ -151,6 +151,21 @@ def test_the_planner_lets_qkv_take_rope_where_its_kernel_fits_the_storage_buffer
         assert [op.kind for op in decode.layer(0)][1] == ("attention" if rope else "attention_rope")
 
 
+def test_partial_rotary_keeps_rope_out_of_the_qkv_mat_vec_but_not_out_of_attention(stacked_model):
+    """The fused q|k|v kernel rotates whole heads: with rotary_dim < head_dim the rule leaves
+    RoPE + KV append alone, and rope-kv-into-attention (which rotates part of a head) still
+    takes it."""
+    import dataclasses
+    arch = stacked_model.architecture
+    partial = dataclasses.replace(arch, rope=dataclasses.replace(arch.rope, rotary_dim=arch.head_dim // 2))
+    layout = Layout({}, frozenset({"qkv", "gate_up"}), rope_matmul=True)
+    decode = fuse(reference(partial, "decode", 1, layout), layout)
+    qkv, attention = decode.layer(0)[:2]
+    assert not qkv.option("rope") and attention.kind == "attention_rope"
+    whole = fuse(reference(arch, "decode", 1, layout), layout)
+    assert whole.layer(0)[0].option("rope") and whole.layer(0)[1].kind == "attention"
+
+
 def test_the_fused_qkv_params_follow_a_changed_choice(stacked_model):
     """The q|k|v with RoPE keeps its lowered block between tokens, but its launch shape is in
     it (the pair blocks a head): when the tuning stage changes that form's choice, the next

@@ -19,9 +19,9 @@ from ..kernels.registry import compile_kernel
 # large GEMM tiles (up to 40 KiB: kernels/gemm.py TILES) and the attention tiles, 512
 # invocations for the split-K GEMM tiles (256 for the other wide variants), and 9 storage
 # buffers a stage for the q5k mat-vec with its norm input (six weight parts, x, the norm weight,
-# the output: WebGPU's default is 8; the planner lets a q|k|v mat-vec take RoPE + KV append only
-# where its fused kernel fits in as many, kernels/matvec_rope_kv.py). An adapter that offers less cannot compile that kernel:
-# admission then fails at "compile" and the CPU path answers.
+# the output: WebGPU's default is 8). An adapter that offers less cannot compile that kernel:
+# admission then fails at "compile" and the CPU path answers. (The planner lets a q|k|v mat-vec
+# take RoPE + KV append only where its fused kernel fits in as many: kernels/matvec_rope_kv.py.)
 KERNEL_LIMITS = {"maxComputeWorkgroupStorageSize": 49152, "maxComputeInvocationsPerWorkgroup": 512,
                  "maxComputeWorkgroupSizeX": 512, "maxStorageBuffersPerShaderStage": STORAGE_BUFFERS_ASKED}
 

@@ -184,7 +184,7 @@ def rope_kv_into_attention(ops: list[Op], layout: Layout) -> list[Op]:
     itself and writes the new cache row (kernels/attention_rope.py). That kernel adds no
     biases, reads one RoPE table and has no window or scale of its own: a program with any of
     them (Qwen2, Gemma 3) is left alone, in every layer (the layers keep one shape)."""
-    if any(op.kind == "rope_kv" and (op.mode or op.read("table") != "rope_table") for op in ops) \
+    if any(op.kind == "rope_kv" and (op.option("bias") or op.read("table") != "rope_table") for op in ops) \
             or any(op.kind == "attention" and op.mode for op in ops):
         return list(ops)
     out = []

@@ -7,7 +7,8 @@ them: dependent dispatches cycling through a form's layers' own weights, less th
 an empty submit and its read. Its whole-step timing runs decode steps at `position`, which
 write that row of every layer's KV cache (tune(position=): 0 at admission, the conversation's
 first free row in a retune); so does a q|k|v mat-vec with RoPE (rope-kv-into-matmul) timed as
-a form, which every launch here lowers at `position` too. `checkpoint` (async, may raise) is where a retune is stopped.
+a form, which every launch here lowers at `position` too. `checkpoint` (async, may raise) is
+where a retune is stopped.
 """
 from __future__ import annotations
 
