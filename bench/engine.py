@@ -93,6 +93,7 @@ async def host_costs(backend, rounds: int = 50) -> dict:
         floors["blocking" if blocking else "awaited"] = statistics.median(steps) * 1e3
     device.blocking_readback = False
     return {"params_ms": params * 1e3, "encode_ms": encode * 1e3, "dispatches": len(recording.dispatches),
+            "encoder": device.replay.name if device.replay else "python (webgpu/native.py)",
             "submit_and_read_ms": floors}
 
 

@@ -97,6 +97,8 @@ NATIVE_ONLY = (
     "webslm/convert/",            # GGUF and safetensors converters: need PyPI gguf and safetensors
     "webslm/fixture.py",          # writes the tests' fixture model
     "webslm/webgpu/native.py",    # the GPU interface on wgpu-native: needs PyPI wgpu
+    "webslm/webgpu/native_replay.py",   # its C encoding loop (ctypes) ...
+    "webslm/webgpu/replay.c",           # ... and that loop's source
 )
 MANIFEST_FORMAT = "webslm-site-v1"
 

@@ -1,12 +1,15 @@
-"""Build the CPU path's quantized matrix kernel (py/webslm/cpu/qmatmul.c), idempotently.
+"""Build the CPU path's quantized matrix kernel (py/webslm/cpu/qmatmul.c) and the native
+GPU path's replay loop (py/webslm/webgpu/replay.c), idempotently.
 
 Usage: python tools/build_kernels.py [--root REPO] [--check]
 
-Writes, next to the source, in py/webslm/cpu/build/ (git-ignored):
+Writes, next to each source, in a build/ folder (git-ignored):
 
-    webslm_qmatmul.wasm        for the Pyodide worker (tools/assets.py puts it on the site)
-    libwebslm_qmatmul.so       for CPython (webslm.cpu.kernels loads it with ctypes), from
-                               qmatmul_pool.c: qmatmul.c and a pool of threads that share a product
+    cpu/build/webslm_qmatmul.wasm        for the Pyodide worker (tools/assets.py puts it on the site)
+    cpu/build/libwebslm_qmatmul.so       for CPython (webslm.cpu.kernels loads it with ctypes), from
+                                         qmatmul_pool.c: qmatmul.c and a pool of threads that share a product
+    webgpu/build/libwebslm_replay.so     for CPython on wgpu-native (webslm.webgpu.native loads it with
+                                         ctypes): a recorded compute pass encoded in one call
 
 Both with Debian's clang (apt: clang, lld; ./dev installs them): wasm32 with simd128 and
 wasm-ld, and the host's own target. Outputs newer than the source and this script are kept.
@@ -30,6 +33,8 @@ SOURCE = "py/webslm/cpu/qmatmul.c"
 NATIVE_SOURCE = "py/webslm/cpu/qmatmul_pool.c"     # qmatmul.c and a thread pool (CPython only)
 WASM = "py/webslm/cpu/build/webslm_qmatmul.wasm"
 NATIVE = "py/webslm/cpu/build/libwebslm_qmatmul.so"
+REPLAY_SOURCE = "py/webslm/webgpu/replay.c"
+REPLAY = "py/webslm/webgpu/build/libwebslm_replay.so"
 EXPORTS = ("webslm_q8_matmul", "webslm_q4_matmul", "webslm_block_sums", "webslm_prepare")
 # The arithmetic is qmatmul.c's only with these: no contraction into fused multiply-adds,
 # no fast-math reassociation; freestanding so that no loop turns into a libc call.
@@ -99,15 +104,19 @@ def build(root: pathlib.Path, check_only: bool = False) -> list[str]:
     """Build what is stale; returns lines saying what was done."""
     clang = tool("clang", "clang-14")
     objdump = tool("llvm-objdump", "llvm-objdump-14")
-    source, wasm, native = root / SOURCE, root / WASM, root / NATIVE
-    inputs = [source, root / NATIVE_SOURCE, pathlib.Path(__file__)]
+    wasm = root / WASM
+    kernel = [root / SOURCE, root / NATIVE_SOURCE, pathlib.Path(__file__)]
     done = []
     if not check_only:
         if clang is None:
-            return ["clang not found: no qmatmul kernel built (the CPU path uses numpy; apt: clang lld)"]
-        wasm.parent.mkdir(parents=True, exist_ok=True)
-        for out, flags, source in ((wasm, WASM_FLAGS, root / SOURCE),
-                                   (native, [*native_flags(), "-shared", "-fPIC", "-pthread"], root / NATIVE_SOURCE)):
+            return ["clang not found: no qmatmul kernel or replay loop built (the CPU path uses numpy, the "
+                    "native GPU path encodes in Python; apt: clang lld)"]
+        builds = ((wasm, WASM_FLAGS, root / SOURCE, kernel),
+                  (root / NATIVE, [*native_flags(), "-shared", "-fPIC", "-pthread"], root / NATIVE_SOURCE, kernel),
+                  (root / REPLAY, ["-shared", "-fPIC"], root / REPLAY_SOURCE,
+                   [root / REPLAY_SOURCE, pathlib.Path(__file__)]))
+        for out, flags, source, inputs in builds:
+            out.parent.mkdir(parents=True, exist_ok=True)
             if fresh(out, inputs):
                 done.append(f"{out.relative_to(root)}: up to date")
                 continue

@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import wgpu
 
+from . import native_replay
 from .interface import (Adapter, AdapterSummary, BufferBinding, BufferUsage, Copy, Device, Recording,
                         DeviceLost, DeviceRequestError, Dispatch, Gpu, GpuError, PipelineError,
                         WEBGPU_FEATURES,
@@ -129,6 +130,7 @@ class NativeDevice(Device):
         self._encoded_ahead: dict[int, tuple[Recording, Any]] = {}
         self._mapping: list[Any] = []               # buffers whose map (_map_and_read) is awaited
         self._last_run: int | None = None           # id() of the recording run last (run)
+        self.replay = native_replay.load()          # the C encoding loop, else None: Python's (_encode)
 
     # -- lifetime and errors ------------------------------------------------------------
     async def _wait_lost(self) -> DeviceLost:
@@ -299,13 +301,15 @@ class NativeDevice(Device):
     def record(self, dispatches: Sequence[Dispatch], copies: Sequence[Copy] = ()) -> Recording:
         """The dispatches as raw wgpu-native handles, so a replay is three C calls per
         dispatch: wgpu-py's wrappers cost ~12 us a dispatch in Python (measured on lavapipe,
-        425 dispatches: 5.2 ms per decode step), more than an H200 spends running them."""
+        425 dispatches: 5.2 ms per decode step), more than an H200 spends running them. With
+        the replay loop (native_replay.py) those calls are made from C, in one call a step."""
         dispatches, copies = tuple(dispatches), tuple(copies)
         if any(len(d.bind_groups) != 1 or isinstance(d.pipeline, Invalid) or isinstance(d.bind_groups[0], Invalid)
                for d in dispatches):
             return Recording(dispatches, copies)          # the checked path reports the problem
-        handles = [(d.pipeline._internal, d.bind_groups[0]._internal, *d.grid) for d in dispatches]
-        return Recording(dispatches, copies, handles)
+        rows = [(d.pipeline._internal, d.bind_groups[0]._internal, *d.grid) for d in dispatches]
+        commands = self.replay.commands(rows) if self.replay else native_replay.Commands(tuple(rows))
+        return Recording(dispatches, copies, commands)
 
     async def run(self, recording: Recording, writes=(), read=None) -> bytes | None:
         """Submit a command buffer encoded ahead of time, then encode the next one for the
@@ -347,17 +351,21 @@ class NativeDevice(Device):
     def _encode(self, recording: Recording):
         from wgpu.backends.wgpu_native._ffi import ffi, lib
         encoder = self._device.create_command_encoder()
-        if recording.handle:
+        commands: native_replay.Commands = recording.handle
+        if commands:
             compute = encoder.begin_compute_pass()
-            pass_id, previous = compute._internal, None
-            set_pipeline, set_group = lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup
-            dispatch = lib.wgpuComputePassEncoderDispatchWorkgroups
-            for pipeline, group, x, y, z in recording.handle:
-                if pipeline != previous:
-                    set_pipeline(pass_id, pipeline)
-                    previous = pipeline
-                set_group(pass_id, 0, group, 0, ffi.NULL)
-                dispatch(pass_id, x, y, z)
+            if commands.arrays is not None:
+                self.replay.encode(compute._internal, commands)
+            else:                         # the same calls from Python (replay.c not built, or off)
+                pass_id, previous = compute._internal, None
+                set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+                set_group, dispatch = lib.wgpuComputePassEncoderSetBindGroup, lib.wgpuComputePassEncoderDispatchWorkgroups
+                for pipeline, group, x, y, z in commands.rows:
+                    if pipeline != previous:
+                        set_pipeline(pass_id, pipeline)
+                        previous = pipeline
+                    set_group(pass_id, 0, group, 0, ffi.NULL)
+                    dispatch(pass_id, x, y, z)
             compute.end()
         for c in recording.copies:
             encoder.copy_buffer_to_buffer(c.source, c.source_offset, c.destination, c.destination_offset, c.size)
