@@ -354,7 +354,7 @@ class NativeDevice(Device):
         commands: native_replay.Commands = recording.handle
         if commands:
             compute = encoder.begin_compute_pass()
-            if commands.arrays is not None:
+            if commands.arrays is not None and self.replay is not None:
                 self.replay.encode(compute._internal, commands)
             else:                         # the same calls from Python (replay.c not built, or off)
                 pass_id, previous = compute._internal, None
